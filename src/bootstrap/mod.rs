@@ -1,0 +1,3 @@
+//! Bootstrap: unique id, root rendezvous, environment detection, host topology.
+
+pub mod host;

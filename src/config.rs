@@ -1,0 +1,156 @@
+//! Run-time configuration: defaults, overridden by QCCL_* environment variables.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// All-reduce algorithm choice (QCCL_ALGO, or per call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// Pick from message size and world size.
+    Auto,
+    /// Reduce-scatter then all-gather around a ring: bandwidth-optimal.
+    Ring,
+    /// Reduce up and broadcast down a binary tree: lowest latency for small messages.
+    Tree,
+    /// Scatter-reduce-allgather (CGX): each chunk reduced once by its owner, in rank order.
+    Sra,
+}
+
+impl Algo {
+    /// Parses `auto`, `ring`, `tree` or `sra` (case-insensitive).
+    pub fn parse(s: &str) -> Result<Algo> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Algo::Auto),
+            "ring" => Ok(Algo::Ring),
+            "tree" => Ok(Algo::Tree),
+            "sra" => Ok(Algo::Sra),
+            other => Err(Error::invalid(format!(
+                "unknown algorithm '{other}' (valid: auto, ring, tree, sra)"
+            ))),
+        }
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Auto => "auto",
+            Algo::Ring => "ring",
+            Algo::Tree => "tree",
+            Algo::Sra => "sra",
+        }
+    }
+}
+
+/// Communicator configuration. `Config::default()` holds the built-in defaults;
+/// `Config::from_env()` applies QCCL_* variables on top.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bound on every wait inside a collective (QCCL_TIMEOUT_MS, default 300000).
+    pub timeout: Duration,
+    /// Bound on `Comm::init` waiting for all ranks (QCCL_INIT_TIMEOUT_MS, default = timeout).
+    pub init_timeout: Duration,
+    /// Slice size in bytes that messages are cut into (QCCL_BUFFSIZE, default 512 KiB).
+    pub buffsize: usize,
+    /// Default all-reduce algorithm (QCCL_ALGO).
+    pub algo: Algo,
+    /// Interface selection for the TCP transport, NCCL_SOCKET_IFNAME syntax (QCCL_SOCKET_IFNAME).
+    pub socket_ifname: Option<String>,
+    /// TCP sockets per peer pair (QCCL_NSOCKS_PERPEER, default 1).
+    pub nsocks_per_peer: usize,
+    /// Microseconds a wait spins before blocking (QCCL_SPIN_US, default 50).
+    pub spin_us: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            timeout: Duration::from_millis(300_000),
+            init_timeout: Duration::from_millis(300_000),
+            buffsize: 512 * 1024,
+            algo: Algo::Auto,
+            socket_ifname: None,
+            nsocks_per_peer: 1,
+            spin_us: 50,
+        }
+    }
+}
+
+fn env_var(name: &str) -> Option<String> {
+    let v = std::env::var(name).ok()?;
+    crate::qlog!(Info, "{name} set by environment to {v}");
+    Some(v)
+}
+
+fn env_num(name: &str) -> Result<Option<u64>> {
+    match env_var(name) {
+        None => Ok(None),
+        Some(v) => parse_size(&v)
+            .map(Some)
+            .ok_or_else(|| Error::invalid(format!("{name}={v} is not a non-negative number"))),
+    }
+}
+
+/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (digits, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(mult)
+}
+
+impl Config {
+    /// Defaults overridden by QCCL_* variables; each one found is logged at INFO.
+    pub fn from_env() -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(ms) = env_num("QCCL_TIMEOUT_MS")? {
+            c.timeout = Duration::from_millis(ms.max(1));
+            c.init_timeout = c.timeout;
+        }
+        if let Some(ms) = env_num("QCCL_INIT_TIMEOUT_MS")? {
+            c.init_timeout = Duration::from_millis(ms.max(1));
+        }
+        if let Some(b) = env_num("QCCL_BUFFSIZE")? {
+            if b < 4096 {
+                return Err(Error::invalid(format!(
+                    "QCCL_BUFFSIZE={b} is below the minimum of 4096 bytes"
+                )));
+            }
+            c.buffsize = b as usize;
+        }
+        if let Some(a) = env_var("QCCL_ALGO") {
+            c.algo = Algo::parse(&a).map_err(|e| Error::invalid(format!("QCCL_ALGO: {e}")))?;
+        }
+        c.socket_ifname = env_var("QCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        if let Some(n) = env_num("QCCL_NSOCKS_PERPEER")? {
+            if !(1..=16).contains(&n) {
+                return Err(Error::invalid(format!(
+                    "QCCL_NSOCKS_PERPEER={n} is outside 1..=16"
+                )));
+            }
+            c.nsocks_per_peer = n as usize;
+        }
+        if let Some(us) = env_num("QCCL_SPIN_US")? {
+            c.spin_us = us;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4K"), Some(4096));
+        assert_eq!(parse_size("256M"), Some(256 << 20));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("x"), None);
+        assert!(Algo::parse("bogus").is_err());
+        assert_eq!(Algo::parse("SRA").unwrap(), Algo::Sra);
+    }
+}
