@@ -10,12 +10,18 @@
 
 pub mod log;
 
+pub mod algo;
 pub mod bootstrap;
+pub mod coll;
+mod comm;
 pub mod config;
 pub mod error;
 pub mod reduce;
+pub mod transport;
 pub mod types;
 
+pub use bootstrap::UniqueId;
+pub use comm::{Comm, Request};
 pub use config::{Algo, Config};
 pub use error::{Error, Result};
 pub use types::{DType, Element, ReduceOp};

@@ -1,0 +1,121 @@
+//! Algorithms: schedules of exchange steps over byte buffers, written once for any transport.
+//!
+//! Each large transfer is cut into slices of about QCCL_BUFFSIZE bytes so that the transport
+//! moves slice j+1 (into socket buffers) while this rank reduces slice j.
+
+pub mod chain;
+pub mod direct;
+pub mod ring;
+pub mod sra;
+pub mod tree;
+
+use crate::transport::frame::OpDesc;
+use crate::transport::{RecvReq, SendReq, Transport};
+use crate::types::{DType, ReduceOp};
+use crate::Result;
+use std::ops::Range;
+
+/// Scratch memory owned by a comm, reused across calls: two independent 8-byte aligned
+/// buffers, so typed kernels see aligned data and an algorithm can hold both at once.
+#[derive(Default)]
+pub struct Scratch {
+    /// Used inside the algorithms.
+    pub main: Buf,
+    /// Used by callers around an algorithm (e.g. an in-place result).
+    pub aux: Buf,
+}
+
+/// One growable, 8-byte aligned byte buffer.
+#[derive(Default)]
+pub struct Buf {
+    words: Vec<u64>,
+}
+
+impl Buf {
+    /// At least `bytes` bytes of scratch (contents unspecified).
+    pub fn get(&mut self, bytes: usize) -> &mut [u8] {
+        let words = bytes.div_ceil(8);
+        if self.words.len() < words {
+            self.words.resize(words, 0);
+        }
+        &mut bytemuck::cast_slice_mut(&mut self.words[..])[..bytes]
+    }
+}
+
+/// Everything an algorithm needs: the transport, who we are, and how to reduce.
+pub struct Ctx<'a> {
+    /// The comm's transport.
+    pub t: &'a mut dyn Transport,
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the comm.
+    pub size: usize,
+    /// Slice size in bytes (QCCL_BUFFSIZE).
+    pub slice: usize,
+    /// Reusable scratch.
+    pub scratch: &'a mut Scratch,
+    /// What every frame of this operation carries.
+    pub desc: OpDesc,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction (Sum where the collective has none).
+    pub op: ReduceOp,
+}
+
+impl Ctx<'_> {
+    /// One exchange under this operation's descriptor.
+    pub fn exchange(&mut self, sends: &[SendReq<'_>], recvs: &mut [RecvReq<'_>]) -> Result<()> {
+        self.t.exchange(&self.desc, sends, recvs)
+    }
+
+    /// Number of slices that a transfer of `bytes` bytes is cut into (at least 1).
+    pub fn nslices(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.slice.max(1)).max(1)
+    }
+
+    /// (rank + delta) mod size, for any signed delta.
+    pub fn peer(&self, delta: isize) -> usize {
+        (self.rank as isize + delta).rem_euclid(self.size as isize) as usize
+    }
+}
+
+/// Byte range of part `i` when `count` elements of `es` bytes are split in `parts` near-equal
+/// parts (the first ones are never longer than the last: part i is [i·c/p, (i+1)·c/p)).
+pub fn part(count: usize, parts: usize, i: usize, es: usize) -> Range<usize> {
+    let a = (count as u128 * i as u128 / parts as u128) as usize;
+    let b = (count as u128 * (i + 1) as u128 / parts as u128) as usize;
+    a * es..b * es
+}
+
+/// Sub-range `j` of `nsl` of the byte range `r`, on element boundaries.
+pub fn sub(r: &Range<usize>, nsl: usize, j: usize, es: usize) -> Range<usize> {
+    let elems = (r.end - r.start) / es;
+    let s = part(elems, nsl, j, es);
+    r.start + s.start..r.start + s.end
+}
+
+/// Borrows `a` immutably and `b` mutably from one buffer; the ranges must not overlap.
+pub fn split_ref_mut(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
+    assert!(a.end <= b.start || b.end <= a.start, "overlapping ranges");
+    if a.start < b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.end - b.start])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.end - a.start], &mut lo[b])
+    }
+}
+
+/// Splits `buf` at the given ascending, contiguous ranges covering it.
+pub fn split_parts<'b>(mut buf: &'b mut [u8], ranges: &[Range<usize>]) -> Vec<&'b mut [u8]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut at = 0;
+    for r in ranges {
+        debug_assert_eq!(r.start, at);
+        let (head, tail) = std::mem::take(&mut buf).split_at_mut(r.end - r.start);
+        out.push(head);
+        buf = tail;
+        at = r.end;
+    }
+    out
+}

@@ -1,0 +1,79 @@
+//! Scatter-reduce-allgather (CGX's all-reduce): every rank sends chunk j straight to its
+//! owner j, the owner reduces all contributions in rank order, then all-gathers the result.
+//! Two transfers per element whatever the world size, which is what keeps the error of a
+//! lossy codec bounded later; and the owner's single reduction makes all ranks bit-identical.
+
+use super::{part, split_parts, sub, Ctx};
+use crate::reduce;
+use crate::transport::{RecvReq, SendReq};
+use crate::Result;
+
+/// SRA all-reduce of `count` elements; out-of-place when `send` is given.
+pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], count: usize) -> Result<()> {
+    if let Some(s) = send {
+        buf.copy_from_slice(s);
+    }
+    let (n, r, es) = (ctx.size, ctx.rank, ctx.dtype.size());
+    if n == 1 {
+        return Ok(());
+    }
+    let chunks: Vec<_> = (0..n).map(|c| part(count, n, c, es)).collect();
+    let nsl = ctx.nslices(chunks[n - 1].len());
+    let max_slice = sub(&chunks[n - 1], nsl, nsl - 1, es).len() + es;
+    let mut land = std::mem::take(&mut ctx.scratch.main);
+    let result = (|| {
+        let space = land.get((n - 1) * max_slice);
+        // Scatter-reduce: slice j of every chunk goes to the chunk's owner.
+        for j in 0..nsl {
+            let mine = sub(&chunks[r], nsl, j, es);
+            let peers: Vec<usize> = (1..n).map(|d| ctx.peer(d as isize)).collect();
+            let sends: Vec<SendReq<'_>> = peers
+                .iter()
+                .map(|&p| SendReq { peer: p, data: &buf[sub(&chunks[p], nsl, j, es)] })
+                .collect();
+            let mut recvs: Vec<RecvReq<'_>> = peers
+                .iter()
+                .zip(space.chunks_mut(max_slice))
+                .map(|(&p, l)| RecvReq { peer: p, data: &mut l[..mine.len()] })
+                .collect();
+            ctx.exchange(&sends, &mut recvs)?;
+            drop(sends);
+            // A fixed order (own data, then peers by rank), independent of arrival order.
+            let mut order: Vec<(usize, usize)> =
+                peers.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+            order.sort_unstable();
+            for (_, i) in order {
+                let l = &space[i * max_slice..i * max_slice + mine.len()];
+                reduce::reduce_into(ctx.dtype, ctx.op, &mut buf[mine.clone()], l);
+            }
+            if ctx.op == crate::ReduceOp::Avg {
+                reduce::finish_avg(ctx.dtype, &mut buf[mine], n);
+            }
+        }
+        // All-gather: each owner sends its reduced chunk to everyone.
+        let mut parts = split_parts(buf, &chunks);
+        for j in 0..nsl {
+            let own_range = sub(&(0..chunks[r].len()), nsl, j, es);
+            let (before, rest) = parts.split_at_mut(r);
+            let (own, after) = rest.split_first_mut().expect("own chunk");
+            let own: &[u8] = &own[own_range];
+            let sends: Vec<SendReq<'_>> = (0..n)
+                .filter(|&p| p != r)
+                .map(|p| SendReq { peer: p, data: own })
+                .collect();
+            let mut recvs: Vec<RecvReq<'_>> = before
+                .iter_mut()
+                .enumerate()
+                .chain(after.iter_mut().enumerate().map(|(i, c)| (r + 1 + i, c)))
+                .map(|(p, c)| {
+                    let rg = sub(&(0..c.len()), nsl, j, es);
+                    RecvReq { peer: p, data: &mut c[rg] }
+                })
+                .collect();
+            ctx.exchange(&sends, &mut recvs)?;
+        }
+        Ok(())
+    })();
+    ctx.scratch.main = land;
+    result
+}

@@ -1,0 +1,205 @@
+//! Collectives over bytes: choose the algorithm, build the operation descriptor, run.
+//! Arguments were validated by the caller (`check`) before any byte moves.
+
+pub mod check;
+
+use crate::algo::{self, part, Ctx, Scratch};
+use crate::config::Algo;
+use crate::transport::frame::{CollKind, OpDesc};
+use crate::transport::{RecvReq, SendReq, Transport};
+use crate::types::{DType, ReduceOp};
+use crate::Result;
+
+/// What executes collectives for one comm: its transport and scratch, used by one operation
+/// at a time.
+pub struct Engine {
+    /// The transport to the comm's peers.
+    pub t: Box<dyn Transport>,
+    /// Reused scratch buffers.
+    pub scratch: Scratch,
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the comm.
+    pub size: usize,
+    /// Slice size (QCCL_BUFFSIZE).
+    pub slice: usize,
+    /// Default all-reduce algorithm (QCCL_ALGO).
+    pub algo: Algo,
+}
+
+/// Byte size below which `auto` uses the tree (fewer hops) rather than the ring.
+pub const TREE_MAX_BYTES: usize = 64 * 1024;
+
+/// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks.
+pub fn resolve_algo(algo: Algo, bytes: usize, size: usize) -> Algo {
+    match algo {
+        Algo::Auto if size > 2 && bytes < TREE_MAX_BYTES => Algo::Tree,
+        Algo::Auto => Algo::Ring,
+        a => a,
+    }
+}
+
+impl Engine {
+    fn ctx(&mut self, coll: CollKind, count: usize, dtype: DType, op: ReduceOp, root: usize, algo: u8) -> Ctx<'_> {
+        Ctx {
+            t: &mut *self.t,
+            rank: self.rank,
+            size: self.size,
+            slice: self.slice,
+            scratch: &mut self.scratch,
+            desc: OpDesc {
+                coll,
+                dtype: dtype as u8,
+                op: op as u8,
+                algo,
+                root: root as u32,
+                count: count as u64,
+            },
+            dtype,
+            op,
+        }
+    }
+
+    /// All-reduce of `count` elements; in place when `send` is None.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        algo: Option<Algo>,
+    ) -> Result<Algo> {
+        let algo = resolve_algo(algo.unwrap_or(self.algo), recv.len(), self.size);
+        if count == 0 {
+            return Ok(algo);
+        }
+        let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo as u8);
+        match algo {
+            Algo::Tree => algo::tree::all_reduce(&mut ctx, send, recv)?,
+            Algo::Sra => algo::sra::all_reduce(&mut ctx, send, recv, count)?,
+            _ => algo::ring::all_reduce(&mut ctx, send, recv, count)?,
+        }
+        Ok(algo)
+    }
+
+    /// Reduce-scatter: `recvcount` elements per rank; in place (result at `buf[rank]`) when
+    /// `send` is None and `recv` is the whole buffer.
+    pub fn reduce_scatter(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        recvcount: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if recvcount == 0 {
+            return Ok(());
+        }
+        let n = self.size;
+        let total = recvcount * n;
+        let mut ctx = self.ctx(CollKind::ReduceScatter, recvcount, dtype, op, 0, 0);
+        match send {
+            Some(input) => algo::ring::reduce_scatter(&mut ctx, input, total, recv),
+            None => {
+                let mine = part(total, n, ctx.rank, dtype.size());
+                let mut aux = std::mem::take(&mut ctx.scratch.aux);
+                let own = aux.get(mine.len());
+                let res = algo::ring::reduce_scatter(&mut ctx, recv, total, own);
+                if res.is_ok() {
+                    recv[mine].copy_from_slice(own);
+                }
+                ctx.scratch.aux = aux;
+                res
+            }
+        }
+    }
+
+    /// All-gather of `sendcount` elements per rank into `recv` (n·sendcount); `send` None
+    /// means in place (this rank's part is already at its slot).
+    pub fn all_gather(&mut self, send: Option<&[u8]>, recv: &mut [u8], sendcount: usize, dtype: DType) -> Result<()> {
+        if sendcount == 0 {
+            return Ok(());
+        }
+        let n = self.size;
+        if let Some(s) = send {
+            let mine = part(sendcount * n, n, self.rank, dtype.size());
+            recv[mine].copy_from_slice(s);
+        }
+        let mut ctx = self.ctx(CollKind::AllGather, sendcount, dtype, ReduceOp::Sum, 0, 0);
+        algo::ring::all_gather(&mut ctx, recv, sendcount * n)
+    }
+
+    /// Broadcast from `root`; root's `send` (if given) is the data.
+    pub fn broadcast(&mut self, send: Option<&[u8]>, recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut ctx = self.ctx(CollKind::Broadcast, count, dtype, ReduceOp::Sum, root, 0);
+        algo::chain::broadcast(&mut ctx, send, recv, root)
+    }
+
+    /// Reduce onto `root` (see `algo::chain::reduce`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut ctx = self.ctx(CollKind::Reduce, count, dtype, op, root, 0);
+        algo::chain::reduce(&mut ctx, send, recv, root)
+    }
+
+    /// All-to-all with `count` elements per peer.
+    pub fn all_to_all(&mut self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut ctx = self.ctx(CollKind::AllToAll, count, dtype, ReduceOp::Sum, 0, 0);
+        algo::direct::all_to_all(&mut ctx, send, recv)
+    }
+
+    /// Gather of `count` elements per rank onto `root`'s `recv`.
+    pub fn gather(&mut self, send: &[u8], recv: Option<&mut [u8]>, count: usize, dtype: DType, root: usize) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut ctx = self.ctx(CollKind::Gather, count, dtype, ReduceOp::Sum, root, 0);
+        algo::direct::gather(&mut ctx, send, recv, root)
+    }
+
+    /// Scatter of `count` elements per rank from `root`'s `send`.
+    pub fn scatter(&mut self, send: Option<&[u8]>, recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut ctx = self.ctx(CollKind::Scatter, count, dtype, ReduceOp::Sum, root, 0);
+        algo::direct::scatter(&mut ctx, send, recv, root)
+    }
+
+    /// Point-to-point send of `count` elements to `peer`.
+    pub fn send(&mut self, data: &[u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
+        let mut ctx = self.ctx(CollKind::SendRecv, count, dtype, ReduceOp::Sum, 0, 0);
+        ctx.exchange(&[SendReq { peer, data }], &mut [])
+    }
+
+    /// Point-to-point receive of `count` elements from `peer`.
+    pub fn recv(&mut self, data: &mut [u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
+        let mut ctx = self.ctx(CollKind::SendRecv, count, dtype, ReduceOp::Sum, 0, 0);
+        ctx.exchange(&[], &mut [RecvReq { peer, data }])
+    }
+
+    /// Blocks until every rank has called barrier.
+    pub fn barrier(&mut self) -> Result<()> {
+        let mut ctx = self.ctx(CollKind::Barrier, 0, DType::Uint8, ReduceOp::Sum, 0, 0);
+        algo::direct::barrier(&mut ctx)
+    }
+}

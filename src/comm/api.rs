@@ -1,0 +1,338 @@
+//! The collective calls: typed (`&[T]` for any [`Element`]) and raw (bytes + count + dtype,
+//! for the C ABI). Arguments are checked here, before the operation is queued.
+
+use super::{Comm, Request};
+use crate::coll::check;
+use crate::config::Algo;
+use crate::error::{Error, Result};
+use crate::types::{DType, Element, ReduceOp};
+
+fn bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+/// `buf` (in bytes) must hold exactly `count` elements of `dtype`.
+fn need(coll: &str, buf: &str, len: usize, count: usize, dtype: DType) -> Result<()> {
+    let es = dtype.size();
+    if len % es != 0 {
+        return Err(Error::invalid(format!(
+            "{coll}: {buf} is {len} bytes, not a whole number of {dtype} elements"
+        )));
+    }
+    check::len(coll, buf, len / es, count)
+}
+
+impl Comm {
+    fn check_root(&self, coll: &str, root: usize) -> Result<()> {
+        check::root(coll, root, self.size)
+    }
+
+    // ---- raw (bytes) API -----------------------------------------------------------------
+
+    /// All-reduce of `count` elements of `dtype`. `send` None means in place in `recv`.
+    /// `algo` None uses the comm's default (QCCL_ALGO). Returns the algorithm used.
+    pub fn all_reduce_raw(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        algo: Option<Algo>,
+    ) -> Result<Algo> {
+        const C: &str = "all_reduce";
+        need(C, "recvbuff", recv.len(), count, dtype)?;
+        if let Some(s) = send {
+            need(C, "sendbuff", s.len(), count, dtype)?;
+        }
+        check::op(C, op, dtype)?;
+        self.queue
+            .run(|e| e.all_reduce(send, recv, count, dtype, op, algo))
+    }
+
+    /// Reduce-scatter with `recvcount` elements per rank. Out of place, `send` holds
+    /// size·recvcount and `recv` recvcount elements; in place (`send` None), `recv` is the
+    /// whole size·recvcount buffer and rank r's result lands at its r-th part (NCCL's rule).
+    pub fn reduce_scatter_raw(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        recvcount: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        const C: &str = "reduce_scatter";
+        let total = recvcount
+            .checked_mul(self.size)
+            .ok_or_else(|| Error::invalid(format!("{C}: recvcount {recvcount} overflows")))?;
+        match send {
+            Some(s) => {
+                need(C, "sendbuff", s.len(), total, dtype)?;
+                need(C, "recvbuff", recv.len(), recvcount, dtype)?;
+            }
+            None => need(C, "buffer", recv.len(), total, dtype)?,
+        }
+        check::op(C, op, dtype)?;
+        self.queue
+            .run(|e| e.reduce_scatter(send, recv, recvcount, dtype, op))
+    }
+
+    /// All-gather of `sendcount` elements per rank into `recv` (size·sendcount). In place
+    /// (`send` None), this rank's part is already at its slot of `recv`.
+    pub fn all_gather_raw(&self, send: Option<&[u8]>, recv: &mut [u8], sendcount: usize, dtype: DType) -> Result<()> {
+        const C: &str = "all_gather";
+        if let Some(s) = send {
+            need(C, "sendbuff", s.len(), sendcount, dtype)?;
+        }
+        need(C, "recvbuff", recv.len(), sendcount * self.size, dtype)?;
+        self.queue.run(|e| e.all_gather(send, recv, sendcount, dtype))
+    }
+
+    /// Broadcast of `count` elements from `root`. Root's data is `send` (or `recv` itself
+    /// when `send` is None); every rank receives into `recv`.
+    pub fn broadcast_raw(&self, send: Option<&[u8]>, recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+        const C: &str = "broadcast";
+        self.check_root(C, root)?;
+        need(C, "recvbuff", recv.len(), count, dtype)?;
+        let send = if self.rank == root { send } else { None };
+        if let Some(s) = send {
+            need(C, "sendbuff", s.len(), count, dtype)?;
+        }
+        self.queue.run(|e| e.broadcast(send, recv, count, dtype, root))
+    }
+
+    /// Reduce of `count` elements onto `root`. Input is `send`, or `recv` when `send` is
+    /// None (in place). Root's result lands in `recv`; elsewhere `recv` may be empty when
+    /// `send` is given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_raw(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        const C: &str = "reduce";
+        self.check_root(C, root)?;
+        check::op(C, op, dtype)?;
+        match send {
+            Some(s) => {
+                need(C, "sendbuff", s.len(), count, dtype)?;
+                if self.rank == root || !recv.is_empty() {
+                    need(C, "recvbuff", recv.len(), count, dtype)?;
+                }
+            }
+            None => need(C, "buffer", recv.len(), count, dtype)?,
+        }
+        self.queue
+            .run(|e| e.reduce(send, recv, count, dtype, op, root))
+    }
+
+    /// All-to-all: part p (`count` elements) of `send` goes to rank p; part q of `recv`
+    /// comes from rank q.
+    pub fn all_to_all_raw(&self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+        const C: &str = "all_to_all";
+        need(C, "sendbuff", send.len(), count * self.size, dtype)?;
+        need(C, "recvbuff", recv.len(), count * self.size, dtype)?;
+        self.queue.run(|e| e.all_to_all(send, recv, count, dtype))
+    }
+
+    /// Gather of `count` elements per rank onto root's `recv` (size·count, rank order);
+    /// `recv` is ignored on other ranks (may be empty).
+    pub fn gather_raw(&self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+        const C: &str = "gather";
+        self.check_root(C, root)?;
+        need(C, "sendbuff", send.len(), count, dtype)?;
+        let is_root = self.rank == root;
+        if is_root {
+            need(C, "recvbuff", recv.len(), count * self.size, dtype)?;
+        }
+        self.queue
+            .run(|e| e.gather(send, is_root.then_some(recv), count, dtype, root))
+    }
+
+    /// Scatter from root's `send` (size·count, rank order) into every rank's `recv`;
+    /// `send` is ignored on other ranks (may be empty).
+    pub fn scatter_raw(&self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+        const C: &str = "scatter";
+        self.check_root(C, root)?;
+        need(C, "recvbuff", recv.len(), count, dtype)?;
+        let is_root = self.rank == root;
+        if is_root {
+            need(C, "sendbuff", send.len(), count * self.size, dtype)?;
+        }
+        self.queue
+            .run(|e| e.scatter(is_root.then_some(send), recv, count, dtype, root))
+    }
+
+    /// Sends `count` elements to `peer`, which must call a matching receive.
+    pub fn send_raw(&self, data: &[u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
+        check::peer("send", peer, self.rank, self.size)?;
+        need("send", "sendbuff", data.len(), count, dtype)?;
+        self.queue.run(|e| e.send(data, count, dtype, peer))
+    }
+
+    /// Receives `count` elements from `peer`, which must call a matching send.
+    pub fn recv_raw(&self, data: &mut [u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
+        check::peer("recv", peer, self.rank, self.size)?;
+        need("recv", "recvbuff", data.len(), count, dtype)?;
+        self.queue.run(|e| e.recv(data, count, dtype, peer))
+    }
+
+    /// Returns when every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.queue.run(|e| e.barrier())
+    }
+
+    // ---- typed API ------------------------------------------------------------------------
+
+    /// `recv[i] = op over ranks of send[i]`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = recv.len();
+        self.all_reduce_raw(Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, op, None)
+            .map(drop)
+    }
+
+    /// All-reduce in place: `buf[i] = op over ranks of buf[i]`.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = buf.len();
+        self.all_reduce_raw(None, bytes_mut(buf), n, T::DTYPE, op, None)
+            .map(drop)
+    }
+
+    /// All-reduce with an explicit algorithm (`send` None: in place). Returns the algorithm
+    /// used (`Auto` resolved).
+    pub fn all_reduce_with<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], op: ReduceOp, algo: Algo) -> Result<Algo> {
+        let n = recv.len();
+        self.all_reduce_raw(send.map(bytes), bytes_mut(recv), n, T::DTYPE, op, Some(algo))
+    }
+
+    /// Reduce-scatter: `send` holds size·k elements, `recv` receives this rank's k.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let k = recv.len();
+        self.reduce_scatter_raw(Some(bytes(send)), bytes_mut(recv), k, T::DTYPE, op)
+    }
+
+    /// Reduce-scatter in place on a size·k buffer: rank r's result is `buf[r*k..(r+1)*k]`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let k = check::divisible("reduce_scatter", "buffer", buf.len(), self.size)?;
+        self.reduce_scatter_raw(None, bytes_mut(buf), k, T::DTYPE, op)
+    }
+
+    /// All-gather: every rank's `send` (k elements) lands at part r of `recv` (size·k).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let k = send.len();
+        self.all_gather_raw(Some(bytes(send)), bytes_mut(recv), k, T::DTYPE)
+    }
+
+    /// All-gather in place on a size·k buffer whose part `rank` holds this rank's data.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let k = check::divisible("all_gather", "buffer", buf.len(), self.size)?;
+        self.all_gather_raw(None, bytes_mut(buf), k, T::DTYPE)
+    }
+
+    /// Broadcast: root's `send` lands in every rank's `recv` (`send` is ignored elsewhere
+    /// and may be empty).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let n = recv.len();
+        self.broadcast_raw(Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, root)
+    }
+
+    /// Broadcast in place: root's `buf` overwrites every rank's `buf`.
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let n = buf.len();
+        self.broadcast_raw(None, bytes_mut(buf), n, T::DTYPE, root)
+    }
+
+    /// Reduce onto root: root's `recv[i] = op over ranks of send[i]` (`recv` may be empty
+    /// on other ranks).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let n = send.len();
+        self.reduce_raw(Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, op, root)
+    }
+
+    /// Reduce in place: the result replaces root's `buf`; other ranks' `buf` is unchanged.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let n = buf.len();
+        self.reduce_raw(None, bytes_mut(buf), n, T::DTYPE, op, root)
+    }
+
+    /// All-to-all: part p of `send` (size·k elements) goes to rank p.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let k = check::divisible("all_to_all", "sendbuff", send.len(), self.size)?;
+        self.all_to_all_raw(bytes(send), bytes_mut(recv), k, T::DTYPE)
+    }
+
+    /// Gather every rank's `send` into root's `recv` (size·k, rank order).
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let k = send.len();
+        self.gather_raw(bytes(send), bytes_mut(recv), k, T::DTYPE, root)
+    }
+
+    /// Scatter root's `send` (size·k, rank order) so rank p gets part p in `recv`.
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let k = recv.len();
+        self.scatter_raw(bytes(send), bytes_mut(recv), k, T::DTYPE, root)
+    }
+
+    /// Sends `buf` to `peer`.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.send_raw(bytes(buf), buf.len(), T::DTYPE, peer)
+    }
+
+    /// Receives `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        let n = buf.len();
+        self.recv_raw(bytes_mut(buf), n, T::DTYPE, peer)
+    }
+
+    // ---- async API ------------------------------------------------------------------------
+
+    /// Starts an in-place all-reduce of `buf`; the request returns it reduced.
+    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
+        check::op("all_reduce", op, T::DTYPE)?;
+        self.queue.submit(move |e| {
+            let n = buf.len();
+            e.all_reduce(None, bytes_mut(&mut buf), n, T::DTYPE, op, None)?;
+            Ok(buf)
+        })
+    }
+
+    /// Starts a reduce-scatter of `send` (size·k elements); the request returns this rank's k.
+    pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
+        let k = check::divisible("reduce_scatter", "sendbuff", send.len(), self.size)?;
+        check::op("reduce_scatter", op, T::DTYPE)?;
+        self.queue.submit(move |e| {
+            let mut out = vec![T::zeroed(); k];
+            e.reduce_scatter(Some(bytes(&send)), bytes_mut(&mut out), k, T::DTYPE, op)?;
+            Ok(out)
+        })
+    }
+
+    /// Starts an all-gather of `send` (k elements); the request returns size·k elements.
+    pub fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Result<Request<Vec<T>>> {
+        let size = self.size;
+        self.queue.submit(move |e| {
+            let k = send.len();
+            let mut out = vec![T::zeroed(); k * size];
+            e.all_gather(Some(bytes(&send)), bytes_mut(&mut out), k, T::DTYPE)?;
+            Ok(out)
+        })
+    }
+
+    /// Starts an in-place broadcast of root's `buf`; the request returns it.
+    pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Result<Request<Vec<T>>> {
+        self.check_root("broadcast", root)?;
+        self.queue.submit(move |e| {
+            let n = buf.len();
+            e.broadcast(None, bytes_mut(&mut buf), n, T::DTYPE, root)?;
+            Ok(buf)
+        })
+    }
+}

@@ -1,0 +1,285 @@
+//! The communicator: who we are in the world, and an ordered queue of operations.
+
+mod api;
+mod queue;
+mod split;
+
+pub use queue::Request;
+
+use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
+use crate::coll::Engine;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::transport::inproc::InProcTransport;
+use crate::transport::tcp::TcpTransport;
+use crate::transport::{LinkConfig, Transport};
+use queue::Queue;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How this comm reaches its peers; split comms use the same kind.
+#[derive(Clone)]
+enum Fabric {
+    Tcp { ip: IpAddr, peers: Vec<SocketAddr> },
+    InProc,
+}
+
+/// A communicator: a group of ranks that run collectives together.
+///
+/// All ranks must call the same collectives in the same order. Blocking calls return when
+/// this rank's part is complete; `*_async` calls return a [`Request`] that owns the buffers.
+/// Every wait is bounded by `QCCL_TIMEOUT_MS`; after any failure the comm is failed and
+/// every later call returns that error.
+pub struct Comm {
+    rank: usize,
+    size: usize,
+    topo: Topology,
+    host_ids: Vec<String>,
+    comm_id: u64,
+    secret: [u8; 16],
+    config: Config,
+    fabric: Fabric,
+    queue: Arc<Queue>,
+    worker: Option<JoinHandle<()>>,
+    splits: std::sync::atomic::AtomicU64,
+}
+
+fn link_config(rank: usize, size: usize, local_size: usize, config: &Config, abort: Arc<AtomicBool>) -> LinkConfig {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Spinning only pays when every local rank has a core to spin on.
+    let spin = if local_size > cores {
+        Duration::ZERO
+    } else {
+        Duration::from_micros(config.spin_us)
+    };
+    LinkConfig {
+        rank,
+        size,
+        timeout: config.timeout,
+        spin,
+        abort,
+    }
+}
+
+impl Comm {
+    /// Joins the comm described by `id` as `rank` of `size` ranks over TCP; blocks until all
+    /// ranks joined (or `config.init_timeout` passes).
+    pub fn init(id: &UniqueId, rank: usize, size: usize, config: Config) -> Result<Comm> {
+        check_rank(rank, size)?;
+        let (ifname, ip) =
+            select_interface(config.socket_ifname.as_deref(), Some(id.root_addr().ip()))?;
+        let listener = TcpListener::bind((ip, 0))
+            .map_err(|e| Error::io(format!("binding a listener on {ifname} ({ip})"), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("reading the listener's address", e))?;
+        crate::qlog!(Info, "rank {rank}: listening on {addr} ({ifname})");
+        let me = PeerInfo {
+            rank,
+            host_id: host_id(),
+            addr,
+            pid: std::process::id(),
+        };
+        let world = join(id, &me, size, Instant::now() + config.init_timeout)?;
+        let peers: Vec<SocketAddr> = world.peers.iter().map(|p| p.addr).collect();
+        let host_ids: Vec<String> = world.peers.into_iter().map(|p| p.host_id).collect();
+        Comm::build(
+            rank,
+            host_ids,
+            world.comm_id,
+            id.secret(),
+            config,
+            Fabric::Tcp { ip, peers },
+            Some(listener),
+        )
+    }
+
+    /// Joins the job described by the environment: QCCL_RANK / QCCL_WORLD_SIZE / QCCL_COMM_ID,
+    /// or torchrun, OpenMPI, PMI or Slurm variables (see `bootstrap::env`). Rank 0 hosts the
+    /// rendezvous at the given address.
+    pub fn from_env() -> Result<Comm> {
+        let env = bootstrap::detect()?;
+        let config = Config::from_env()?;
+        if env.rank == 0 {
+            let listener = TcpListener::bind(env.root).map_err(|e| {
+                Error::io(format!("rank 0: binding the rendezvous address {}", env.root), e)
+            })?;
+            bootstrap::spawn_root(listener, env.secret, config.init_timeout)?;
+        }
+        let id = UniqueId::with_root(env.root, env.secret);
+        Comm::init(&id, env.rank, env.size, config)
+    }
+
+    /// `n` ranks as threads of this process, connected by the in-process transport: one
+    /// `Comm` per rank, to be moved to its own thread.
+    pub fn init_threads(n: usize, config: Config) -> Result<Vec<Comm>> {
+        Comm::init_threads_on_hosts(&vec![host_id(); n], config)
+    }
+
+    /// Like [`Comm::init_threads`], with rank i pretending to run on host `host_ids[i]`
+    /// (for testing multi-host topologies).
+    pub fn init_threads_on_hosts(host_ids: &[String], config: Config) -> Result<Vec<Comm>> {
+        if host_ids.is_empty() {
+            return Err(Error::invalid("a comm needs at least one rank (got 0)"));
+        }
+        let comm_id: u64 = rand::random();
+        let secret: [u8; 16] = rand::random();
+        (0..host_ids.len())
+            .map(|r| {
+                Comm::build(
+                    r,
+                    host_ids.to_vec(),
+                    comm_id,
+                    secret,
+                    config.clone(),
+                    Fabric::InProc,
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    fn build(
+        rank: usize,
+        host_ids: Vec<String>,
+        comm_id: u64,
+        secret: [u8; 16],
+        config: Config,
+        fabric: Fabric,
+        listener: Option<TcpListener>,
+    ) -> Result<Comm> {
+        let size = host_ids.len();
+        let topo = Topology::new(&host_ids, rank);
+        let abort = Arc::new(AtomicBool::new(false));
+        let link = link_config(rank, size, topo.local_size, &config, abort.clone());
+        let transport: Box<dyn Transport> = match (&fabric, listener) {
+            (Fabric::Tcp { peers, .. }, Some(l)) => Box::new(TcpTransport::new(
+                l,
+                peers.clone(),
+                comm_id,
+                secret,
+                config.nsocks_per_peer,
+                link,
+            )?),
+            (Fabric::InProc, _) => Box::new(InProcTransport::connect(comm_id, link)?),
+            (Fabric::Tcp { .. }, None) => {
+                return Err(Error::Internal("tcp comm without a listener".into()))
+            }
+        };
+        crate::qlog!(
+            Info,
+            "rank {rank}/{size}: comm {comm_id:#018x} on {} (node {} of {}, local rank {} of {})",
+            transport.name(),
+            topo.node,
+            topo.nnodes,
+            topo.local_rank,
+            topo.local_size
+        );
+        let engine = Engine {
+            t: transport,
+            scratch: Default::default(),
+            rank,
+            size,
+            slice: config.buffsize,
+            algo: config.algo,
+        };
+        let (queue, jobs) = Queue::new(engine, abort);
+        let q = queue.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("qccl-worker-{rank}"))
+            .spawn(move || {
+                for (ticket, job) in jobs {
+                    q.run_job(ticket, job);
+                }
+            })
+            .map_err(|e| Error::io("spawning the comm's worker thread", e))?;
+        Ok(Comm {
+            rank,
+            size,
+            topo,
+            host_ids,
+            comm_id,
+            secret,
+            config,
+            fabric,
+            queue,
+            worker: Some(worker),
+            splits: Default::default(),
+        })
+    }
+
+    /// This rank, in `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Index of this rank's host among the comm's hosts (numbered by first appearance).
+    pub fn node(&self) -> usize {
+        self.topo.node
+    }
+
+    /// Number of distinct hosts in the comm.
+    pub fn num_nodes(&self) -> usize {
+        self.topo.nnodes
+    }
+
+    /// This rank's index among the ranks on its host.
+    pub fn local_rank(&self) -> usize {
+        self.topo.local_rank
+    }
+
+    /// Number of ranks on this rank's host.
+    pub fn local_size(&self) -> usize {
+        self.topo.local_size
+    }
+
+    /// The comm's configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The comm's random 64-bit id (same on every rank).
+    pub fn id(&self) -> u64 {
+        self.comm_id
+    }
+
+    /// The error that failed this comm, if one did (NCCL's `ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Option<Error> {
+        self.queue.failed()
+    }
+
+    /// Aborts the comm: the running operation and all later ones fail, peers are told and
+    /// connections closed. Returns within about a second; the process stays usable.
+    pub fn abort(&self) {
+        self.queue.abort();
+    }
+}
+
+fn check_rank(rank: usize, size: usize) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid("world size 0: a comm needs at least one rank"));
+    }
+    if rank >= size {
+        return Err(Error::invalid(format!(
+            "rank {rank} is out of range for a world of {size} ranks"
+        )));
+    }
+    Ok(())
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        self.queue.close();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}

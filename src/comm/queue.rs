@@ -1,0 +1,175 @@
+//! Ordered execution: every operation of a comm takes a ticket and runs when its turn comes,
+//! so blocking calls (run inline, on the caller's thread) and async ones (run by the worker)
+//! execute in submission order, as all ranks must see the same sequence.
+
+use crate::coll::Engine;
+use crate::error::{Error, Result};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A queued operation; runs with its queue and its ticket.
+pub type Job = Box<dyn FnOnce(&Queue, u64) + Send>;
+
+struct Turns {
+    next: u64,
+    serving: u64,
+    failed: Option<Error>,
+}
+
+/// The op queue of one comm: tickets, the engine, and the failure state.
+pub struct Queue {
+    turns: Mutex<Turns>,
+    turn_changed: Condvar,
+    engine: Mutex<Engine>,
+    jobs: Mutex<Option<Sender<(u64, Job)>>>,
+    /// Set by `abort`; transports poll it.
+    pub abort: Arc<AtomicBool>,
+    rank: usize,
+}
+
+impl Queue {
+    /// A queue running on `engine`; returns it and the receiving end for the worker.
+    pub fn new(engine: Engine, abort: Arc<AtomicBool>) -> (Arc<Queue>, Receiver<(u64, Job)>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let q = Arc::new(Queue {
+            turns: Mutex::new(Turns {
+                next: 0,
+                serving: 0,
+                failed: None,
+            }),
+            turn_changed: Condvar::new(),
+            rank: engine.rank,
+            engine: Mutex::new(engine),
+            jobs: Mutex::new(Some(tx)),
+            abort,
+        });
+        (q, rx)
+    }
+
+    fn lock_turns(&self) -> std::sync::MutexGuard<'_, Turns> {
+        self.turns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the caller's thread, after every earlier operation.
+    pub fn run<R>(&self, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
+        let ticket = {
+            let mut t = self.lock_turns();
+            t.next += 1;
+            t.next - 1
+        };
+        self.execute(ticket, f)
+    }
+
+    /// Queues `f` for the worker; the returned request yields its result.
+    pub fn submit<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Engine) -> Result<R> + Send + 'static,
+    ) -> Result<Request<R>> {
+        let (tx, rx) = bounded(1);
+        let job: Job = Box::new(move |q: &Queue, ticket: u64| {
+            let _ = tx.send(q.execute(ticket, f));
+        });
+        let mut t = self.lock_turns();
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = jobs
+            .as_ref()
+            .ok_or_else(|| Error::InvalidUsage("the comm is being destroyed".into()))?;
+        sender
+            .send((t.next, job))
+            .map_err(|_| Error::Internal("the comm's worker thread is gone".into()))?;
+        t.next += 1;
+        Ok(Request { rx, done: None })
+    }
+
+    /// Worker side: runs one queued job with the ticket it was given at submission.
+    pub fn run_job(&self, ticket: u64, job: Job) {
+        job(self, ticket);
+    }
+
+    fn execute<R>(&self, ticket: u64, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
+        let mut t = self.lock_turns();
+        while t.serving != ticket {
+            t = self.turn_changed.wait(t).unwrap_or_else(|e| e.into_inner());
+        }
+        let failed = t.failed.clone();
+        drop(t);
+        let result = match failed {
+            Some(e) => Err(e),
+            None => {
+                let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+                let r = f(&mut engine);
+                if let Err(e) = &r {
+                    // A failed collective leaves peers out of step: the comm is dead. Tell the
+                    // peers why, so they fail fast with the reason instead of timing out.
+                    crate::qlog!(Warn, "rank {}: {e}; the comm is now failed", self.rank);
+                    engine.t.abort(&format!("rank {} failed: {e}", self.rank));
+                    self.lock_turns().failed.get_or_insert_with(|| e.clone());
+                }
+                r
+            }
+        };
+        let mut t = self.lock_turns();
+        t.serving += 1;
+        self.turn_changed.notify_all();
+        result
+    }
+
+    /// The error that failed the comm, if any.
+    pub fn failed(&self) -> Option<Error> {
+        self.lock_turns().failed.clone()
+    }
+
+    /// Aborts: running and later operations fail; peers are told. Returns within ~1 s.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        self.lock_turns()
+            .failed
+            .get_or_insert_with(|| Error::Aborted("abort() was called on this comm".into()));
+        // The running operation sees the flag within 100 ms and releases the engine.
+        let deadline = Instant::now() + Duration::from_millis(900);
+        loop {
+            if let Ok(mut engine) = self.engine.try_lock() {
+                engine.t.abort(&format!("rank {} called abort()", self.rank));
+                break;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops accepting jobs; the worker exits after the queued ones.
+    pub fn close(&self) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+/// An operation in flight. It owns its buffers until `wait` hands them back.
+#[must_use = "a request must be waited on to get its buffers and result"]
+pub struct Request<R> {
+    rx: Receiver<Result<R>>,
+    done: Option<Result<R>>,
+}
+
+impl<R> Request<R> {
+    /// Blocks until the operation finished; returns its buffers or its error.
+    pub fn wait(mut self) -> Result<R> {
+        if let Some(r) = self.done.take() {
+            return r;
+        }
+        self.rx
+            .recv()
+            .unwrap_or_else(|_| Err(Error::Internal("the comm's worker thread exited".into())))
+    }
+
+    /// True when the operation has finished (`wait` then returns at once).
+    pub fn test(&mut self) -> bool {
+        if self.done.is_none() {
+            self.done = self.rx.try_recv().ok();
+        }
+        self.done.is_some()
+    }
+}

@@ -1,0 +1,93 @@
+//! `split(color, key)`: sub-communicators, as NCCL's ncclCommSplit.
+
+use super::{Comm, Fabric};
+use crate::error::{Error, Result};
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
+use std::sync::atomic::Ordering;
+
+const RECORD: usize = 28;
+
+fn encode(color: i32, key: i32, addr: Option<SocketAddr>) -> [u8; RECORD] {
+    let mut b = [0u8; RECORD];
+    b[0..4].copy_from_slice(&color.to_le_bytes());
+    b[4..8].copy_from_slice(&key.to_le_bytes());
+    if let Some(a) = addr {
+        let ip = match a.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        b[8..24].copy_from_slice(&ip.octets());
+        b[24..26].copy_from_slice(&a.port().to_le_bytes());
+    }
+    b
+}
+
+fn decode(b: &[u8]) -> (i32, i32, SocketAddr) {
+    let color = i32::from_le_bytes(b[0..4].try_into().unwrap());
+    let key = i32::from_le_bytes(b[4..8].try_into().unwrap());
+    let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(&b[8..24]).unwrap());
+    let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+    let port = u16::from_le_bytes(b[24..26].try_into().unwrap());
+    (color, key, SocketAddr::new(ip, port))
+}
+
+impl Comm {
+    /// Splits this comm (a collective call on all its ranks): ranks passing the same `color`
+    /// form a new comm, ranked by `key` (ties broken by rank in this comm). A negative color
+    /// (NCCL_SPLIT_NOCOLOR) takes no part and gets `None`.
+    pub fn split(&self, color: i32, key: i32) -> Result<Option<Comm>> {
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let listener = match &self.fabric {
+            Fabric::Tcp { ip, .. } if color >= 0 => Some(
+                TcpListener::bind((*ip, 0))
+                    .map_err(|e| Error::io(format!("split: binding a listener on {ip}"), e))?,
+            ),
+            _ => None,
+        };
+        let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+        let mine = encode(color, key, addr);
+        let mut all = vec![0u8; RECORD * self.size];
+        self.all_gather(&mine[..], &mut all)?;
+        if color < 0 {
+            return Ok(None);
+        }
+        let mut members: Vec<(i32, usize, SocketAddr)> = all
+            .chunks(RECORD)
+            .enumerate()
+            .filter_map(|(r, rec)| {
+                let (c, k, a) = decode(rec);
+                (c == color).then_some((k, r, a))
+            })
+            .collect();
+        members.sort_unstable_by_key(|&(k, r, _)| (k, r));
+        let child_rank = members
+            .iter()
+            .position(|&(_, r, _)| r == self.rank)
+            .ok_or_else(|| Error::Internal("split: this rank missing from its own color".into()))?;
+        let mut h = std::hash::DefaultHasher::new();
+        (self.comm_id, seq, color).hash(&mut h);
+        let child_id = h.finish();
+        let host_ids = members
+            .iter()
+            .map(|&(_, r, _)| self.host_ids[r].clone())
+            .collect();
+        let fabric = match &self.fabric {
+            Fabric::Tcp { ip, .. } => Fabric::Tcp {
+                ip: *ip,
+                peers: members.iter().map(|&(_, _, a)| a).collect(),
+            },
+            Fabric::InProc => Fabric::InProc,
+        };
+        Comm::build(
+            child_rank,
+            host_ids,
+            child_id,
+            self.secret,
+            self.config.clone(),
+            fabric,
+            listener,
+        )
+        .map(Some)
+    }
+}

@@ -1,0 +1,67 @@
+//! Transports: byte movement between ranks, framed and checked (see `frame`).
+//!
+//! An algorithm step is one [`Transport::exchange`]: send one frame to each of some peers while
+//! receiving one frame from each of some others, all progressed together, so a ring never
+//! deadlocks. Every wait is bounded by the comm's timeout (measured from the last progress)
+//! and by its abort flag.
+
+pub mod frame;
+pub mod inproc;
+pub mod tcp;
+pub mod wait;
+
+use crate::error::Result;
+use frame::OpDesc;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One frame to send: `data` goes to `peer`.
+pub struct SendReq<'a> {
+    /// Destination rank.
+    pub peer: usize,
+    /// Payload.
+    pub data: &'a [u8],
+}
+
+/// One frame to receive: exactly `data.len()` bytes from `peer`.
+pub struct RecvReq<'a> {
+    /// Source rank.
+    pub peer: usize,
+    /// Where the payload lands.
+    pub data: &'a mut [u8],
+}
+
+/// Settings every transport honours.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the comm.
+    pub size: usize,
+    /// An exchange fails when no byte moved for this long.
+    pub timeout: Duration,
+    /// How long a wait spins before it blocks.
+    pub spin: Duration,
+    /// Set by `Comm::abort`; every wait checks it at least every 100 ms.
+    pub abort: Arc<AtomicBool>,
+}
+
+/// A way to move frames between the ranks of one comm.
+pub trait Transport: Send {
+    /// Sends each of `sends` as one frame and receives one frame into each of `recvs`, all
+    /// under the operation descriptor `desc`, which every received frame must match.
+    /// At most one send and one receive per peer; never to or from this rank.
+    fn exchange(&mut self, desc: &OpDesc, sends: &[SendReq<'_>], recvs: &mut [RecvReq<'_>])
+        -> Result<()>;
+
+    /// Tells every connected peer that this rank failed (best effort, bounded to about a
+    /// second) and closes the connections. Later exchanges fail.
+    fn abort(&mut self, reason: &str);
+
+    /// Human-readable name of `peer` for error messages (its address).
+    fn peer_name(&self, peer: usize) -> String;
+
+    /// "tcp" or "inproc".
+    fn name(&self) -> &'static str;
+}

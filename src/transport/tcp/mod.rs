@@ -1,0 +1,252 @@
+//! TCP transport: one or more sockets per peer pair (QCCL_NSOCKS_PERPEER), opened lazily on
+//! first use (the lower rank connects, the higher rank's accept thread verifies the hello),
+//! then driven non-blocking by `progress`.
+
+mod acceptor;
+pub mod handshake;
+pub mod progress;
+
+use super::frame::{CollKind, FrameKind, Header, OpDesc};
+use super::{LinkConfig, RecvReq, SendReq, Transport};
+use crate::error::{Error, Result};
+use acceptor::Acceptor;
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Socket buffer size asked for (root may exceed the kernel's default cap).
+const SOCKET_BUF: usize = 4 << 20;
+
+/// The sockets to one peer.
+pub struct Conn {
+    /// One or more streams; frame headers travel on the first.
+    pub socks: Vec<TcpStream>,
+    /// The peer's listening address, for messages.
+    pub addr: SocketAddr,
+    /// True while a frame is half-sent on the first socket.
+    pub mid_frame: bool,
+}
+
+/// One rank's TCP endpoint of a comm.
+pub struct TcpTransport {
+    cfg: LinkConfig,
+    secret: [u8; 16],
+    comm_id: u64,
+    peers: Vec<SocketAddr>,
+    nsocks: usize,
+    conns: Vec<Option<Conn>>,
+    acceptor: Option<Acceptor>,
+    stash: HashMap<usize, Vec<Option<TcpStream>>>,
+    aborted: bool,
+}
+
+impl TcpTransport {
+    /// A transport that accepts on `listener` (its address is `peers[cfg.rank]`) and reaches
+    /// peer `i` at `peers[i]`.
+    pub fn new(
+        listener: TcpListener,
+        peers: Vec<SocketAddr>,
+        comm_id: u64,
+        secret: [u8; 16],
+        nsocks: usize,
+        cfg: LinkConfig,
+    ) -> Result<TcpTransport> {
+        let acceptor = Acceptor::spawn(listener, secret, comm_id, cfg.size, cfg.rank)?;
+        Ok(TcpTransport {
+            conns: (0..cfg.size).map(|_| None).collect(),
+            cfg,
+            secret,
+            comm_id,
+            peers,
+            nsocks: nsocks.max(1),
+            acceptor: Some(acceptor),
+            stash: HashMap::new(),
+            aborted: false,
+        })
+    }
+
+    fn ensure(&mut self, peer: usize) -> Result<()> {
+        if self.conns[peer].is_some() {
+            return Ok(());
+        }
+        if self.aborted {
+            return Err(Error::Aborted("the comm's transport was aborted".into()));
+        }
+        let deadline = Instant::now() + self.cfg.timeout;
+        let socks = if peer > self.cfg.rank {
+            (0..self.nsocks)
+                .map(|i| self.connect(peer, i, deadline))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            self.await_incoming(peer, deadline)?
+        };
+        for s in &socks {
+            configure(s)?;
+        }
+        crate::qlog!(
+            Info,
+            "rank {}: connected to rank {peer} at {} over tcp ({} socket(s))",
+            self.cfg.rank,
+            self.peers[peer],
+            socks.len()
+        );
+        self.conns[peer] = Some(Conn {
+            socks,
+            addr: self.peers[peer],
+            mid_frame: false,
+        });
+        Ok(())
+    }
+
+    fn connect(&self, peer: usize, sock: usize, deadline: Instant) -> Result<TcpStream> {
+        let addr = self.peers[peer];
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < deadline && !self.abort_requested() => {
+                    crate::qlog!(Trace, "connect to rank {peer} at {addr}: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => {
+                    return Err(Error::Remote {
+                        rank: peer,
+                        addr: addr.to_string(),
+                        msg: format!("cannot connect: {e}"),
+                    })
+                }
+            }
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(10))));
+        let hello = handshake::Hello {
+            secret: self.secret,
+            comm_id: self.comm_id,
+            rank: self.cfg.rank as u32,
+            sock: sock as u32,
+        };
+        handshake::connect(&mut stream, &hello).map_err(|e| Error::Remote {
+            rank: peer,
+            addr: addr.to_string(),
+            msg: e.to_string(),
+        })?;
+        Ok(stream)
+    }
+
+    fn await_incoming(&mut self, peer: usize, deadline: Instant) -> Result<Vec<TcpStream>> {
+        let incoming = self
+            .acceptor
+            .as_ref()
+            .ok_or_else(|| Error::Aborted("the comm's transport was aborted".into()))?
+            .incoming
+            .clone();
+        loop {
+            if let Some(v) = self.stash.get(&peer) {
+                if v.iter().all(Option::is_some) {
+                    let v = self.stash.remove(&peer).unwrap();
+                    return Ok(v.into_iter().map(Option::unwrap).collect());
+                }
+            }
+            if self.abort_requested() {
+                return Err(Error::Aborted("abort() was called on this comm".into()));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "rank {}: rank {peer} ({}) did not connect within {} ms",
+                    self.cfg.rank,
+                    self.peers[peer],
+                    self.cfg.timeout.as_millis()
+                )));
+            }
+            if let Ok((rank, sock, s)) = incoming.recv_timeout(Duration::from_millis(100)) {
+                if sock >= self.nsocks || self.conns[rank].is_some() {
+                    crate::qlog!(Warn, "rank {}: unexpected socket {sock} from rank {rank}", self.cfg.rank);
+                    continue;
+                }
+                let slots = self
+                    .stash
+                    .entry(rank)
+                    .or_insert_with(|| (0..self.nsocks).map(|_| None).collect());
+                slots[sock] = Some(s);
+            }
+        }
+    }
+
+    fn abort_requested(&self) -> bool {
+        self.cfg.abort.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+fn configure(s: &TcpStream) -> Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    s.set_nodelay(true)
+        .map_err(|e| Error::io("setting TCP_NODELAY", e))?;
+    if setsockopt(s, sockopt::SndBufForce, &SOCKET_BUF).is_err() {
+        let _ = setsockopt(s, sockopt::SndBuf, &SOCKET_BUF);
+    }
+    if setsockopt(s, sockopt::RcvBufForce, &SOCKET_BUF).is_err() {
+        let _ = setsockopt(s, sockopt::RcvBuf, &SOCKET_BUF);
+    }
+    s.set_read_timeout(None)
+        .map_err(|e| Error::io("clearing the read timeout", e))?;
+    s.set_nonblocking(true)
+        .map_err(|e| Error::io("setting the socket non-blocking", e))
+}
+
+impl Transport for TcpTransport {
+    fn exchange(
+        &mut self,
+        desc: &OpDesc,
+        sends: &[SendReq<'_>],
+        recvs: &mut [RecvReq<'_>],
+    ) -> Result<()> {
+        for p in sends.iter().map(|s| s.peer).chain(recvs.iter().map(|r| r.peer)) {
+            self.ensure(p)?;
+        }
+        progress::exchange(&mut self.conns, &self.cfg, desc, sends, recvs)
+    }
+
+    fn abort(&mut self, reason: &str) {
+        self.aborted = true;
+        let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];
+        let head = Header {
+            kind: FrameKind::Abort,
+            desc: OpDesc {
+                coll: CollKind::Barrier,
+                dtype: 0,
+                op: 0,
+                algo: 0,
+                root: 0,
+                count: 0,
+            },
+            len: reason.len() as u64,
+        }
+        .encode();
+        for conn in self.conns.iter_mut().filter_map(Option::take) {
+            let s = &conn.socks[0];
+            if !conn.mid_frame {
+                // Best effort and bounded: the peer may be gone or not reading.
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+                let mut w = s;
+                let _ = w.write_all(&head).and_then(|_| w.write_all(reason));
+            }
+            for s in &conn.socks {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        self.acceptor = None;
+        self.stash.clear();
+    }
+
+    fn peer_name(&self, peer: usize) -> String {
+        self.peers
+            .get(peer)
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "?".into())
+    }
+
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+}

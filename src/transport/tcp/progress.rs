@@ -1,0 +1,248 @@
+//! The TCP hot path: one exchange = a set of frame sends and receives, each split over the
+//! peer pair's sockets, progressed together with non-blocking I/O and poll.
+
+use super::Conn;
+use crate::error::{Error, Result};
+use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
+use crate::transport::wait::{Next, Waiter};
+use crate::transport::{LinkConfig, RecvReq, SendReq};
+use nix::poll::{poll, PollFd, PollFlags};
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::os::fd::AsFd;
+
+/// Payloads below this go on one socket even when the pair has several.
+const MIN_SPLIT: usize = 64 * 1024;
+
+/// Byte ranges of a `len`-byte payload on each of `nsocks` sockets.
+pub fn split(len: usize, nsocks: usize) -> Vec<(usize, usize)> {
+    let k = if len < MIN_SPLIT { 1 } else { nsocks };
+    (0..k).map(|i| (len * i / k, len * (i + 1) / k)).collect()
+}
+
+struct Tx<'a> {
+    peer: usize,
+    sock: usize,
+    head: Option<[u8; HEADER_LEN]>,
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl Tx<'_> {
+    fn total(&self) -> usize {
+        self.head.map_or(0, |_| HEADER_LEN) + self.data.len()
+    }
+    fn done(&self) -> bool {
+        self.pos == self.total()
+    }
+}
+
+struct Rx<'a> {
+    peer: usize,
+    sock: usize,
+    head: Option<([u8; HEADER_LEN], usize)>,
+    data: &'a mut [u8],
+    pos: usize,
+    full_len: usize,
+}
+
+impl Rx<'_> {
+    fn done(&self) -> bool {
+        self.head.is_none_or(|(_, n)| n == HEADER_LEN) && self.pos == self.data.len()
+    }
+}
+
+fn closed(conns: &[Option<Conn>], peer: usize, what: String) -> Error {
+    let addr = conns[peer]
+        .as_ref()
+        .map(|c| c.addr.to_string())
+        .unwrap_or_default();
+    Error::Remote {
+        rank: peer,
+        addr,
+        msg: what,
+    }
+}
+
+/// Runs one exchange to completion (or error). Connections must already exist.
+pub fn exchange(
+    conns: &mut [Option<Conn>],
+    cfg: &LinkConfig,
+    desc: &OpDesc,
+    sends: &[SendReq<'_>],
+    recvs: &mut [RecvReq<'_>],
+) -> Result<()> {
+    let mut txs: Vec<Tx<'_>> = Vec::with_capacity(sends.len());
+    for s in sends {
+        let nsocks = conns[s.peer].as_ref().map_or(1, |c| c.socks.len());
+        let head = Header {
+            kind: FrameKind::Data,
+            desc: *desc,
+            len: s.data.len() as u64,
+        }
+        .encode();
+        for (i, (a, b)) in split(s.data.len(), nsocks).into_iter().enumerate() {
+            txs.push(Tx {
+                peer: s.peer,
+                sock: i,
+                head: (i == 0).then_some(head),
+                data: &s.data[a..b],
+                pos: 0,
+            });
+        }
+    }
+    let mut rxs: Vec<Rx<'_>> = Vec::with_capacity(recvs.len());
+    for r in recvs.iter_mut() {
+        let nsocks = conns[r.peer].as_ref().map_or(1, |c| c.socks.len());
+        let full_len = r.data.len();
+        let mut rest: &mut [u8] = r.data;
+        let mut consumed = 0;
+        for (i, (a, b)) in split(full_len, nsocks).into_iter().enumerate() {
+            debug_assert_eq!(a, consumed);
+            let (part, tail) = rest.split_at_mut(b - a);
+            rest = tail;
+            consumed = b;
+            rxs.push(Rx {
+                peer: r.peer,
+                sock: i,
+                head: (i == 0).then_some(([0u8; HEADER_LEN], 0)),
+                data: part,
+                pos: 0,
+                full_len,
+            });
+        }
+    }
+
+    let mut waiter = Waiter::new(cfg);
+    loop {
+        let mut moved = false;
+        let mut pending = 0;
+        for t in txs.iter_mut().filter(|t| !t.done()) {
+            let conn = conns[t.peer]
+                .as_mut()
+                .ok_or_else(|| Error::Internal(format!("no connection to rank {}", t.peer)))?;
+            let sock = &mut conn.socks[t.sock];
+            let hl = t.head.map_or(0, |_| HEADER_LEN);
+            let res = if t.pos < hl {
+                let h = t.head.as_ref().unwrap();
+                sock.write_vectored(&[IoSlice::new(&h[t.pos..]), IoSlice::new(t.data)])
+            } else {
+                sock.write(&t.data[t.pos - hl..])
+            };
+            match res {
+                Ok(n) => {
+                    t.pos += n;
+                    moved |= n > 0;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(closed(
+                        conns,
+                        t.peer,
+                        format!("sending failed: {e} (the peer exited or closed the connection)"),
+                    ))
+                }
+            }
+            if t.sock == 0 {
+                // Remember a half-sent frame: an abort frame must not be spliced into it.
+                conn.mid_frame = !t.done();
+            }
+            pending += usize::from(!t.done());
+        }
+        for r in rxs.iter_mut().filter(|r| !r.done()) {
+            let conn = conns[r.peer]
+                .as_mut()
+                .ok_or_else(|| Error::Internal(format!("no connection to rank {}", r.peer)))?;
+            let sock = &mut conn.socks[r.sock];
+            let res = match &mut r.head {
+                Some((h, n)) if *n < HEADER_LEN => sock.read(&mut h[*n..]),
+                _ => sock.read(&mut r.data[r.pos..]),
+            };
+            match res {
+                Ok(0) => {
+                    return Err(closed(
+                        conns,
+                        r.peer,
+                        "connection closed by the peer (it exited, was killed, or aborted)".into(),
+                    ))
+                }
+                Ok(n) => {
+                    moved = true;
+                    match &mut r.head {
+                        Some((h, got)) if *got < HEADER_LEN => {
+                            *got += n;
+                            if *got == HEADER_LEN {
+                                let header = Header::decode(h, r.peer)?;
+                                if header.kind == FrameKind::Abort {
+                                    let reason = read_reason(sock, header.len as usize);
+                                    return Err(closed(
+                                        conns,
+                                        r.peer,
+                                        format!("peer aborted: {reason}"),
+                                    ));
+                                }
+                                header.check(desc, r.full_len, r.peer, cfg.rank)?;
+                            }
+                        }
+                        _ => r.pos += n,
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(closed(
+                        conns,
+                        r.peer,
+                        format!("receiving failed: {e} (the peer exited or closed the connection)"),
+                    ))
+                }
+            }
+            pending += usize::from(!r.done());
+        }
+        if pending == 0 {
+            return Ok(());
+        }
+        if moved {
+            waiter.progressed();
+            continue;
+        }
+        let stalled = || {
+            let mut peers: Vec<String> = rxs
+                .iter()
+                .filter(|r| !r.done())
+                .map(|r| format!("receive from rank {}", r.peer))
+                .chain(
+                    txs.iter()
+                        .filter(|t| !t.done())
+                        .map(|t| format!("send to rank {}", t.peer)),
+                )
+                .collect();
+            peers.dedup();
+            format!("{} stalled in {desc}", peers.join(", "))
+        };
+        if let Next::Block(d) = waiter.idle(cfg, stalled)? {
+            let ms = d.as_millis().clamp(1, u16::MAX as u128) as u16;
+            let mut fds: Vec<PollFd<'_>> = Vec::new();
+            for t in txs.iter().filter(|t| !t.done()) {
+                let s = &conns[t.peer].as_ref().unwrap().socks[t.sock];
+                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLOUT));
+            }
+            for r in rxs.iter().filter(|r| !r.done()) {
+                let s = &conns[r.peer].as_ref().unwrap().socks[r.sock];
+                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+            }
+            let _ = poll(&mut fds, ms);
+        }
+    }
+}
+
+/// Reads an abort frame's reason; bounded in time since the peer is going away.
+fn read_reason(sock: &mut std::net::TcpStream, len: usize) -> String {
+    let mut buf = vec![0u8; len];
+    let _ = sock.set_nonblocking(false);
+    let _ = sock.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+    match sock.read_exact(&mut buf) {
+        Ok(()) => String::from_utf8_lossy(&buf).into_owned(),
+        Err(_) => "(reason lost)".into(),
+    }
+}
