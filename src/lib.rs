@@ -5,6 +5,31 @@
 //! requests, timeouts, abort) → `coll` (collectives) → `algo` (ring, tree, sra schedules) →
 //! `reduce` (vectorized kernels) and `transport` (tcp, inproc) → `bootstrap` (unique id,
 //! rendezvous, environment, host topology).
+//!
+//! # Example
+//!
+//! Four ranks as threads of this process (the in-process transport); across processes,
+//! each rank calls [`Comm::from_env`] (or [`Comm::init`] with a shared [`UniqueId`]) instead.
+//!
+//! ```
+//! use qccl::{Comm, Config, ReduceOp};
+//!
+//! let comms = Comm::init_threads(4, Config::default())?;
+//! let handles: Vec<_> = comms
+//!     .into_iter()
+//!     .map(|comm| {
+//!         std::thread::spawn(move || -> qccl::Result<Vec<f32>> {
+//!             let mut grad = vec![comm.rank() as f32; 1000];
+//!             comm.all_reduce_in_place(&mut grad, ReduceOp::Avg)?;
+//!             Ok(grad)
+//!         })
+//!     })
+//!     .collect();
+//! for h in handles {
+//!     assert!(h.join().unwrap()?.iter().all(|&x| x == 1.5)); // (0+1+2+3)/4
+//! }
+//! # Ok::<(), qccl::Error>(())
+//! ```
 
 #![warn(missing_docs)]
 

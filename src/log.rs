@@ -39,9 +39,7 @@ fn sink() -> &'static Sink {
         let host = crate::bootstrap::host::hostname();
         let pid = std::process::id();
         let file = std::env::var("QCCL_DEBUG_FILE").ok().and_then(|pattern| {
-            let path = pattern
-                .replace("%h", &host)
-                .replace("%p", &pid.to_string());
+            let path = pattern.replace("%h", &host).replace("%p", &pid.to_string());
             File::create(&path).ok().map(Mutex::new)
         });
         Sink {

@@ -7,7 +7,12 @@ use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 
 /// Broadcast of `buf` from `root` (root's `send`, if given, is copied into its `buf` first).
-pub fn broadcast(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], root: usize) -> Result<()> {
+pub fn broadcast(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    root: usize,
+) -> Result<()> {
     let (n, es) = (ctx.size, ctx.dtype.size());
     if ctx.rank == root {
         if let Some(s) = send {
@@ -23,10 +28,22 @@ pub fn broadcast(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], root: u
     for j in 0..nsl {
         let sj = sub(&whole, nsl, j, es);
         if pos > 0 {
-            ctx.exchange(&[], &mut [RecvReq { peer: ctx.peer(-1), data: &mut buf[sj.clone()] }])?;
+            ctx.exchange(
+                &[],
+                &mut [RecvReq {
+                    peer: ctx.peer(-1),
+                    data: &mut buf[sj.clone()],
+                }],
+            )?;
         }
         if pos < n - 1 {
-            ctx.exchange(&[SendReq { peer: ctx.peer(1), data: &buf[sj] }], &mut [])?;
+            ctx.exchange(
+                &[SendReq {
+                    peer: ctx.peer(1),
+                    data: &buf[sj],
+                }],
+                &mut [],
+            )?;
         }
     }
     Ok(())
@@ -56,7 +73,13 @@ pub fn reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], root: usiz
             let len = sj.len();
             if q > 0 {
                 let from = ctx.peer(-1);
-                ctx.exchange(&[], &mut [RecvReq { peer: from, data: &mut landing[..len] }])?;
+                ctx.exchange(
+                    &[],
+                    &mut [RecvReq {
+                        peer: from,
+                        data: &mut landing[..len],
+                    }],
+                )?;
             }
             let out: &[u8] = if q == 0 {
                 match send {
@@ -81,7 +104,13 @@ pub fn reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], root: usiz
                 reduce::reduce3(ctx.dtype, ctx.op, &mut acc[..len], &landing[..len], own);
                 &acc[..len]
             };
-            ctx.exchange(&[SendReq { peer: ctx.peer(1), data: out }], &mut [])?;
+            ctx.exchange(
+                &[SendReq {
+                    peer: ctx.peer(1),
+                    data: out,
+                }],
+                &mut [],
+            )?;
         }
         Ok(())
     })();

@@ -8,7 +8,13 @@ use crate::Result;
 /// Gathers every rank's `send` (count elements) into root's `recv` (n·count, rank order).
 pub fn gather(ctx: &mut Ctx<'_>, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
     if ctx.rank != root {
-        return ctx.exchange(&[SendReq { peer: root, data: send }], &mut []);
+        return ctx.exchange(
+            &[SendReq {
+                peer: root,
+                data: send,
+            }],
+            &mut [],
+        );
     }
     let out = recv.expect("root has a receive buffer");
     let n = ctx.size;
@@ -27,7 +33,13 @@ pub fn gather(ctx: &mut Ctx<'_>, send: &[u8], recv: Option<&mut [u8]>, root: usi
 /// Scatters root's `send` (n·count, rank order) so rank p gets part p in `recv`.
 pub fn scatter(ctx: &mut Ctx<'_>, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     if ctx.rank != root {
-        return ctx.exchange(&[], &mut [RecvReq { peer: root, data: recv }]);
+        return ctx.exchange(
+            &[],
+            &mut [RecvReq {
+                peer: root,
+                data: recv,
+            }],
+        );
     }
     let input = send.expect("root has a send buffer");
     let n = ctx.size;
@@ -35,7 +47,10 @@ pub fn scatter(ctx: &mut Ctx<'_>, send: Option<&[u8]>, recv: &mut [u8], root: us
     recv.copy_from_slice(&input[range(root)]);
     let sends: Vec<SendReq<'_>> = (0..n)
         .filter(|&p| p != root)
-        .map(|p| SendReq { peer: p, data: &input[range(p)] })
+        .map(|p| SendReq {
+            peer: p,
+            data: &input[range(p)],
+        })
         .collect();
     ctx.exchange(&sends, &mut [])
 }
@@ -48,7 +63,10 @@ pub fn all_to_all(ctx: &mut Ctx<'_>, send: &[u8], recv: &mut [u8]) -> Result<()>
     parts[r].copy_from_slice(&send[ranges[r].clone()]);
     let sends: Vec<SendReq<'_>> = (0..n)
         .filter(|&p| p != r)
-        .map(|p| SendReq { peer: p, data: &send[ranges[p].clone()] })
+        .map(|p| SendReq {
+            peer: p,
+            data: &send[ranges[p].clone()],
+        })
         .collect();
     let mut recvs: Vec<RecvReq<'_>> = parts
         .into_iter()
@@ -64,7 +82,16 @@ pub fn barrier(ctx: &mut Ctx<'_>) -> Result<()> {
     let mut k = 1;
     while k < ctx.size {
         let (to, from) = (ctx.peer(k as isize), ctx.peer(-(k as isize)));
-        ctx.exchange(&[SendReq { peer: to, data: &[] }], &mut [RecvReq { peer: from, data: &mut [] }])?;
+        ctx.exchange(
+            &[SendReq {
+                peer: to,
+                data: &[],
+            }],
+            &mut [RecvReq {
+                peer: from,
+                data: &mut [],
+            }],
+        )?;
         k *= 2;
     }
     Ok(())

@@ -96,11 +96,11 @@ pub fn sub(r: &Range<usize>, nsl: usize, j: usize, es: usize) -> Range<usize> {
 
 /// Borrows `a` immutably and `b` mutably from one buffer; the ranges must not overlap.
 pub fn split_ref_mut(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
-    assert!(a.end <= b.start || b.end <= a.start, "overlapping ranges");
-    if a.start < b.start {
+    if a.end <= b.start {
         let (lo, hi) = buf.split_at_mut(b.start);
         (&lo[a], &mut hi[..b.end - b.start])
     } else {
+        assert!(b.end <= a.start, "overlapping ranges {a:?} and {b:?}");
         let (lo, hi) = buf.split_at_mut(a.start);
         (&hi[..a.end - a.start], &mut lo[b])
     }

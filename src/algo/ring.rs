@@ -49,8 +49,14 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, input: &[u8], count: usize, out: &mut [
                 };
                 let landing = &mut land[..sb.len()];
                 ctx.exchange(
-                    &[SendReq { peer: ctx.peer(1), data: src }],
-                    &mut [RecvReq { peer: ctx.peer(-1), data: landing }],
+                    &[SendReq {
+                        peer: ctx.peer(1),
+                        data: src,
+                    }],
+                    &mut [RecvReq {
+                        peer: ctx.peer(-1),
+                        data: landing,
+                    }],
                 )?;
                 let local = sb.start - rb.start..sb.end - rb.start;
                 let dst: &mut [u8] = if s == n - 2 {
@@ -58,7 +64,13 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, input: &[u8], count: usize, out: &mut [
                 } else {
                     &mut w_cur[local]
                 };
-                reduce::reduce3(ctx.dtype, ctx.op, dst, &input[sb.clone()], &land[..sb.len()]);
+                reduce::reduce3(
+                    ctx.dtype,
+                    ctx.op,
+                    dst,
+                    &input[sb.clone()],
+                    &land[..sb.len()],
+                );
             }
         }
         Ok(())
@@ -86,8 +98,14 @@ pub fn all_gather(ctx: &mut Ctx<'_>, buf: &mut [u8], count: usize) -> Result<()>
         for j in 0..nsl {
             let (src, dst) = split_ref_mut(buf, sub(&ra, nsl, j, es), sub(&rb, nsl, j, es));
             ctx.exchange(
-                &[SendReq { peer: ctx.peer(1), data: src }],
-                &mut [RecvReq { peer: ctx.peer(-1), data: dst }],
+                &[SendReq {
+                    peer: ctx.peer(1),
+                    data: src,
+                }],
+                &mut [RecvReq {
+                    peer: ctx.peer(-1),
+                    data: dst,
+                }],
             )?;
         }
     }
@@ -96,7 +114,12 @@ pub fn all_gather(ctx: &mut Ctx<'_>, buf: &mut [u8], count: usize) -> Result<()>
 
 /// Ring all-reduce of `count` elements: out-of-place from `send` into `buf`, or in place on
 /// `buf` when `send` is None.
-pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], count: usize) -> Result<()> {
+pub fn all_reduce(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    count: usize,
+) -> Result<()> {
     let (n, es) = (ctx.size, ctx.dtype.size());
     let mine = part(count, n, ctx.rank, es);
     match send {

@@ -9,7 +9,12 @@ use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 
 /// SRA all-reduce of `count` elements; out-of-place when `send` is given.
-pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], count: usize) -> Result<()> {
+pub fn all_reduce(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    count: usize,
+) -> Result<()> {
     if let Some(s) = send {
         buf.copy_from_slice(s);
     }
@@ -29,12 +34,18 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], count:
             let peers: Vec<usize> = (1..n).map(|d| ctx.peer(d as isize)).collect();
             let sends: Vec<SendReq<'_>> = peers
                 .iter()
-                .map(|&p| SendReq { peer: p, data: &buf[sub(&chunks[p], nsl, j, es)] })
+                .map(|&p| SendReq {
+                    peer: p,
+                    data: &buf[sub(&chunks[p], nsl, j, es)],
+                })
                 .collect();
             let mut recvs: Vec<RecvReq<'_>> = peers
                 .iter()
                 .zip(space.chunks_mut(max_slice))
-                .map(|(&p, l)| RecvReq { peer: p, data: &mut l[..mine.len()] })
+                .map(|(&p, l)| RecvReq {
+                    peer: p,
+                    data: &mut l[..mine.len()],
+                })
                 .collect();
             ctx.exchange(&sends, &mut recvs)?;
             drop(sends);
@@ -67,7 +78,10 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], count:
                 .chain(after.iter_mut().enumerate().map(|(i, c)| (r + 1 + i, c)))
                 .map(|(p, c)| {
                     let rg = sub(&(0..c.len()), nsl, j, es);
-                    RecvReq { peer: p, data: &mut c[rg] }
+                    RecvReq {
+                        peer: p,
+                        data: &mut c[rg],
+                    }
                 })
                 .collect();
             ctx.exchange(&sends, &mut recvs)?;

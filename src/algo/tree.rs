@@ -16,7 +16,10 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
     if n == 1 {
         return Ok(());
     }
-    let kids: Vec<usize> = [2 * r + 1, 2 * r + 2].into_iter().filter(|&k| k < n).collect();
+    let kids: Vec<usize> = [2 * r + 1, 2 * r + 2]
+        .into_iter()
+        .filter(|&k| k < n)
+        .collect();
     let parent = (r > 0).then(|| (r - 1) / 2);
     let whole = 0..buf.len();
     let nsl = ctx.nslices(buf.len());
@@ -32,7 +35,10 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
                 let mut recvs: Vec<RecvReq<'_>> = kids
                     .iter()
                     .zip([l0, l1])
-                    .map(|(&k, l)| RecvReq { peer: k, data: &mut l[..len] })
+                    .map(|(&k, l)| RecvReq {
+                        peer: k,
+                        data: &mut l[..len],
+                    })
                     .collect();
                 ctx.exchange(&[], &mut recvs)?;
                 for part in [&space[..len], &space[max_slice..max_slice + len]]
@@ -43,7 +49,13 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
                 }
             }
             match parent {
-                Some(p) => ctx.exchange(&[SendReq { peer: p, data: &buf[sj] }], &mut [])?,
+                Some(p) => ctx.exchange(
+                    &[SendReq {
+                        peer: p,
+                        data: &buf[sj],
+                    }],
+                    &mut [],
+                )?,
                 None if ctx.op == crate::ReduceOp::Avg => {
                     reduce::finish_avg(ctx.dtype, &mut buf[sj], n)
                 }
@@ -53,11 +65,20 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
         for j in 0..nsl {
             let sj = sub(&whole, nsl, j, es);
             if let Some(p) = parent {
-                ctx.exchange(&[], &mut [RecvReq { peer: p, data: &mut buf[sj.clone()] }])?;
+                ctx.exchange(
+                    &[],
+                    &mut [RecvReq {
+                        peer: p,
+                        data: &mut buf[sj.clone()],
+                    }],
+                )?;
             }
             let sends: Vec<SendReq<'_>> = kids
                 .iter()
-                .map(|&k| SendReq { peer: k, data: &buf[sj.clone()] })
+                .map(|&k| SendReq {
+                    peer: k,
+                    data: &buf[sj.clone()],
+                })
                 .collect();
             if !sends.is_empty() {
                 ctx.exchange(&sends, &mut [])?;

@@ -40,7 +40,15 @@ pub fn resolve_algo(algo: Algo, bytes: usize, size: usize) -> Algo {
 }
 
 impl Engine {
-    fn ctx(&mut self, coll: CollKind, count: usize, dtype: DType, op: ReduceOp, root: usize, algo: u8) -> Ctx<'_> {
+    fn ctx(
+        &mut self,
+        coll: CollKind,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        algo: u8,
+    ) -> Ctx<'_> {
         Ctx {
             t: &mut *self.t,
             rank: self.rank,
@@ -118,7 +126,13 @@ impl Engine {
 
     /// All-gather of `sendcount` elements per rank into `recv` (n·sendcount); `send` None
     /// means in place (this rank's part is already at its slot).
-    pub fn all_gather(&mut self, send: Option<&[u8]>, recv: &mut [u8], sendcount: usize, dtype: DType) -> Result<()> {
+    pub fn all_gather(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        sendcount: usize,
+        dtype: DType,
+    ) -> Result<()> {
         if sendcount == 0 {
             return Ok(());
         }
@@ -132,7 +146,14 @@ impl Engine {
     }
 
     /// Broadcast from `root`; root's `send` (if given) is the data.
-    pub fn broadcast(&mut self, send: Option<&[u8]>, recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+    pub fn broadcast(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
@@ -159,7 +180,13 @@ impl Engine {
     }
 
     /// All-to-all with `count` elements per peer.
-    pub fn all_to_all(&mut self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+    pub fn all_to_all(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
@@ -168,7 +195,14 @@ impl Engine {
     }
 
     /// Gather of `count` elements per rank onto `root`'s `recv`.
-    pub fn gather(&mut self, send: &[u8], recv: Option<&mut [u8]>, count: usize, dtype: DType, root: usize) -> Result<()> {
+    pub fn gather(
+        &mut self,
+        send: &[u8],
+        recv: Option<&mut [u8]>,
+        count: usize,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
@@ -177,7 +211,14 @@ impl Engine {
     }
 
     /// Scatter of `count` elements per rank from `root`'s `send`.
-    pub fn scatter(&mut self, send: Option<&[u8]>, recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+    pub fn scatter(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
         if count == 0 {
             return Ok(());
         }

@@ -83,18 +83,32 @@ impl Comm {
 
     /// All-gather of `sendcount` elements per rank into `recv` (size·sendcount). In place
     /// (`send` None), this rank's part is already at its slot of `recv`.
-    pub fn all_gather_raw(&self, send: Option<&[u8]>, recv: &mut [u8], sendcount: usize, dtype: DType) -> Result<()> {
+    pub fn all_gather_raw(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        sendcount: usize,
+        dtype: DType,
+    ) -> Result<()> {
         const C: &str = "all_gather";
         if let Some(s) = send {
             need(C, "sendbuff", s.len(), sendcount, dtype)?;
         }
         need(C, "recvbuff", recv.len(), sendcount * self.size, dtype)?;
-        self.queue.run(|e| e.all_gather(send, recv, sendcount, dtype))
+        self.queue
+            .run(|e| e.all_gather(send, recv, sendcount, dtype))
     }
 
     /// Broadcast of `count` elements from `root`. Root's data is `send` (or `recv` itself
     /// when `send` is None); every rank receives into `recv`.
-    pub fn broadcast_raw(&self, send: Option<&[u8]>, recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+    pub fn broadcast_raw(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
         const C: &str = "broadcast";
         self.check_root(C, root)?;
         need(C, "recvbuff", recv.len(), count, dtype)?;
@@ -102,7 +116,8 @@ impl Comm {
         if let Some(s) = send {
             need(C, "sendbuff", s.len(), count, dtype)?;
         }
-        self.queue.run(|e| e.broadcast(send, recv, count, dtype, root))
+        self.queue
+            .run(|e| e.broadcast(send, recv, count, dtype, root))
     }
 
     /// Reduce of `count` elements onto `root`. Input is `send`, or `recv` when `send` is
@@ -136,7 +151,13 @@ impl Comm {
 
     /// All-to-all: part p (`count` elements) of `send` goes to rank p; part q of `recv`
     /// comes from rank q.
-    pub fn all_to_all_raw(&self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+    pub fn all_to_all_raw(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
         const C: &str = "all_to_all";
         need(C, "sendbuff", send.len(), count * self.size, dtype)?;
         need(C, "recvbuff", recv.len(), count * self.size, dtype)?;
@@ -145,7 +166,14 @@ impl Comm {
 
     /// Gather of `count` elements per rank onto root's `recv` (size·count, rank order);
     /// `recv` is ignored on other ranks (may be empty).
-    pub fn gather_raw(&self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+    pub fn gather_raw(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
         const C: &str = "gather";
         self.check_root(C, root)?;
         need(C, "sendbuff", send.len(), count, dtype)?;
@@ -159,7 +187,14 @@ impl Comm {
 
     /// Scatter from root's `send` (size·count, rank order) into every rank's `recv`;
     /// `send` is ignored on other ranks (may be empty).
-    pub fn scatter_raw(&self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType, root: usize) -> Result<()> {
+    pub fn scatter_raw(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
         const C: &str = "scatter";
         self.check_root(C, root)?;
         need(C, "recvbuff", recv.len(), count, dtype)?;
@@ -208,13 +243,31 @@ impl Comm {
 
     /// All-reduce with an explicit algorithm (`send` None: in place). Returns the algorithm
     /// used (`Auto` resolved).
-    pub fn all_reduce_with<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], op: ReduceOp, algo: Algo) -> Result<Algo> {
+    pub fn all_reduce_with<T: Element>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        op: ReduceOp,
+        algo: Algo,
+    ) -> Result<Algo> {
         let n = recv.len();
-        self.all_reduce_raw(send.map(bytes), bytes_mut(recv), n, T::DTYPE, op, Some(algo))
+        self.all_reduce_raw(
+            send.map(bytes),
+            bytes_mut(recv),
+            n,
+            T::DTYPE,
+            op,
+            Some(algo),
+        )
     }
 
     /// Reduce-scatter: `send` holds size·k elements, `recv` receives this rank's k.
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         let k = recv.len();
         self.reduce_scatter_raw(Some(bytes(send)), bytes_mut(recv), k, T::DTYPE, op)
     }
@@ -252,13 +305,24 @@ impl Comm {
 
     /// Reduce onto root: root's `recv[i] = op over ranks of send[i]` (`recv` may be empty
     /// on other ranks).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         let n = send.len();
         self.reduce_raw(Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, op, root)
     }
 
     /// Reduce in place: the result replaces root's `buf`; other ranks' `buf` is unchanged.
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         let n = buf.len();
         self.reduce_raw(None, bytes_mut(buf), n, T::DTYPE, op, root)
     }
@@ -295,7 +359,11 @@ impl Comm {
     // ---- async API ------------------------------------------------------------------------
 
     /// Starts an in-place all-reduce of `buf`; the request returns it reduced.
-    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
+    pub fn all_reduce_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Request<Vec<T>>> {
         check::op("all_reduce", op, T::DTYPE)?;
         self.queue.submit(move |e| {
             let n = buf.len();
@@ -305,7 +373,11 @@ impl Comm {
     }
 
     /// Starts a reduce-scatter of `send` (size·k elements); the request returns this rank's k.
-    pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
+    pub fn reduce_scatter_async<T: Element>(
+        &self,
+        send: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Request<Vec<T>>> {
         let k = check::divisible("reduce_scatter", "sendbuff", send.len(), self.size)?;
         check::op("reduce_scatter", op, T::DTYPE)?;
         self.queue.submit(move |e| {
@@ -327,7 +399,11 @@ impl Comm {
     }
 
     /// Starts an in-place broadcast of root's `buf`; the request returns it.
-    pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Result<Request<Vec<T>>> {
+    pub fn broadcast_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        root: usize,
+    ) -> Result<Request<Vec<T>>> {
         self.check_root("broadcast", root)?;
         self.queue.submit(move |e| {
             let n = buf.len();

@@ -47,7 +47,13 @@ pub struct Comm {
     splits: std::sync::atomic::AtomicU64,
 }
 
-fn link_config(rank: usize, size: usize, local_size: usize, config: &Config, abort: Arc<AtomicBool>) -> LinkConfig {
+fn link_config(
+    rank: usize,
+    size: usize,
+    local_size: usize,
+    config: &Config,
+    abort: Arc<AtomicBool>,
+) -> LinkConfig {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Spinning only pays when every local rank has a core to spin on.
     let spin = if local_size > cores {
@@ -105,7 +111,10 @@ impl Comm {
         let config = Config::from_env()?;
         if env.rank == 0 {
             let listener = TcpListener::bind(env.root).map_err(|e| {
-                Error::io(format!("rank 0: binding the rendezvous address {}", env.root), e)
+                Error::io(
+                    format!("rank 0: binding the rendezvous address {}", env.root),
+                    e,
+                )
             })?;
             bootstrap::spawn_root(listener, env.secret, config.init_timeout)?;
         }
@@ -265,7 +274,9 @@ impl Comm {
 
 fn check_rank(rank: usize, size: usize) -> Result<()> {
     if size == 0 {
-        return Err(Error::invalid("world size 0: a comm needs at least one rank"));
+        return Err(Error::invalid(
+            "world size 0: a comm needs at least one rank",
+        ));
     }
     if rank >= size {
         return Err(Error::invalid(format!(

@@ -131,7 +131,9 @@ impl Queue {
         let deadline = Instant::now() + Duration::from_millis(900);
         loop {
             if let Ok(mut engine) = self.engine.try_lock() {
-                engine.t.abort(&format!("rank {} called abort()", self.rank));
+                engine
+                    .t
+                    .abort(&format!("rank {} called abort()", self.rank));
                 break;
             }
             if Instant::now() >= deadline {

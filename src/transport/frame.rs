@@ -98,7 +98,12 @@ impl std::fmt::Display for OpDesc {
         let dtype = crate::types::DType::from_i32(self.dtype as i32)
             .map(|d| d.name())
             .unwrap_or("?");
-        write!(f, "{}(count={}, dtype={dtype}", self.coll.name(), self.count)?;
+        write!(
+            f,
+            "{}(count={}, dtype={dtype}",
+            self.coll.name(),
+            self.count
+        )?;
         match self.coll {
             CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
                 let op = crate::types::ReduceOp::from_i32(self.op as i32)

@@ -44,8 +44,9 @@ impl InProcTransport {
         let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
         let pending = reg.entry(key).or_insert_with(|| {
             let mut tx: Vec<Vec<Option<Sender<Frame>>>> = (0..size).map(|_| Vec::new()).collect();
-            let mut rx: Vec<Vec<Option<Receiver<Frame>>>> =
-                (0..size).map(|_| (0..size).map(|_| None).collect()).collect();
+            let mut rx: Vec<Vec<Option<Receiver<Frame>>>> = (0..size)
+                .map(|_| (0..size).map(|_| None).collect())
+                .collect();
             for (src, txs) in tx.iter_mut().enumerate() {
                 for (dst, rxs) in rx.iter_mut().enumerate() {
                     if src == dst {

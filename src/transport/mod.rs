@@ -52,8 +52,12 @@ pub trait Transport: Send {
     /// Sends each of `sends` as one frame and receives one frame into each of `recvs`, all
     /// under the operation descriptor `desc`, which every received frame must match.
     /// At most one send and one receive per peer; never to or from this rank.
-    fn exchange(&mut self, desc: &OpDesc, sends: &[SendReq<'_>], recvs: &mut [RecvReq<'_>])
-        -> Result<()>;
+    fn exchange(
+        &mut self,
+        desc: &OpDesc,
+        sends: &[SendReq<'_>],
+        recvs: &mut [RecvReq<'_>],
+    ) -> Result<()>;
 
     /// Tells every connected peer that this rank failed (best effort, bounded to about a
     /// second) and closes the connections. Later exchanges fail.

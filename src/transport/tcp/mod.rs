@@ -160,7 +160,11 @@ impl TcpTransport {
             }
             if let Ok((rank, sock, s)) = incoming.recv_timeout(Duration::from_millis(100)) {
                 if sock >= self.nsocks || self.conns[rank].is_some() {
-                    crate::qlog!(Warn, "rank {}: unexpected socket {sock} from rank {rank}", self.cfg.rank);
+                    crate::qlog!(
+                        Warn,
+                        "rank {}: unexpected socket {sock} from rank {rank}",
+                        self.cfg.rank
+                    );
                     continue;
                 }
                 let slots = self
@@ -200,7 +204,11 @@ impl Transport for TcpTransport {
         sends: &[SendReq<'_>],
         recvs: &mut [RecvReq<'_>],
     ) -> Result<()> {
-        for p in sends.iter().map(|s| s.peer).chain(recvs.iter().map(|r| r.peer)) {
+        for p in sends
+            .iter()
+            .map(|s| s.peer)
+            .chain(recvs.iter().map(|r| r.peer))
+        {
             self.ensure(p)?;
         }
         progress::exchange(&mut self.conns, &self.cfg, desc, sends, recvs)

@@ -1,0 +1,64 @@
+//! A multi-process all-reduce over TCP.
+//!
+//! `cargo run --example all_reduce -- 4` starts 4 processes on this machine (the launcher
+//! sets QCCL_RANK, QCCL_WORLD_SIZE, QCCL_COMM_ID and QCCL_SECRET for each). Under another
+//! launcher (mpirun, torchrun, srun) each process just calls `Comm::from_env()`.
+
+use qccl::{Comm, ReduceOp};
+use std::process::Command;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("QCCL_RANK").is_some()
+        || std::env::var_os("RANK").is_some()
+        || std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
+    {
+        return rank_main();
+    }
+    let n: usize = std::env::args().nth(1).map_or(Ok(4), |s| s.parse())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let secret = format!("{:032x}", rand::random::<u128>());
+    let children = (0..n)
+        .map(|r| {
+            Command::new(std::env::current_exe()?)
+                .env("QCCL_RANK", r.to_string())
+                .env("QCCL_WORLD_SIZE", n.to_string())
+                .env("QCCL_COMM_ID", format!("127.0.0.1:{port}"))
+                .env("QCCL_SECRET", &secret)
+                .spawn()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ok = true;
+    for mut c in children {
+        ok &= c.wait()?.success();
+    }
+    if !ok {
+        return Err("a rank failed".into());
+    }
+    Ok(())
+}
+
+fn rank_main() -> Result<(), Box<dyn std::error::Error>> {
+    let comm = Comm::from_env()?;
+    let (rank, size) = (comm.rank(), comm.size());
+    // Rank r contributes r+1 in every element: the sum is size(size+1)/2 everywhere.
+    let send = vec![(rank + 1) as f32; 1 << 20];
+    let mut recv = vec![0f32; send.len()];
+    let start = std::time::Instant::now();
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+    let took = start.elapsed();
+    let expected = (size * (size + 1) / 2) as f32;
+    let correct = recv.iter().all(|&x| x == expected);
+    println!(
+        "rank {rank}/{size}: all_reduce of {} floats -> {} (expected {expected}, {}) in {:.2} ms",
+        recv.len(),
+        recv[0],
+        if correct { "correct" } else { "WRONG" },
+        took.as_secs_f64() * 1e3
+    );
+    if !correct {
+        return Err("wrong result".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! Ranks as separate OS processes over TCP on loopback: the whole collective suite, and the
+//! failure cases (a killed rank, ranks that disagree, a wrong secret, a late joiner).
+//!
+//! The test binary re-executes itself: `child` is the rank's entry point, a no-op unless
+//! QCCL_TEST_CHILD names a scenario.
+
+mod common;
+
+use common::suite::{cases, run_all, run_huge};
+use qccl::{Comm, ReduceOp};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const CHILD: &str = "QCCL_TEST_CHILD";
+/// Exit code of a rank whose collective returned the expected kind of error.
+const FAILED_CLEANLY: i32 = 3;
+
+#[test]
+fn child() {
+    let Ok(scenario) = std::env::var(CHILD) else {
+        return;
+    };
+    let code = match run_child(&scenario) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("QCCL-TEST-ERROR: {e}");
+            FAILED_CLEANLY
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run_child(scenario: &str) -> Result<(), String> {
+    let comm = Comm::from_env().map_err(|e| e.to_string())?;
+    match scenario {
+        "suite" => {
+            run_all(&comm, &cases(true))?;
+            run_huge(&comm)
+        }
+        "allreduce" => {
+            let send = vec![comm.rank() as f32 + 1.0; 1000];
+            let mut recv = vec![0f32; 1000];
+            comm.all_reduce(&send, &mut recv, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let n = comm.size() as f32;
+            if recv.iter().any(|&x| x != n * (n + 1.0) / 2.0) {
+                return Err(format!("wrong all_reduce result {}", recv[0]));
+            }
+            Ok(())
+        }
+        "loop" => {
+            // Large all-reduces until something fails (the parent kills a rank).
+            let mut buf = vec![1f32; 4 << 20];
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(60) {
+                let t = Instant::now();
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
+                    return Err(format!("after {} ms: {e}", t.elapsed().as_millis()));
+                }
+            }
+            Ok(())
+        }
+        "mismatch" => {
+            // Rank 2 disagrees on the count.
+            let count = if comm.rank() == 2 { 7 } else { 5 };
+            let mut buf = vec![1f32; count];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .map_err(|e| e.to_string())
+        }
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
+
+struct Job {
+    port: u16,
+    secret: String,
+    size: usize,
+}
+
+impl Job {
+    fn new(size: usize) -> Job {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let secret = format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        Job { port, secret, size }
+    }
+
+    fn spawn(&self, rank: usize, scenario: &str, env: &[(&str, &str)]) -> Child {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+            "-q",
+        ])
+        .env(CHILD, scenario)
+        .env("QCCL_RANK", rank.to_string())
+        .env("QCCL_WORLD_SIZE", self.size.to_string())
+        .env("QCCL_COMM_ID", format!("127.0.0.1:{}", self.port))
+        .env("QCCL_SECRET", &self.secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().expect("spawning a rank")
+    }
+
+    fn run(&self, scenario: &str, env: &[(&str, &str)], limit: Duration) -> Vec<Output> {
+        let children: Vec<Child> = (0..self.size)
+            .map(|r| self.spawn(r, scenario, env))
+            .collect();
+        children.into_iter().map(|c| wait(c, limit)).collect()
+    }
+}
+
+/// Waits for `c` at most `limit`, killing it past that.
+fn wait(mut c: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn suite(n: usize) {
+    let outs = Job::new(n).run("suite", &[], Duration::from_secs(600));
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+    }
+}
+
+#[test]
+fn suite_2_processes() {
+    suite(2);
+}
+
+#[test]
+fn suite_3_processes() {
+    suite(3);
+}
+
+#[test]
+fn suite_4_processes() {
+    suite(4);
+}
+
+#[test]
+fn two_sockets_per_peer() {
+    let outs = Job::new(3).run(
+        "allreduce",
+        &[("QCCL_NSOCKS_PERPEER", "2")],
+        Duration::from_secs(60),
+    );
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(0), "{}", text(o));
+    }
+}
+
+#[test]
+fn killed_rank_makes_the_others_fail_within_the_timeout() {
+    let job = Job::new(3);
+    let env = [("QCCL_TIMEOUT_MS", "3000")];
+    let mut children: Vec<Child> = (0..3).map(|r| job.spawn(r, "loop", &env)).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut victim = children.remove(1);
+    // Child::kill is SIGKILL on Unix: no chance to say goodbye.
+    victim.kill().unwrap();
+    let killed_at = Instant::now();
+    let _ = wait(victim, Duration::from_secs(5));
+    for c in children {
+        let o = wait(c, Duration::from_secs(20));
+        let took = killed_at.elapsed();
+        assert_eq!(o.status.code(), Some(FAILED_CLEANLY), "{}", text(&o));
+        assert!(
+            took < Duration::from_millis(3000 + 2000),
+            "survivor took {took:?}"
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("rank 1"), "error should name rank 1: {err}");
+    }
+}
+
+#[test]
+fn ranks_that_disagree_all_get_an_error_naming_the_odd_one() {
+    let outs = Job::new(3).run(
+        "mismatch",
+        &[("QCCL_TIMEOUT_MS", "5000")],
+        Duration::from_secs(30),
+    );
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(
+            o.status.code(),
+            Some(FAILED_CLEANLY),
+            "rank {r}: {}",
+            text(o)
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("count=7") && err.contains("rank 2"),
+            "rank {r}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_stranger_with_the_wrong_secret_is_refused_and_the_job_goes_on() {
+    let job = Job::new(2);
+    let env = [("QCCL_DEBUG", "WARN")];
+    let root = job.spawn(0, "allreduce", &env);
+    let wrong = "0123456789abcdef0123456789abcdef";
+    let stranger = job.spawn(
+        1,
+        "allreduce",
+        &[("QCCL_SECRET", wrong), ("QCCL_INIT_TIMEOUT_MS", "5000")],
+    );
+    let s = wait(stranger, Duration::from_secs(20));
+    assert_eq!(s.status.code(), Some(FAILED_CLEANLY), "{}", text(&s));
+    assert!(
+        String::from_utf8_lossy(&s.stderr).contains("wrong secret"),
+        "{}",
+        text(&s)
+    );
+    let real = job.spawn(1, "allreduce", &env);
+    for o in [
+        wait(root, Duration::from_secs(30)),
+        wait(real, Duration::from_secs(30)),
+    ] {
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+}
+
+#[test]
+fn a_late_joiner_past_the_init_deadline_fails_everyone_clearly() {
+    let job = Job::new(2);
+    let env = [("QCCL_INIT_TIMEOUT_MS", "1500")];
+    let root = job.spawn(0, "allreduce", &env);
+    std::thread::sleep(Duration::from_millis(2500));
+    let late = job.spawn(1, "allreduce", &env);
+    let r = wait(root, Duration::from_secs(20));
+    let l = wait(late, Duration::from_secs(20));
+    assert_eq!(r.status.code(), Some(FAILED_CLEANLY), "{}", text(&r));
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("[1] did not join"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(l.status.code(), Some(FAILED_CLEANLY), "{}", text(&l));
+}
+
+#[test]
+fn torchrun_variables_are_enough_to_join() {
+    let job = Job::new(2);
+    let children: Vec<Child> = (0..2)
+        .map(|r| {
+            let mut cmd = Command::new(std::env::current_exe().unwrap());
+            cmd.args([
+                "--exact",
+                "child",
+                "--nocapture",
+                "--test-threads",
+                "1",
+                "-q",
+            ])
+            .env(CHILD, "allreduce")
+            .env("RANK", r.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", job.port.to_string())
+            .env_remove("QCCL_RANK")
+            .env_remove("QCCL_COMM_ID")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    for c in children {
+        let o = wait(c, Duration::from_secs(30));
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+}
