@@ -1,0 +1,336 @@
+//! The collectives under test: buffer shapes (as nccl-tests sizes them), bus-bandwidth
+//! factors, and for each one how to run it, fill its inputs and check its outputs.
+
+use crate::elem::{Elem, Filler, Want};
+use qccl::{Algo, Comm, ReduceOp, Result};
+
+/// A collective the benchmark can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coll {
+    /// `all_reduce`.
+    AllReduce,
+    /// `reduce_scatter`.
+    ReduceScatter,
+    /// `all_gather`.
+    AllGather,
+    /// `broadcast` from the root.
+    Broadcast,
+    /// `reduce` onto the root.
+    Reduce,
+    /// `all_to_all`.
+    AllToAll,
+    /// Ring shift: rank r sends to r+1 and receives from r−1 (see [`sendrecv`]).
+    SendRecv,
+    /// `gather` onto the root.
+    Gather,
+    /// `scatter` from the root.
+    Scatter,
+}
+
+/// Element counts of one size: what the table's count column shows and the buffer lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Count passed to the collective (per rank for the partitioned ones).
+    pub count: usize,
+    /// Elements of the send buffer.
+    pub send: usize,
+    /// Elements of the receive buffer.
+    pub recv: usize,
+}
+
+impl Shape {
+    /// Bytes of the larger buffer: the table's size column and the algbw numerator.
+    pub fn bytes(&self, elem_size: usize) -> u64 {
+        (self.send.max(self.recv) * elem_size) as u64
+    }
+}
+
+impl Coll {
+    /// Every collective, in the order the tests run them.
+    #[cfg(test)]
+    pub const ALL: [Coll; 9] = [
+        Coll::AllReduce,
+        Coll::ReduceScatter,
+        Coll::AllGather,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllToAll,
+        Coll::SendRecv,
+        Coll::Gather,
+        Coll::Scatter,
+    ];
+
+    /// Name as nccl-tests' binaries spell it (without `_perf`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::AllGather => "all_gather",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+            Coll::AllToAll => "alltoall",
+            Coll::SendRecv => "sendrecv",
+            Coll::Gather => "gather",
+            Coll::Scatter => "scatter",
+        }
+    }
+
+    /// Parses a name; case, `_` and `-` do not matter (`allreduce`, `all_reduce`, `AllReduce`).
+    pub fn parse(s: &str) -> std::result::Result<Coll, String> {
+        let k: String = s
+            .chars()
+            .filter(|c| *c != '_' && *c != '-')
+            .collect::<String>()
+            .to_ascii_lowercase();
+        Ok(match k.as_str() {
+            "allreduce" | "ar" => Coll::AllReduce,
+            "reducescatter" | "rs" => Coll::ReduceScatter,
+            "allgather" | "ag" => Coll::AllGather,
+            "broadcast" | "bcast" => Coll::Broadcast,
+            "reduce" => Coll::Reduce,
+            "alltoall" | "a2a" => Coll::AllToAll,
+            "sendrecv" | "p2p" => Coll::SendRecv,
+            "gather" => Coll::Gather,
+            "scatter" => Coll::Scatter,
+            _ => {
+                return Err(format!(
+                    "unknown collective '{s}' (allreduce, reduce_scatter, all_gather, broadcast, \
+                     reduce, alltoall, sendrecv, gather, scatter)"
+                ))
+            }
+        })
+    }
+
+    /// True when the collective reduces (the redop column and -o apply).
+    pub fn has_op(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    /// True when the collective has a root (-r applies).
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+        )
+    }
+
+    /// True when qccl's API has an in-place form (all_to_all, gather, scatter and send/recv
+    /// take separate buffers).
+    pub fn has_in_place(self) -> bool {
+        matches!(
+            self,
+            Coll::AllReduce
+                | Coll::ReduceScatter
+                | Coll::AllGather
+                | Coll::Broadcast
+                | Coll::Reduce
+        )
+    }
+
+    /// nccl-tests' bus-bandwidth factor for `n` ranks.
+    pub fn busbw_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::ReduceScatter
+            | Coll::AllGather
+            | Coll::AllToAll
+            | Coll::Gather
+            | Coll::Scatter => (n - 1.0) / n,
+            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
+        }
+    }
+
+    /// Buffer shape for `elems` elements of total size on `n` ranks (nccl-tests'
+    /// `getCollByteCount`: partitioned collectives round down to a multiple of `n`).
+    pub fn shape(self, elems: usize, n: usize) -> Shape {
+        let per = elems / n;
+        match self {
+            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => Shape {
+                count: elems,
+                send: elems,
+                recv: elems,
+            },
+            Coll::ReduceScatter | Coll::Scatter => Shape {
+                count: per,
+                send: per * n,
+                recv: per,
+            },
+            Coll::AllGather | Coll::Gather => Shape {
+                count: per,
+                send: per,
+                recv: per * n,
+            },
+            Coll::AllToAll => Shape {
+                count: per,
+                send: per * n,
+                recv: per * n,
+            },
+        }
+    }
+}
+
+/// Everything a run needs besides the buffers.
+pub struct Ctx<'a> {
+    /// The communicator.
+    pub comm: &'a Comm,
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the comm.
+    pub n: usize,
+    /// `-r`.
+    pub root: usize,
+    /// Reduction op (Sum for collectives without one).
+    pub op: ReduceOp,
+    /// `-A`.
+    pub algo: Algo,
+    /// Deterministic inputs.
+    pub fill: Filler,
+}
+
+/// Ring shift with qccl's blocking, separate send and recv: even ranks send to r+1 then
+/// receive from r−1, odd ranks receive first. With 2 ranks (or any even number) this is two
+/// back-to-back phases, each moving `count` elements over every other link, so one iteration
+/// costs about two one-way transfers: the reported busbw is about half of what a concurrent
+/// sendrecv (nccl-tests' grouped ncclSend+ncclRecv) would show on the same links. With an odd
+/// number of ranks the last rank's send waits for rank 0's second phase, so a third phase
+/// appears. With 1 rank it is a local copy.
+fn sendrecv<T: Elem>(ctx: &Ctx<'_>, send: &[T], recv: &mut [T]) -> Result<()> {
+    if ctx.n == 1 {
+        recv.copy_from_slice(send);
+        return Ok(());
+    }
+    let next = (ctx.rank + 1) % ctx.n;
+    let prev = (ctx.rank + ctx.n - 1) % ctx.n;
+    if ctx.rank % 2 == 0 {
+        ctx.comm.send(send, next)?;
+        ctx.comm.recv(recv, prev)
+    } else {
+        ctx.comm.recv(recv, prev)?;
+        ctx.comm.send(send, next)
+    }
+}
+
+/// Runs `coll` once on the shape's leading parts of `send` and `recv`. In place, the data
+/// lives in `send` for reduce_scatter (the n·count buffer) and in `recv` otherwise. Returns the
+/// all-reduce algorithm used, for all_reduce.
+pub fn run<T: Elem>(
+    ctx: &Ctx<'_>,
+    coll: Coll,
+    in_place: bool,
+    send: &mut [T],
+    recv: &mut [T],
+) -> Result<Option<Algo>> {
+    let c = ctx.comm;
+    let (root, op) = (ctx.root, ctx.op);
+    match (coll, in_place) {
+        (Coll::AllReduce, false) => {
+            return c.all_reduce_with(Some(send), recv, op, ctx.algo).map(Some)
+        }
+        (Coll::AllReduce, true) => return c.all_reduce_with(None, recv, op, ctx.algo).map(Some),
+        (Coll::ReduceScatter, false) => c.reduce_scatter(send, recv, op)?,
+        (Coll::ReduceScatter, true) => c.reduce_scatter_in_place(send, op)?,
+        (Coll::AllGather, false) => c.all_gather(send, recv)?,
+        (Coll::AllGather, true) => c.all_gather_in_place(recv)?,
+        (Coll::Broadcast, false) => c.broadcast(send, recv, root)?,
+        (Coll::Broadcast, true) => c.broadcast_in_place(recv, root)?,
+        (Coll::Reduce, false) => c.reduce(send, recv, op, root)?,
+        (Coll::Reduce, true) => c.reduce_in_place(recv, op, root)?,
+        (Coll::AllToAll, false) => c.all_to_all(send, recv)?,
+        (Coll::SendRecv, false) => sendrecv(ctx, send, recv)?,
+        (Coll::Gather, false) => c.gather(send, recv, root)?,
+        (Coll::Scatter, false) => c.scatter(send, recv, root)?,
+        (_, true) => unreachable!("{} has no in-place form", coll.name()),
+    }
+    Ok(None)
+}
+
+/// Fills the inputs of one checked run (outputs get garbage that cannot pass the check).
+pub fn init<T: Elem>(
+    ctx: &Ctx<'_>,
+    coll: Coll,
+    sh: Shape,
+    in_place: bool,
+    send: &mut [T],
+    recv: &mut [T],
+) {
+    let f = &ctx.fill;
+    let (r, root) = (ctx.rank, ctx.root);
+    let own = |buf: &mut [T]| f.fill(buf, r, 0);
+    f.garbage(recv, r);
+    f.garbage(send, r);
+    match (coll, in_place) {
+        (Coll::AllReduce | Coll::Reduce, false) => own(send),
+        (Coll::AllReduce | Coll::Reduce, true) => own(recv),
+        (Coll::ReduceScatter, _)
+        | (Coll::AllToAll | Coll::SendRecv | Coll::AllGather | Coll::Gather, false) => own(send),
+        (Coll::AllGather, true) => own(&mut recv[r * sh.count..(r + 1) * sh.count]),
+        (Coll::Broadcast, false) | (Coll::Scatter, false) if r == root => own(send),
+        (Coll::Broadcast, true) if r == root => own(recv),
+        _ => {}
+    }
+}
+
+/// Counts this rank's wrong output elements after a run that [`init`] prepared.
+pub fn check<T: Elem>(
+    ctx: &Ctx<'_>,
+    coll: Coll,
+    sh: Shape,
+    in_place: bool,
+    send: &[T],
+    recv: &[T],
+) -> u64 {
+    let f = &ctx.fill;
+    let (r, n, root, k) = (ctx.rank, ctx.n, ctx.root, sh.count);
+    let reduced = |i: usize| f.reduced::<T>(ctx.op, n, i);
+    let from = |q: usize, i: usize| Want::Exact(f.value::<T>(q, i));
+    match coll {
+        Coll::AllReduce => count(recv, reduced),
+        Coll::ReduceScatter => {
+            let out = if in_place {
+                &send[r * k..(r + 1) * k]
+            } else {
+                recv
+            };
+            count(out, |j| reduced(r * k + j))
+        }
+        Coll::AllGather => count(recv, |i| from(i / k.max(1), i % k.max(1))),
+        Coll::Broadcast => count(recv, |i| from(root, i)),
+        Coll::Reduce if r == root => count(recv, reduced),
+        Coll::AllToAll => count(recv, |i| from(i / k.max(1), r * k + i % k.max(1))),
+        Coll::SendRecv => count(recv, |i| from((r + n - 1) % n, i)),
+        Coll::Gather if r == root => count(recv, |i| from(i / k.max(1), i % k.max(1))),
+        Coll::Scatter => count(recv, |j| from(root, r * k + j)),
+        Coll::Reduce | Coll::Gather => 0,
+    }
+}
+
+fn count<T: Elem>(got: &[T], want: impl Fn(usize) -> Want<T>) -> u64 {
+    got.iter()
+        .enumerate()
+        .filter(|&(i, g)| !want(i).accepts(*g))
+        .count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_and_factors() {
+        // 1000 floats on 3 ranks: partitioned collectives round down to 333 per rank.
+        let s = Coll::ReduceScatter.shape(1000, 3);
+        assert_eq!((s.count, s.send, s.recv, s.bytes(4)), (333, 999, 333, 3996));
+        let s = Coll::AllGather.shape(1000, 3);
+        assert_eq!((s.count, s.send, s.recv), (333, 333, 999));
+        assert_eq!(Coll::AllReduce.shape(1000, 3).bytes(4), 4000);
+        assert_eq!(Coll::AllReduce.busbw_factor(4), 1.5);
+        assert_eq!(Coll::AllGather.busbw_factor(4), 0.75);
+        assert_eq!(Coll::SendRecv.busbw_factor(4), 1.0);
+        for c in Coll::ALL {
+            assert_eq!(Coll::parse(c.name()), Ok(c));
+        }
+        assert_eq!(Coll::parse("AllReduce"), Ok(Coll::AllReduce));
+        assert!(Coll::parse("allreduce2").is_err());
+    }
+}

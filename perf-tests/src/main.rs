@@ -1,0 +1,149 @@
+//! qccl-perf: nccl-tests for qccl.
+//!
+//! ```text
+//! qccl-perf -np 4 -b 4K -e 256M -f 4 -C allreduce      # 4 local ranks over 127.0.0.1
+//! mpirun -np 4 qccl-perf -b 8 -e 128M -f 2 -d half     # or any launcher qccl::Comm::from_env reads
+//! ln -s qccl-perf all_gather_perf; ./all_gather_perf -np 2
+//! ```
+//!
+//! Exit code: 0 all good, 1 some results were wrong (#wrong > 0), 2 an error (arguments, comm,
+//! a failed rank, the -np timeout). See `--help` and README.md.
+
+#![forbid(unsafe_code)]
+
+mod args;
+mod bench;
+mod coll;
+mod elem;
+mod launch;
+mod report;
+
+use args::{Args, Parsed};
+use launch::{EXIT_ERROR, EXIT_WRONG};
+use qccl::{Comm, Config};
+
+/// Launcher variables that mean "this process is one rank of a job" (see qccl::bootstrap::env).
+const LAUNCHER_VARS: [&str; 10] = [
+    "QCCL_RANK",
+    "QCCL_WORLD_SIZE",
+    "RANK",
+    "WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+];
+
+/// The job's comm from the launcher's variables, or a single rank when there are none (as
+/// nccl-tests runs without mpirun).
+fn open_comm() -> qccl::Result<Comm> {
+    if LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+        return Comm::from_env();
+    }
+    let mut one = Comm::init_threads(1, Config::from_env()?)?;
+    Ok(one.pop().expect("init_threads(1) returns one comm"))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// (pid, host) of every rank, for the "Using devices" lines.
+fn rank_table(comm: &Comm) -> qccl::Result<Vec<(u32, String)>> {
+    const REC: usize = 64;
+    let mut mine = [0u8; REC];
+    mine[..4].copy_from_slice(&std::process::id().to_le_bytes());
+    let host = hostname();
+    let h = &host.as_bytes()[..host.len().min(REC - 4)];
+    mine[4..4 + h.len()].copy_from_slice(h);
+    let mut all = vec![0u8; REC * comm.size()];
+    comm.all_gather(&mine[..], &mut all)?;
+    Ok(all
+        .chunks(REC)
+        .map(|rec| {
+            let pid = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            let host = String::from_utf8_lossy(&rec[4..])
+                .trim_end_matches('\0')
+                .to_string();
+            (pid, host)
+        })
+        .collect())
+}
+
+/// One rank's whole run; returns the exit code.
+fn rank_main(a: &Args) -> i32 {
+    let comm = match open_comm() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("qccl-perf: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let (rank, n) = (comm.rank(), comm.size());
+    if a.coll.rooted() && a.root >= n {
+        if rank == 0 {
+            eprintln!(
+                "qccl-perf: -r {}: the root must be below the {n} ranks",
+                a.root
+            );
+        }
+        return EXIT_ERROR;
+    }
+    let result = (|| -> qccl::Result<u64> {
+        let ranks = rank_table(&comm)?;
+        if rank == 0 {
+            print!("{}", report::header(a, n, &ranks));
+        }
+        let mut sink = bench::Sink {
+            print: rank == 0,
+            rows: Vec::new(),
+        };
+        let wrong = bench::run(&comm, a, &mut sink)?;
+        if rank == 0 {
+            print!("{}", report::footer(&sink.rows, wrong, a.coll.name()));
+            if let Some(path) = &a.json {
+                let text = report::json(a, n, &sink.rows, wrong);
+                report::write_json(path, &text)
+                    .map_err(|e| qccl::Error::io(format!("writing {}", path.display()), e))?;
+            }
+        }
+        Ok(wrong)
+    })();
+    match result {
+        Ok(0) => 0,
+        Ok(_) => EXIT_WRONG,
+        Err(e) => {
+            eprintln!("qccl-perf: rank {rank} of {n}: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+fn main() {
+    let mut argv = std::env::args_os();
+    let argv0 = argv.next().unwrap_or_else(|| "qccl-perf".into());
+    let raw: Vec<String> = argv.map(|s| s.to_string_lossy().into_owned()).collect();
+    let a = match args::parse(&argv0.to_string_lossy(), &raw) {
+        Ok(Parsed::Run(a)) => a,
+        Ok(Parsed::Help) => {
+            print!("{}", args::USAGE);
+            return;
+        }
+        Err(e) => {
+            eprintln!("qccl-perf: {e}\n\n{}", args::USAGE);
+            std::process::exit(EXIT_ERROR);
+        }
+    };
+    let code = match a.np {
+        Some(np) => launch::launch(np, &argv0, &a.passthrough, a.timeout),
+        None => rank_main(&a),
+    };
+    std::process::exit(code);
+}

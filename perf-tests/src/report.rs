@@ -1,0 +1,310 @@
+//! Output: nccl-tests' header, table and footer on stdout (rank 0), and the JSON file.
+
+use crate::args::{Args, Step};
+use qccl::{Algo, DType, ReduceOp};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+/// One timed (and possibly checked) mode of one size.
+#[derive(Debug, Clone, Copy)]
+pub struct Measure {
+    /// Mean time of one call, µs (combined over ranks per `-a`).
+    pub time_us: f64,
+    /// size / time, GB/s (1e9 bytes).
+    pub algbw: f64,
+    /// algbw × the collective's bus factor.
+    pub busbw: f64,
+    /// Wrong elements over all ranks; None without `-c 1`.
+    pub wrong: Option<u64>,
+}
+
+/// One line of the table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Bytes (nccl-tests' size column).
+    pub size: u64,
+    /// Elements passed to the collective (per rank for the partitioned ones).
+    pub count: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction, None for collectives without one.
+    pub op: Option<ReduceOp>,
+    /// Root, or -1.
+    pub root: i64,
+    /// Out of place.
+    pub oop: Measure,
+    /// In place, None where qccl has no in-place form.
+    pub ip: Option<Measure>,
+    /// All-reduce algorithm the call resolved to.
+    pub algo: Option<Algo>,
+}
+
+impl Row {
+    /// Wrong elements of both modes; None when not checked.
+    pub fn wrong(&self) -> Option<u64> {
+        let ip = self.ip.and_then(|m| m.wrong).unwrap_or(0);
+        self.oop.wrong.map(|w| w + ip)
+    }
+}
+
+/// nccl-tests' time formatting: fewer decimals as the time grows.
+fn time_str(us: f64) -> String {
+    if us >= 10000.0 {
+        format!("{us:7.0}")
+    } else if us >= 100.0 {
+        format!("{us:7.1}")
+    } else {
+        format!("{us:7.2}")
+    }
+}
+
+/// C's `%g`: 6 significant digits, trailing zeros removed.
+pub fn fmt_g(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let mag = x.abs().log10().floor() as i32;
+    if !(-5..6).contains(&mag) {
+        return format!("{x:.5e}");
+    }
+    let s = format!("{x:.*}", (5 - mag).max(0) as usize);
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// The header: nccl-tests' parameter line, qccl's run line, the ranks, the table head.
+/// `ranks` holds (pid, host) per rank.
+pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
+    let (step, kind) = match a.step {
+        Step::Factor(f) => (f, "factor"),
+        Step::Bytes(b) => (b, "bytes"),
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {step}({kind}) warmup iters: {} iters: {} \
+         agg iters: 1 validation: {} graph: 0",
+        a.min_bytes, a.max_bytes, a.warmup, a.iters, a.check as u8
+    );
+    let _ = writeln!(
+        s,
+        "# qccl-perf: {} on {nranks} ranks, all_reduce algo {}, time = {} over ranks of each rank's \
+         mean, warmup per size and mode; collectives always block on the host{}",
+        a.coll.name(),
+        a.algo.name(),
+        a.time_stat.name(),
+        if a.blocking { " (-z 1 is the only mode)" } else { " (-z ignored)" }
+    );
+    let _ = writeln!(s, "#");
+    let _ = writeln!(s, "# Using devices");
+    for (r, (pid, host)) in ranks.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "#  Rank {r:2} Group  0 Pid {pid:6} on {host:>10} device {:2} [host] cpu memory",
+            0
+        );
+    }
+    let _ = writeln!(s, "#");
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
+        "", "", "", "", ""
+    );
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}",
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+        "#wrong"
+    );
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+    s
+}
+
+fn measure_str(m: Option<&Measure>) -> String {
+    match m {
+        Some(m) => {
+            let wrong = m.wrong.map_or("N/A".to_string(), |w| w.to_string());
+            format!(
+                "  {}  {:6.2}  {:6.2}  {wrong:>5}",
+                time_str(m.time_us),
+                m.algbw,
+                m.busbw
+            )
+        }
+        // No in-place form in qccl's API.
+        None => format!("  {:>7}  {:>6}  {:>6}  {:>5}", "N/A", "N/A", "N/A", "N/A"),
+    }
+}
+
+/// One table line, as all_reduce_perf prints it.
+pub fn row(r: &Row) -> String {
+    format!(
+        "{:12}  {:12}  {:>8}  {:>6}  {:6}{}{}",
+        r.size,
+        r.count,
+        r.dtype.name(),
+        r.op.map_or("none", |o| o.name()),
+        r.root,
+        measure_str(Some(&r.oop)),
+        measure_str(r.ip.as_ref())
+    )
+}
+
+/// Mean bus bandwidth over every measured mode of every line (nccl-tests counts in-place too).
+pub fn avg_busbw(rows: &[Row]) -> f64 {
+    let bws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| std::iter::once(r.oop.busbw).chain(r.ip.map(|m| m.busbw)))
+        .collect();
+    if bws.is_empty() {
+        0.0
+    } else {
+        bws.iter().sum::<f64>() / bws.len() as f64
+    }
+}
+
+/// The footer.
+pub fn footer(rows: &[Row], wrong: u64, name: &str) -> String {
+    format!(
+        "# Out of bounds values : {wrong} {}\n# Avg bus bandwidth    : {} \n#\n# Collective test concluded: {name}_perf\n",
+        if wrong > 0 { "FAILED" } else { "OK" },
+        fmt_g(avg_busbw(rows)),
+    )
+}
+
+/// A JSON number with 9 significant digits (no float noise like 125.24300000000001).
+fn num(x: f64) -> String {
+    if x.is_finite() {
+        let rounded: f64 = format!("{x:.8e}").parse().unwrap_or(x);
+        format!("{rounded}")
+    } else {
+        "null".into()
+    }
+}
+
+fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+    v.map_or("null".into(), f)
+}
+
+fn string(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// The JSON document: run parameters and `results`, one object per table line.
+pub fn json(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> String {
+    let names = |v: Vec<&str>| {
+        if v.len() == 1 {
+            v[0].to_string()
+        } else {
+            "all".into()
+        }
+    };
+    let dtype = names(a.dtypes.iter().map(|d| d.name()).collect());
+    let op = if a.coll.has_op() {
+        names(a.ops.iter().map(|o| o.name()).collect())
+    } else {
+        "none".into()
+    };
+    let mut s = String::from("{\n");
+    let _ = writeln!(s, "  \"tool\": \"qccl-perf\",");
+    let _ = writeln!(s, "  \"collective\": {},", string(a.coll.name()));
+    let _ = writeln!(s, "  \"dtype\": {},", string(&dtype));
+    let _ = writeln!(s, "  \"op\": {},", string(&op));
+    let _ = writeln!(s, "  \"nranks\": {nranks},");
+    let _ = writeln!(s, "  \"algo\": {},", string(a.algo.name()));
+    let _ = writeln!(s, "  \"root\": {},", a.root);
+    let _ = writeln!(s, "  \"iters\": {},", a.iters);
+    let _ = writeln!(s, "  \"warmup\": {},", a.warmup);
+    let _ = writeln!(s, "  \"check\": {},", a.check);
+    let _ = writeln!(s, "  \"time_stat\": {},", string(a.time_stat.name()));
+    let _ = writeln!(s, "  \"avg_busbw\": {},", num(avg_busbw(rows)));
+    let _ = writeln!(s, "  \"wrong\": {wrong},");
+    s.push_str("  \"results\": [");
+    for (i, r) in rows.iter().enumerate() {
+        let ip = r.ip.as_ref();
+        let _ = write!(
+            s,
+            "{}\n    {{\"size\": {}, \"count\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \
+             \"algo\": {}, \"time_us\": {}, \"algbw\": {}, \"busbw\": {}, \"inplace_time_us\": {}, \
+             \"inplace_algbw\": {}, \"inplace_busbw\": {}, \"wrong\": {}}}",
+            if i == 0 { "" } else { "," },
+            r.size,
+            r.count,
+            string(r.dtype.name()),
+            string(r.op.map_or("none", |o| o.name())),
+            r.root,
+            opt(r.algo, |a| string(a.name())),
+            num(r.oop.time_us),
+            num(r.oop.algbw),
+            num(r.oop.busbw),
+            opt(ip, |m| num(m.time_us)),
+            opt(ip, |m| num(m.algbw)),
+            opt(ip, |m| num(m.busbw)),
+            opt(r.wrong(), |w| w.to_string()),
+        );
+    }
+    s.push_str("\n  ]\n}\n");
+    s
+}
+
+/// Writes the JSON document to `path`.
+pub fn write_json(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_g(3.962354), "3.96235");
+        assert_eq!(fmt_g(12.5), "12.5");
+        assert_eq!(fmt_g(0.0), "0");
+        assert_eq!(time_str(23.256), "  23.26");
+        assert_eq!(time_str(123.44), "  123.4");
+        assert_eq!(time_str(12345.6), "  12346");
+        let r = Row {
+            size: 4096,
+            count: 1024,
+            dtype: DType::Float32,
+            op: Some(ReduceOp::Sum),
+            root: -1,
+            oop: Measure {
+                time_us: 23.256,
+                algbw: 0.18,
+                busbw: 0.18,
+                wrong: Some(0),
+            },
+            ip: None,
+            algo: None,
+        };
+        let line = row(&r);
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 13, "{line}");
+        assert_eq!(&f[..6], ["4096", "1024", "float", "sum", "-1", "23.26"]);
+        assert_eq!(f[12], "N/A");
+    }
+}
