@@ -15,14 +15,12 @@ use crate::types::{DType, ReduceOp};
 use crate::Result;
 use std::ops::Range;
 
-/// Scratch memory owned by a comm, reused across calls: two independent 8-byte aligned
-/// buffers, so typed kernels see aligned data and an algorithm can hold both at once.
+/// Scratch memory owned by a comm, reused across calls, 8-byte aligned so typed kernels see
+/// aligned data.
 #[derive(Default)]
 pub struct Scratch {
-    /// Used inside the algorithms.
+    /// Used inside the algorithms (taken out for the duration of one).
     pub main: Buf,
-    /// Used by callers around an algorithm (e.g. an in-place result).
-    pub aux: Buf,
 }
 
 /// One growable, 8-byte aligned byte buffer.

@@ -7,14 +7,37 @@ use crate::reduce;
 use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 
-/// Reduces the `count` elements of `input` (split in n near-equal chunks) across ranks and
-/// leaves chunk `rank`'s reduction in `out`. Avg is finished here.
-pub fn reduce_scatter(ctx: &mut Ctx<'_>, input: &[u8], count: usize, out: &mut [u8]) -> Result<()> {
+/// Where a reduce-scatter reads its contributions and writes this rank's result.
+pub enum Io<'a> {
+    /// Read `input` (all n chunks); write the result to `out` (chunk `rank`'s size).
+    OutOfPlace {
+        /// This rank's contribution, all n chunks.
+        input: &'a [u8],
+        /// This rank's result.
+        out: &'a mut [u8],
+    },
+    /// Read `buf` (all n chunks); the result replaces chunk `rank` of `buf`.
+    InPlace(&'a mut [u8]),
+}
+
+impl Io<'_> {
+    fn input(&self) -> &[u8] {
+        match self {
+            Io::OutOfPlace { input, .. } => input,
+            Io::InPlace(buf) => buf,
+        }
+    }
+}
+
+/// Reduces `count` elements (split in n near-equal chunks) across ranks and leaves chunk
+/// `rank`'s reduction where `io` says. Avg is finished here.
+pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result<()> {
     let (n, r, es) = (ctx.size, ctx.rank, ctx.dtype.size());
     let chunk = |c: usize| part(count, n, c, es);
-    debug_assert_eq!(out.len(), chunk(r).len());
     if n == 1 {
-        out.copy_from_slice(input);
+        if let Io::OutOfPlace { input, out } = io {
+            out.copy_from_slice(input);
+        }
         return Ok(());
     }
     let max_chunk = chunk(n - 1).len();
@@ -43,7 +66,7 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, input: &[u8], count: usize, out: &mut [
                 let sa = sub(&ra, nsl, j, es);
                 let sb = sub(&rb, nsl, j, es);
                 let src: &[u8] = if s == 0 {
-                    &input[sa.clone()]
+                    &io.input()[sa.clone()]
                 } else {
                     &w_prev[sa.start - ra.start..sa.end - ra.start]
                 };
@@ -58,19 +81,18 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, input: &[u8], count: usize, out: &mut [
                         data: landing,
                     }],
                 )?;
+                let got = &land[..sb.len()];
                 let local = sb.start - rb.start..sb.end - rb.start;
-                let dst: &mut [u8] = if s == n - 2 {
-                    &mut out[local]
-                } else {
-                    &mut w_cur[local]
-                };
-                reduce::reduce3(
-                    ctx.dtype,
-                    ctx.op,
-                    dst,
-                    &input[sb.clone()],
-                    &land[..sb.len()],
-                );
+                match &mut io {
+                    _ if s < n - 2 => {
+                        reduce::reduce3(ctx.dtype, ctx.op, &mut w_cur[local], &io.input()[sb], got)
+                    }
+                    // Last step: this chunk is rank r's, complete once `got` is added.
+                    Io::OutOfPlace { input, out } => {
+                        reduce::reduce3(ctx.dtype, ctx.op, &mut out[local], &input[sb], got)
+                    }
+                    Io::InPlace(buf) => reduce::reduce_into(ctx.dtype, ctx.op, &mut buf[sb], got),
+                }
             }
         }
         Ok(())
@@ -78,7 +100,11 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, input: &[u8], count: usize, out: &mut [
     ctx.scratch.main = scratch;
     result?;
     if ctx.op == crate::ReduceOp::Avg {
-        reduce::finish_avg(ctx.dtype, out, n);
+        let mine = match io {
+            Io::OutOfPlace { out, .. } => out,
+            Io::InPlace(buf) => &mut buf[chunk(r)],
+        };
+        reduce::finish_avg(ctx.dtype, mine, n);
     }
     Ok(())
 }
@@ -121,21 +147,13 @@ pub fn all_reduce(
     count: usize,
 ) -> Result<()> {
     let (n, es) = (ctx.size, ctx.dtype.size());
-    let mine = part(count, n, ctx.rank, es);
-    match send {
-        Some(input) => reduce_scatter(ctx, input, count, &mut buf[mine])?,
-        None => {
-            // The input is read while chunk `rank` is accumulated, so the result lands in a
-            // separate buffer first and is copied in (1/n of the data).
-            let mut aux = std::mem::take(&mut ctx.scratch.aux);
-            let own = aux.get(mine.len());
-            let res = reduce_scatter(ctx, buf, count, own);
-            if res.is_ok() {
-                buf[mine].copy_from_slice(own);
-            }
-            ctx.scratch.aux = aux;
-            res?;
-        }
-    }
+    let io = match send {
+        Some(input) => Io::OutOfPlace {
+            input,
+            out: &mut buf[part(count, n, ctx.rank, es)],
+        },
+        None => Io::InPlace(buf),
+    };
+    reduce_scatter(ctx, io, count)?;
     all_gather(ctx, buf, count)
 }

@@ -3,6 +3,7 @@
 
 pub mod check;
 
+use crate::algo::ring::Io;
 use crate::algo::{self, part, Ctx, Scratch};
 use crate::config::Algo;
 use crate::transport::frame::{CollKind, OpDesc};
@@ -108,20 +109,11 @@ impl Engine {
         let n = self.size;
         let total = recvcount * n;
         let mut ctx = self.ctx(CollKind::ReduceScatter, recvcount, dtype, op, 0, 0);
-        match send {
-            Some(input) => algo::ring::reduce_scatter(&mut ctx, input, total, recv),
-            None => {
-                let mine = part(total, n, ctx.rank, dtype.size());
-                let mut aux = std::mem::take(&mut ctx.scratch.aux);
-                let own = aux.get(mine.len());
-                let res = algo::ring::reduce_scatter(&mut ctx, recv, total, own);
-                if res.is_ok() {
-                    recv[mine].copy_from_slice(own);
-                }
-                ctx.scratch.aux = aux;
-                res
-            }
-        }
+        let io = match send {
+            Some(input) => Io::OutOfPlace { input, out: recv },
+            None => Io::InPlace(recv),
+        };
+        algo::ring::reduce_scatter(&mut ctx, io, total)
     }
 
     /// All-gather of `sendcount` elements per rank into `recv` (n·sendcount); `send` None
