@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""merge.py -- merge the JSON results of a perf-tests/compare run into markdown tables.
+Stdlib only.
+
+    python3 merge.py --dir RESULTS [--labels qccl,mpi-tcp,mpi-shm,gloo] [--np "2 4"] [--runs 2]
+
+Layout read (written by perf-tests/compare):
+    RESULTS/run<R>/np<N>/<label>.json   collective results: a JSON list of objects with at
+                                        least "size" (bytes) and "busbw" (GB/s, 1e9 B/s);
+                                        "time_us" and "algbw" are used when present.
+                                        {"results": [...]} is accepted too.
+    RESULTS/run<R>/memcpy.json          memcpy_bw.c output
+    RESULTS/run<R>/tcp.json             tcp_bw.py output
+    RESULTS/notes.txt                   free text appended under the tables (optional)
+
+Prints, per world size, one table: size | <label> busbw ... | qccl/<peer> ratios, every cell
+holding all runs as "run1 / run2"; then rows for the average busbw over the sizes (nccl-tests'
+"Avg bus bandwidth") and the time
+at the smallest size; then the machine-limit lines (memcpy, loopback TCP).
+"""
+import argparse
+import json
+import os
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(d, dict):
+        d = d.get("results", [])
+    out = {}
+    for r in d:
+        try:
+            out[int(r["size"])] = r
+        except (KeyError, TypeError, ValueError):
+            pass
+    return out or None
+
+
+def human(n):
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}"
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m:
+            return f"{n / m:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt(v, nd=2):
+    if v is None:
+        return "—"
+    if v != 0 and abs(v) < 10 ** -nd:
+        return f"{v:.1e}"
+    return f"{v:.{nd}f}"
+
+
+def cell(vals, nd=2):
+    return " / ".join(fmt(v, nd) for v in vals)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--labels", default="qccl,mpi-tcp,mpi-shm,gloo")
+    ap.add_argument("--np", default=None, help='world sizes, e.g. "2 4" (default: found)')
+    ap.add_argument("--runs", type=int, default=None, help="number of runs (default: found)")
+    ap.add_argument("--ref", default="qccl", help="label the ratio columns divide by a peer")
+    a = ap.parse_args()
+
+    d = a.dir
+    runs = a.runs or len([x for x in os.listdir(d) if x.startswith("run")])
+    if a.np:
+        nps = [int(x) for x in a.np.replace(",", " ").split()]
+    else:
+        found = set()
+        for r in range(1, runs + 1):
+            rd = os.path.join(d, f"run{r}")
+            if os.path.isdir(rd):
+                found |= {int(x[2:]) for x in os.listdir(rd) if x.startswith("np")}
+        nps = sorted(found)
+    labels = [x for x in a.labels.split(",") if x]
+    ref = a.ref
+    missing = []
+
+    print(f"# qccl vs peers: all_reduce float32 sum, busbw in GB/s (1e9 B/s), "
+          f"cells = run1 / run2{' / …' if runs > 2 else ''}\n")
+    for n in nps:
+        res = {}  # label -> [per run dict or None]
+        for lab in labels:
+            per = []
+            for r in range(1, runs + 1):
+                p = os.path.join(d, f"run{r}", f"np{n}", f"{lab}.json")
+                x = load(p)
+                if x is None and os.path.exists(os.path.dirname(p)):
+                    missing.append(f"np {n} run {r}: {lab}")
+                per.append(x)
+            if any(per):
+                res[lab] = per
+        present = [lab for lab in labels if lab in res]
+        peers = [lab for lab in present if lab != ref]
+        has_ref = ref in res
+        sizes = sorted({s for lab in present for x in res[lab] if x for s in x})
+        print(f"## {n} ranks\n")
+        if not present:
+            print("(no results)\n")
+            continue
+        head = ["size"] + [f"{lab} busbw" for lab in present]
+        if has_ref:
+            head += [f"{ref}/{p}" for p in peers]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+
+        def get(lab, r, s, key="busbw"):
+            x = res[lab][r]
+            if not x or s not in x:
+                return None
+            v = x[s].get(key)
+            return float(v) if v is not None else None
+
+        for s in sizes:
+            row = [human(s)]
+            for lab in present:
+                row.append(cell([get(lab, r, s) for r in range(runs)]))
+            if has_ref:
+                for p in peers:
+                    ratios = []
+                    for r in range(runs):
+                        q, v = get(ref, r, s), get(p, r, s)
+                        ratios.append(q / v if q is not None and v else None)
+                    row.append(cell(ratios))
+            print("| " + " | ".join(row) + " |")
+
+        # average busbw over the sizes each run measured (nccl-tests' Avg bus bandwidth)
+        def mean(lab, r):
+            x = res[lab][r]
+            if not x:
+                return None
+            vals = [float(v["busbw"]) for v in x.values() if v.get("busbw") is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        row = ["**avg busbw**"] + [cell([mean(lab, r) for r in range(runs)]) for lab in present]
+        if has_ref:
+            for p in peers:
+                ratios = []
+                for r in range(runs):
+                    q, v = mean(ref, r), mean(p, r)
+                    ratios.append(q / v if q is not None and v else None)
+                row.append(cell(ratios))
+        print("| " + " | ".join(row) + " |")
+        if sizes:
+            s0 = sizes[0]
+            row = [f"**time @ {human(s0)} (µs)**"]
+            row += [cell([get(lab, r, s0, "time_us") for r in range(runs)], 1) for lab in present]
+            if has_ref:
+                row += [""] * len(peers)
+            print("| " + " | ".join(row) + " |")
+        print()
+
+    # machine limits
+    mem, tcp = {}, {}
+    for r in range(runs):
+        x = None
+        try:
+            with open(os.path.join(d, f"run{r + 1}", "memcpy.json")) as f:
+                x = json.load(f)
+        except (OSError, ValueError):
+            pass
+        for e in x or []:
+            mem.setdefault((e["size"], e["threads"]), [None] * runs)[r] = e["GBps"]
+        x = None
+        try:
+            with open(os.path.join(d, f"run{r + 1}", "tcp.json")) as f:
+                x = json.load(f)
+        except (OSError, ValueError):
+            pass
+        for e in x or []:
+            key = (e["streams"], e.get("write_bytes", 0), e.get("tool", "?"))
+            tcp.setdefault(key, [None] * runs)[r] = e["GBps"]
+    if mem or tcp:
+        print("## machine limits (GB/s = 1e9 B/s, run1 / run2)\n")
+        for (size, th), v in sorted(mem.items()):
+            print(f"- memcpy {human(size)}, {th} thread{'s' if th > 1 else ''} "
+                  f"(bytes copied / s, best pass): {cell(v)}")
+        for (st, wb, tool), v in sorted(tcp.items()):
+            print(f"- loopback TCP, {st} stream{'s' if st > 1 else ''}, {human(wb)} writes "
+                  f"({tool}, payload bytes / s): {cell(v)}")
+        print()
+    notes = os.path.join(d, "notes.txt")
+    if missing:
+        print("missing results: " + "; ".join(missing) + "\n")
+    if os.path.exists(notes):
+        with open(notes) as f:
+            txt = f.read().strip()
+        if txt:
+            print(txt + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
