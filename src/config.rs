@@ -57,7 +57,8 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// TCP sockets per peer pair (QCCL_NSOCKS_PERPEER, default 1).
     pub nsocks_per_peer: usize,
-    /// Microseconds a wait spins before blocking (QCCL_SPIN_US, default 50).
+    /// Microseconds a wait spins (or, with more local ranks than cores, yields) before it
+    /// blocks (QCCL_SPIN_US, default 250: longer than one wake-up of a blocked process).
     pub spin_us: u64,
 }
 
@@ -70,7 +71,7 @@ impl Default for Config {
             algo: Algo::Auto,
             socket_ifname: None,
             nsocks_per_peer: 1,
-            spin_us: 50,
+            spin_us: 250,
         }
     }
 }

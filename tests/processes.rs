@@ -168,15 +168,33 @@ fn suite_4_processes() {
 }
 
 #[test]
-fn two_sockets_per_peer() {
-    let outs = Job::new(3).run(
-        "allreduce",
-        &[("QCCL_NSOCKS_PERPEER", "2")],
-        Duration::from_secs(60),
-    );
+fn two_sockets_per_peer_and_debug_logging_to_a_file() {
+    let dir = std::env::temp_dir().join(format!("qccl-log-{}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pattern = dir.join("qccl.%h.%p.log");
+    let env = [
+        ("QCCL_NSOCKS_PERPEER", "2"),
+        ("QCCL_DEBUG", "INFO"),
+        ("QCCL_DEBUG_FILE", pattern.to_str().unwrap()),
+    ];
+    let outs = Job::new(3).run("allreduce", &env, Duration::from_secs(60));
     for o in &outs {
         assert_eq!(o.status.code(), Some(0), "{}", text(o));
     }
+    // One file per process (%p), each saying what the environment set and what connected.
+    let logs: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(logs.len(), 3, "{logs:?}");
+    for log in &logs {
+        assert!(
+            log.contains("QCCL_NSOCKS_PERPEER set by environment to 2"),
+            "{log}"
+        );
+        assert!(log.contains("over tcp (2 socket(s))"), "{log}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

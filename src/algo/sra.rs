@@ -32,11 +32,13 @@ pub fn all_reduce(
         for j in 0..nsl {
             let mine = sub(&chunks[r], nsl, j, es);
             let peers: Vec<usize> = (1..n).map(|d| ctx.peer(d as isize)).collect();
+            // Contributions leave straight from the input (the send buffer, or buf in place).
+            let input: &[u8] = send.unwrap_or(buf);
             let sends: Vec<SendReq<'_>> = peers
                 .iter()
                 .map(|&p| SendReq {
                     peer: p,
-                    data: &buf[sub(&chunks[p], nsl, j, es)],
+                    data: &input[sub(&chunks[p], nsl, j, es)],
                 })
                 .collect();
             let mut recvs: Vec<RecvReq<'_>> = peers
@@ -53,9 +55,15 @@ pub fn all_reduce(
             let mut order: Vec<(usize, usize)> =
                 peers.iter().enumerate().map(|(i, &p)| (p, i)).collect();
             order.sort_unstable();
-            for (_, i) in order {
-                let l = &space[i * max_slice..i * max_slice + mine.len()];
-                reduce::reduce_into(ctx.dtype, ctx.op, &mut buf[mine.clone()], l);
+            let landed = |i: usize| &space[i * max_slice..i * max_slice + mine.len()];
+            for (k, &(_, i)) in order.iter().enumerate() {
+                let dst = &mut buf[mine.clone()];
+                match send {
+                    Some(own) if k == 0 => {
+                        reduce::reduce3(ctx.dtype, ctx.op, dst, &own[mine.clone()], landed(i))
+                    }
+                    _ => reduce::reduce_into(ctx.dtype, ctx.op, dst, landed(i)),
+                }
             }
             if ctx.op == crate::ReduceOp::Avg {
                 reduce::finish_avg(ctx.dtype, &mut buf[mine], n);

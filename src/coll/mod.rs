@@ -28,13 +28,21 @@ pub struct Engine {
     pub algo: Algo,
 }
 
-/// Byte size below which `auto` uses the tree (fewer hops) rather than the ring.
-pub const TREE_MAX_BYTES: usize = 64 * 1024;
+/// Byte size below which `auto` uses the tree (fewest hops) on more than 2 ranks.
+pub const TREE_MAX_BYTES: usize = 256 * 1024;
+/// World size up to which `auto` prefers SRA to the ring above `TREE_MAX_BYTES`.
+pub const SRA_MAX_RANKS: usize = 8;
 
 /// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks.
+///
+/// Measured with qccl-perf on 2 and 4 processes (docs/PERFORMANCE.md): on 2 ranks the ring
+/// is best at every size; on 4 the tree wins below 256 KiB and SRA above it, since its two
+/// fully concurrent phases suffer less than the ring's 2(n−1) dependent steps when ranks
+/// share cores. A measured cost model (`qccl-perf --calibrate`) is to replace these rules.
 pub fn resolve_algo(algo: Algo, bytes: usize, size: usize) -> Algo {
     match algo {
         Algo::Auto if size > 2 && bytes < TREE_MAX_BYTES => Algo::Tree,
+        Algo::Auto if size > 2 && size <= SRA_MAX_RANKS => Algo::Sra,
         Algo::Auto => Algo::Ring,
         a => a,
     }

@@ -55,17 +55,20 @@ fn link_config(
     abort: Arc<AtomicBool>,
 ) -> LinkConfig {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // Spinning only pays when every local rank has a core to spin on.
-    let spin = if local_size > cores {
-        Duration::ZERO
+    // Spinning only pays when every local rank has a core to spin on; otherwise yield the
+    // core to a peer for the same time before blocking.
+    let budget = Duration::from_micros(config.spin_us);
+    let (spin, yield_for) = if local_size > cores {
+        (Duration::ZERO, budget)
     } else {
-        Duration::from_micros(config.spin_us)
+        (budget, Duration::ZERO)
     };
     LinkConfig {
         rank,
         size,
         timeout: config.timeout,
         spin,
+        yield_for,
         abort,
     }
 }

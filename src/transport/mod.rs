@@ -41,8 +41,10 @@ pub struct LinkConfig {
     pub size: usize,
     /// An exchange fails when no byte moved for this long.
     pub timeout: Duration,
-    /// How long a wait spins before it blocks.
+    /// How long a wait spins before it yields.
     pub spin: Duration,
+    /// How long a wait then yields the core before it blocks.
+    pub yield_for: Duration,
     /// Set by `Comm::abort`; every wait checks it at least every 100 ms.
     pub abort: Arc<AtomicBool>,
 }

@@ -1,8 +1,11 @@
-//! How a rank waits: spin with a pause hint for a bounded time, then block.
+//! How a rank waits: spin with a pause hint for a bounded time, then yield, then block.
 //!
-//! On this kind of VM waking a blocked process costs ~100 µs while a spin round trip costs
-//! well under 1 µs, so short waits spin. When ranks outnumber cores the spin is skipped
-//! (the comm sets `spin` to zero), since spinning would steal the core the peer needs.
+//! On this kind of VM waking a blocked process costs ~100–250 µs while a spin round trip
+//! costs well under 1 µs. The spin must outlast one wake-up: otherwise, once one rank has
+//! blocked, its partner gives up spinning before the reply comes, blocks too, and every later
+//! hop pays a wake-up. When ranks outnumber cores the comm sets `spin` to zero (spinning would
+//! steal the core the peer needs) and the waiter yields for a while instead, which hands the
+//! core to a runnable peer without the cost of sleeping.
 
 use crate::error::{Error, Result};
 use crate::transport::LinkConfig;
@@ -15,6 +18,7 @@ pub const MAX_BLOCK: Duration = Duration::from_millis(100);
 /// State of one wait loop.
 pub struct Waiter {
     spin: Duration,
+    yield_until: Duration,
     timeout: Duration,
     last_progress: Instant,
 }
@@ -32,6 +36,7 @@ impl Waiter {
     pub fn new(cfg: &LinkConfig) -> Waiter {
         Waiter {
             spin: cfg.spin,
+            yield_until: cfg.spin + cfg.yield_for,
             timeout: cfg.timeout,
             last_progress: Instant::now(),
         }
@@ -51,6 +56,10 @@ impl Waiter {
         let waited = self.last_progress.elapsed();
         if waited < self.spin {
             std::hint::spin_loop();
+            return Ok(Next::Retry);
+        }
+        if waited < self.yield_until {
+            std::thread::yield_now();
             return Ok(Next::Retry);
         }
         if waited >= self.timeout {
