@@ -41,6 +41,17 @@ impl Algo {
     }
 }
 
+/// Which transport carries traffic between two ranks (QCCL_TRANSPORT, QCCL_SHM_DISABLE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportChoice {
+    /// Shared memory between ranks with the same host identity, TCP otherwise.
+    Auto,
+    /// TCP between every pair.
+    Tcp,
+    /// Shared memory between every pair (all ranks must really share a machine).
+    Shm,
+}
+
 /// Communicator configuration. `Config::default()` holds the built-in defaults;
 /// `Config::from_env()` applies QCCL_* variables on top.
 #[derive(Debug, Clone)]
@@ -57,6 +68,8 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// TCP sockets per peer pair (QCCL_NSOCKS_PERPEER, default 1).
     pub nsocks_per_peer: usize,
+    /// Per-peer transport selection (QCCL_TRANSPORT=auto|tcp|shm; QCCL_SHM_DISABLE=1 = tcp).
+    pub transport: TransportChoice,
     /// Microseconds a wait spins (or, with more local ranks than cores, yields) before it
     /// blocks (QCCL_SPIN_US, default 250: longer than one wake-up of a blocked process).
     pub spin_us: u64,
@@ -71,6 +84,7 @@ impl Default for Config {
             algo: Algo::Auto,
             socket_ifname: None,
             nsocks_per_peer: 1,
+            transport: TransportChoice::Auto,
             spin_us: 250,
         }
     }
@@ -133,6 +147,26 @@ impl Config {
                 )));
             }
             c.nsocks_per_peer = n as usize;
+        }
+        if let Some(t) = env_var("QCCL_TRANSPORT") {
+            c.transport = match t.trim().to_ascii_lowercase().as_str() {
+                "" | "auto" => TransportChoice::Auto,
+                "tcp" => TransportChoice::Tcp,
+                "shm" => TransportChoice::Shm,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "QCCL_TRANSPORT={other} is not one of auto, tcp, shm"
+                    )))
+                }
+            };
+        }
+        if env_var("QCCL_SHM_DISABLE").is_some_and(|v| v.trim() == "1") {
+            if c.transport == TransportChoice::Shm {
+                return Err(Error::invalid(
+                    "QCCL_SHM_DISABLE=1 contradicts QCCL_TRANSPORT=shm",
+                ));
+            }
+            c.transport = TransportChoice::Tcp;
         }
         if let Some(us) = env_num("QCCL_SPIN_US")? {
             c.spin_us = us;

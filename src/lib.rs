@@ -47,6 +47,6 @@ pub mod types;
 
 pub use bootstrap::UniqueId;
 pub use comm::{Comm, Request};
-pub use config::{Algo, Config};
+pub use config::{Algo, Config, TransportChoice};
 pub use error::{Error, Result};
 pub use types::{DType, Element, ReduceOp};

@@ -145,26 +145,86 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn suite(n: usize) {
-    let outs = Job::new(n).run("suite", &[], Duration::from_secs(600));
+fn suite(n: usize, transport: &str) {
+    let env = [("QCCL_TRANSPORT", transport), ("QCCL_DEBUG", "INFO")];
+    let outs = Job::new(n).run("suite", &env, Duration::from_secs(600));
     for (r, o) in outs.iter().enumerate() {
         assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+        // Every peer connection used the transport asked for.
+        let log = String::from_utf8_lossy(&o.stderr);
+        let over = format!(" over {transport}");
+        let connected = log.lines().filter(|l| l.contains("connected to rank"));
+        assert!(connected.clone().count() > 0, "{log}");
+        assert!(connected.clone().all(|l| l.contains(&over)), "{log}");
     }
 }
 
 #[test]
-fn suite_2_processes() {
-    suite(2);
+fn suite_2_processes_tcp() {
+    suite(2, "tcp");
 }
 
 #[test]
-fn suite_3_processes() {
-    suite(3);
+fn suite_3_processes_tcp() {
+    suite(3, "tcp");
 }
 
 #[test]
-fn suite_4_processes() {
-    suite(4);
+fn suite_4_processes_tcp() {
+    suite(4, "tcp");
+}
+
+#[test]
+fn suite_2_processes_shm() {
+    suite(2, "shm");
+}
+
+#[test]
+fn suite_3_processes_shm() {
+    suite(3, "shm");
+}
+
+#[test]
+fn suite_4_processes_shm() {
+    suite(4, "shm");
+}
+
+/// Segments that processes `pids` left in /dev/shm (names carry the creator's pid).
+fn leftover_segments(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    n.starts_with("qccl-") && pids.iter().any(|p| n.contains(&format!("-p{p}-")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn emulated_hosts_use_shm_inside_a_host_and_tcp_between_hosts() {
+    let job = Job::new(4);
+    let children: Vec<Child> = (0..4)
+        .map(|r| {
+            let host = if r < 2 { "host-a" } else { "host-b" };
+            job.spawn(r, "suite", &[("QCCL_HOSTID", host), ("QCCL_DEBUG", "INFO")])
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(600));
+        assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
+        let log = String::from_utf8_lossy(&o.stderr).into_owned();
+        for line in log.lines().filter(|l| l.contains("connected to rank")) {
+            let peer: usize = line.split("connected to rank ").nth(1).unwrap()[..1]
+                .parse()
+                .unwrap();
+            let same_host = (peer < 2) == (r < 2);
+            let want = if same_host { " over shm" } else { " over tcp" };
+            assert!(line.contains(want), "rank {r}: {line}");
+        }
+    }
 }
 
 #[test]
@@ -173,6 +233,7 @@ fn two_sockets_per_peer_and_debug_logging_to_a_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let pattern = dir.join("qccl.%h.%p.log");
     let env = [
+        ("QCCL_TRANSPORT", "tcp"),
         ("QCCL_NSOCKS_PERPEER", "2"),
         ("QCCL_DEBUG", "INFO"),
         ("QCCL_DEBUG_FILE", pattern.to_str().unwrap()),
@@ -198,10 +259,22 @@ fn two_sockets_per_peer_and_debug_logging_to_a_file() {
 }
 
 #[test]
-fn killed_rank_makes_the_others_fail_within_the_timeout() {
+fn killed_rank_makes_the_others_fail_within_the_timeout_over_tcp() {
+    killed_rank(&[("QCCL_TIMEOUT_MS", "3000"), ("QCCL_TRANSPORT", "tcp")]);
+}
+
+#[test]
+fn killed_rank_over_shm_makes_the_others_fail_and_leaves_no_segment() {
+    let pids = killed_rank(&[("QCCL_TIMEOUT_MS", "3000"), ("QCCL_TRANSPORT", "shm")]);
+    let left = leftover_segments(&pids);
+    assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
+}
+
+/// Kills rank 1 of 3 mid-collective; checks the survivors' errors; returns all three pids.
+fn killed_rank(env: &[(&str, &str)]) -> Vec<u32> {
     let job = Job::new(3);
-    let env = [("QCCL_TIMEOUT_MS", "3000")];
-    let mut children: Vec<Child> = (0..3).map(|r| job.spawn(r, "loop", &env)).collect();
+    let mut children: Vec<Child> = (0..3).map(|r| job.spawn(r, "loop", env)).collect();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
     std::thread::sleep(Duration::from_millis(1500));
     let mut victim = children.remove(1);
     // Child::kill is SIGKILL on Unix: no chance to say goodbye.
@@ -219,6 +292,7 @@ fn killed_rank_makes_the_others_fail_within_the_timeout() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("rank 1"), "error should name rank 1: {err}");
     }
+    pids
 }
 
 #[test]

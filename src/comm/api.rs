@@ -2,7 +2,7 @@
 //! for the C ABI). Arguments are checked here, before the operation is queued.
 
 use super::{Comm, Request};
-use crate::coll::check;
+use crate::coll::{check, Engine};
 use crate::config::Algo;
 use crate::error::{Error, Result};
 use crate::types::{DType, Element, ReduceOp};
@@ -354,6 +354,26 @@ impl Comm {
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
         let n = buf.len();
         self.recv_raw(bytes_mut(buf), n, T::DTYPE, peer)
+    }
+
+    // ---- engine access ----------------------------------------------------------------------
+
+    /// Runs `f` on this comm's engine on the caller's thread, in its turn after every earlier
+    /// operation, like a blocking collective (an error fails the comm, as a failed collective
+    /// does). For callers that compose operations from `Engine` calls, such as the C ABI's
+    /// grouped calls; they check arguments first, as the `*_raw` calls do.
+    pub fn execute<R>(&self, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
+        self.queue.run(f)
+    }
+
+    /// Queues `f` to run on this comm's worker thread after every earlier operation; the
+    /// request yields its result. What `f` captures is moved to the worker (the C ABI's
+    /// non-blocking and grouped calls capture the caller's buffers this way).
+    pub fn submit<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Engine) -> Result<R> + Send + 'static,
+    ) -> Result<Request<R>> {
+        self.queue.submit(f)
     }
 
     // ---- async API ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ pub use queue::Request;
 
 use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
 use crate::coll::Engine;
-use crate::config::Config;
+use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::transport::inproc::InProcTransport;
 use crate::transport::tcp::TcpTransport;
@@ -168,14 +168,27 @@ impl Comm {
         let abort = Arc::new(AtomicBool::new(false));
         let link = link_config(rank, size, topo.local_size, &config, abort.clone());
         let transport: Box<dyn Transport> = match (&fabric, listener) {
-            (Fabric::Tcp { peers, .. }, Some(l)) => Box::new(TcpTransport::new(
-                l,
-                peers.clone(),
-                comm_id,
-                secret,
-                config.nsocks_per_peer,
-                link,
-            )?),
+            (Fabric::Tcp { peers, .. }, Some(l)) => {
+                let shm_peers = (0..size)
+                    .map(|p| {
+                        p != rank
+                            && match config.transport {
+                                TransportChoice::Tcp => false,
+                                TransportChoice::Shm => true,
+                                TransportChoice::Auto => host_ids[p] == host_ids[rank],
+                            }
+                    })
+                    .collect();
+                Box::new(TcpTransport::new(
+                    l,
+                    peers.clone(),
+                    comm_id,
+                    secret,
+                    config.nsocks_per_peer,
+                    shm_peers,
+                    link,
+                )?)
+            }
             (Fabric::InProc, _) => Box::new(InProcTransport::connect(comm_id, link)?),
             (Fabric::Tcp { .. }, None) => {
                 return Err(Error::Internal("tcp comm without a listener".into()))

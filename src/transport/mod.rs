@@ -7,6 +7,7 @@
 
 pub mod frame;
 pub mod inproc;
+pub mod shm;
 pub mod tcp;
 pub mod wait;
 

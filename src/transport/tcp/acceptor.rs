@@ -1,9 +1,12 @@
-//! The listening side of a TCP comm: a thread that accepts, checks each hello, and hands
-//! verified connections to the transport. Having it separate means a rank that connects
-//! never waits on the other rank's main thread, so lazy connection cannot deadlock.
+//! The listening side of a TCP comm: a thread that accepts, checks each hello, sets up the
+//! shared-memory link for a same-host peer, and hands verified connections to the transport.
+//! Doing both halves of the accepting side here means a rank that connects never waits on
+//! the other rank's main thread (which may itself be connecting elsewhere), so lazy
+//! connection cannot deadlock.
 
 use super::handshake;
 use crate::error::{Error, Result};
+use crate::transport::shm::{self, ShmLink};
 use crossbeam_channel::{unbounded, Receiver};
 use nix::poll::{poll, PollFd, PollFlags};
 use std::net::{TcpListener, TcpStream};
@@ -13,8 +16,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// A verified incoming connection: (peer rank, socket index, stream).
-pub type Incoming = (usize, usize, TcpStream);
+/// A verified incoming connection: peer rank, socket index, stream, and the shared-memory
+/// link when the peer is on this host (set up on its first socket).
+pub type Incoming = (usize, usize, TcpStream, Option<ShmLink>);
 
 /// The accept thread; stops (and closes the listener) when dropped.
 pub struct Acceptor {
@@ -32,6 +36,7 @@ impl Acceptor {
         comm_id: u64,
         size: usize,
         me: usize,
+        shm_peers: Vec<bool>,
     ) -> Result<Acceptor> {
         listener
             .set_nonblocking(true)
@@ -55,7 +60,22 @@ impl Acceptor {
                     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                     match handshake::accept(&mut s, &secret, comm_id, size) {
                         Ok((rank, sock)) => {
-                            if tx.send((rank, sock, s)).is_err() {
+                            let link = if sock == 0 && shm_peers[rank] {
+                                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                                match shm::setup(&mut s, comm_id, me, rank) {
+                                    Ok(l) => Some(l),
+                                    Err(e) => {
+                                        crate::qlog!(
+                                            Warn,
+                                            "rank {me}: shm setup with rank {rank} failed: {e}"
+                                        );
+                                        continue;
+                                    }
+                                }
+                            } else {
+                                None
+                            };
+                            if tx.send((rank, sock, s, link)).is_err() {
                                 return;
                             }
                         }

@@ -1,12 +1,15 @@
-//! TCP transport: one or more sockets per peer pair (QCCL_NSOCKS_PERPEER), opened lazily on
-//! first use (the lower rank connects, the higher rank's accept thread verifies the hello),
-//! then driven non-blocking by `progress`.
+//! The network transport: one or more TCP sockets per peer pair (QCCL_NSOCKS_PERPEER), opened
+//! lazily on first use (the lower rank connects, the higher rank's accept thread verifies the
+//! hello), then driven non-blocking by `progress`. For a peer on the same host the verified
+//! connection sets up a shared-memory link (`transport::shm`) and frames travel through its
+//! rings instead; the socket stays open only as the setup channel.
 
 mod acceptor;
 pub mod handshake;
 pub mod progress;
 
 use super::frame::{CollKind, FrameKind, Header, OpDesc};
+use super::shm::{self, ShmLink};
 use super::{LinkConfig, RecvReq, SendReq, Transport};
 use crate::error::{Error, Result};
 use acceptor::Acceptor;
@@ -24,9 +27,25 @@ pub struct Conn {
     pub socks: Vec<TcpStream>,
     /// The peer's listening address, for messages.
     pub addr: SocketAddr,
-    /// True while a frame is half-sent on the first socket.
+    /// True while a frame is half-sent on the first socket (or the shm ring).
     pub mid_frame: bool,
+    /// The shared-memory link, for a peer on this host: frames go through it.
+    pub shm: Option<ShmLink>,
 }
+
+impl Conn {
+    /// Byte streams a frame's payload is split over: the sockets, or the one shm ring.
+    pub fn streams(&self) -> usize {
+        if self.shm.is_some() {
+            1
+        } else {
+            self.socks.len()
+        }
+    }
+}
+
+/// Incoming sockets of a peer whose set is not complete yet, and its shm link.
+type Stash = (Vec<Option<TcpStream>>, Option<ShmLink>);
 
 /// One rank's TCP endpoint of a comm.
 pub struct TcpTransport {
@@ -37,22 +56,31 @@ pub struct TcpTransport {
     nsocks: usize,
     conns: Vec<Option<Conn>>,
     acceptor: Option<Acceptor>,
-    stash: HashMap<usize, Vec<Option<TcpStream>>>,
+    stash: HashMap<usize, Stash>,
+    shm_peers: Vec<bool>,
     aborted: bool,
 }
 
 impl TcpTransport {
     /// A transport that accepts on `listener` (its address is `peers[cfg.rank]`) and reaches
-    /// peer `i` at `peers[i]`.
+    /// peer `i` at `peers[i]`, through shared memory where `shm_peers[i]`.
     pub fn new(
         listener: TcpListener,
         peers: Vec<SocketAddr>,
         comm_id: u64,
         secret: [u8; 16],
         nsocks: usize,
+        shm_peers: Vec<bool>,
         cfg: LinkConfig,
     ) -> Result<TcpTransport> {
-        let acceptor = Acceptor::spawn(listener, secret, comm_id, cfg.size, cfg.rank)?;
+        let acceptor = Acceptor::spawn(
+            listener,
+            secret,
+            comm_id,
+            cfg.size,
+            cfg.rank,
+            shm_peers.clone(),
+        )?;
         Ok(TcpTransport {
             conns: (0..cfg.size).map(|_| None).collect(),
             cfg,
@@ -62,6 +90,7 @@ impl TcpTransport {
             nsocks: nsocks.max(1),
             acceptor: Some(acceptor),
             stash: HashMap::new(),
+            shm_peers,
             aborted: false,
         })
     }
@@ -74,10 +103,27 @@ impl TcpTransport {
             return Err(Error::Aborted("the comm's transport was aborted".into()));
         }
         let deadline = Instant::now() + self.cfg.timeout;
-        let socks = if peer > self.cfg.rank {
-            (0..self.nsocks)
+        let (socks, shm) = if peer > self.cfg.rank {
+            let mut socks = (0..self.nsocks)
                 .map(|i| self.connect(peer, i, deadline))
-                .collect::<Result<Vec<_>>>()?
+                .collect::<Result<Vec<_>>>()?;
+            // The peer's accept thread runs its half of the setup.
+            let shm = if self.shm_peers[peer] {
+                let s = &mut socks[0];
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _ = s.set_read_timeout(Some(left.max(Duration::from_millis(10))));
+                let link = shm::setup(s, self.comm_id, self.cfg.rank, peer).map_err(|e| {
+                    Error::Remote {
+                        rank: peer,
+                        addr: self.peers[peer].to_string(),
+                        msg: format!("shared memory setup failed: {e}"),
+                    }
+                })?;
+                Some(link)
+            } else {
+                None
+            };
+            (socks, shm)
         } else {
             self.await_incoming(peer, deadline)?
         };
@@ -86,15 +132,19 @@ impl TcpTransport {
         }
         crate::qlog!(
             Info,
-            "rank {}: connected to rank {peer} at {} over tcp ({} socket(s))",
+            "rank {}: connected to rank {peer} at {} over {}",
             self.cfg.rank,
             self.peers[peer],
-            socks.len()
+            match &shm {
+                Some(l) => format!("shm (pid {})", l.peer_pid),
+                None => format!("tcp ({} socket(s))", socks.len()),
+            }
         );
         self.conns[peer] = Some(Conn {
             socks,
             addr: self.peers[peer],
             mid_frame: false,
+            shm,
         });
         Ok(())
     }
@@ -133,7 +183,11 @@ impl TcpTransport {
         Ok(stream)
     }
 
-    fn await_incoming(&mut self, peer: usize, deadline: Instant) -> Result<Vec<TcpStream>> {
+    fn await_incoming(
+        &mut self,
+        peer: usize,
+        deadline: Instant,
+    ) -> Result<(Vec<TcpStream>, Option<ShmLink>)> {
         let incoming = self
             .acceptor
             .as_ref()
@@ -141,10 +195,15 @@ impl TcpTransport {
             .incoming
             .clone();
         loop {
-            if let Some(v) = self.stash.get(&peer) {
+            if let Some((v, _)) = self.stash.get(&peer) {
                 if v.iter().all(Option::is_some) {
-                    let v = self.stash.remove(&peer).unwrap();
-                    return Ok(v.into_iter().map(Option::unwrap).collect());
+                    let (v, link) = self.stash.remove(&peer).unwrap();
+                    if self.shm_peers[peer] && link.is_none() {
+                        return Err(Error::Internal(format!(
+                            "rank {peer} connected without a shared-memory link"
+                        )));
+                    }
+                    return Ok((v.into_iter().map(Option::unwrap).collect(), link));
                 }
             }
             if self.abort_requested() {
@@ -158,7 +217,7 @@ impl TcpTransport {
                     self.cfg.timeout.as_millis()
                 )));
             }
-            if let Ok((rank, sock, s)) = incoming.recv_timeout(Duration::from_millis(100)) {
+            if let Ok((rank, sock, s, link)) = incoming.recv_timeout(Duration::from_millis(100)) {
                 if sock >= self.nsocks || self.conns[rank].is_some() {
                     crate::qlog!(
                         Warn,
@@ -167,11 +226,14 @@ impl TcpTransport {
                     );
                     continue;
                 }
-                let slots = self
+                let (slots, shm) = self
                     .stash
                     .entry(rank)
-                    .or_insert_with(|| (0..self.nsocks).map(|_| None).collect());
+                    .or_insert_with(|| ((0..self.nsocks).map(|_| None).collect(), None));
                 slots[sock] = Some(s);
+                if link.is_some() {
+                    *shm = link;
+                }
             }
         }
     }
@@ -232,7 +294,12 @@ impl Transport for TcpTransport {
         .encode();
         for conn in self.conns.iter_mut().filter_map(Option::take) {
             let s = &conn.socks[0];
-            if !conn.mid_frame {
+            if let (Some(link), false) = (&conn.shm, conn.mid_frame) {
+                // All or nothing: a partial abort frame would be garbage to the peer.
+                if link.tx.room() >= head.len() + reason.len() {
+                    link.tx.try_write(&[&head, reason]);
+                }
+            } else if !conn.mid_frame {
                 // Best effort and bounded: the peer may be gone or not reading.
                 let _ = s.set_nonblocking(false);
                 let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
@@ -255,6 +322,10 @@ impl Transport for TcpTransport {
     }
 
     fn name(&self) -> &'static str {
-        "tcp"
+        if self.shm_peers.iter().any(|&b| b) {
+            "tcp+shm"
+        } else {
+            "tcp"
+        }
     }
 }

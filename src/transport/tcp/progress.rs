@@ -4,6 +4,7 @@
 use super::Conn;
 use crate::error::{Error, Result};
 use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
+use crate::transport::shm;
 use crate::transport::wait::{Next, Waiter};
 use crate::transport::{LinkConfig, RecvReq, SendReq};
 use nix::poll::{poll, PollFd, PollFlags};
@@ -73,7 +74,7 @@ pub fn exchange(
 ) -> Result<()> {
     let mut txs: Vec<Tx<'_>> = Vec::with_capacity(sends.len());
     for s in sends {
-        let nsocks = conns[s.peer].as_ref().map_or(1, |c| c.socks.len());
+        let nsocks = conns[s.peer].as_ref().map_or(1, Conn::streams);
         let head = Header {
             kind: FrameKind::Data,
             desc: *desc,
@@ -92,7 +93,7 @@ pub fn exchange(
     }
     let mut rxs: Vec<Rx<'_>> = Vec::with_capacity(recvs.len());
     for r in recvs.iter_mut() {
-        let nsocks = conns[r.peer].as_ref().map_or(1, |c| c.socks.len());
+        let nsocks = conns[r.peer].as_ref().map_or(1, Conn::streams);
         let full_len = r.data.len();
         let mut rest: &mut [u8] = r.data;
         let mut consumed = 0;
@@ -120,13 +121,18 @@ pub fn exchange(
             let conn = conns[t.peer]
                 .as_mut()
                 .ok_or_else(|| Error::Internal(format!("no connection to rank {}", t.peer)))?;
-            let sock = &mut conn.socks[t.sock];
             let hl = t.head.map_or(0, |_| HEADER_LEN);
-            let res = if t.pos < hl {
-                let h = t.head.as_ref().unwrap();
-                sock.write_vectored(&[IoSlice::new(&h[t.pos..]), IoSlice::new(t.data)])
-            } else {
-                sock.write(&t.data[t.pos - hl..])
+            let res = match &conn.shm {
+                Some(link) if t.pos < hl => Ok(link
+                    .tx
+                    .try_write(&[&t.head.as_ref().unwrap()[t.pos..], t.data])),
+                Some(link) => Ok(link.tx.try_write(&[&t.data[t.pos - hl..]])),
+                None if t.pos < hl => {
+                    let h = t.head.as_ref().unwrap();
+                    conn.socks[t.sock]
+                        .write_vectored(&[IoSlice::new(&h[t.pos..]), IoSlice::new(t.data)])
+                }
+                None => conn.socks[t.sock].write(&t.data[t.pos - hl..]),
             };
             match res {
                 Ok(n) => {
@@ -153,10 +159,17 @@ pub fn exchange(
             let conn = conns[r.peer]
                 .as_mut()
                 .ok_or_else(|| Error::Internal(format!("no connection to rank {}", r.peer)))?;
-            let sock = &mut conn.socks[r.sock];
-            let res = match &mut r.head {
-                Some((h, n)) if *n < HEADER_LEN => sock.read(&mut h[*n..]),
-                _ => sock.read(&mut r.data[r.pos..]),
+            let dst: &mut [u8] = match &mut r.head {
+                Some((h, n)) if *n < HEADER_LEN => &mut h[*n..],
+                _ => &mut r.data[r.pos..],
+            };
+            let res = match &conn.shm {
+                // An empty ring is not an end of file: liveness is checked when blocking.
+                Some(link) => match link.rx.try_read(dst) {
+                    0 => Err(ErrorKind::WouldBlock.into()),
+                    n => Ok(n),
+                },
+                None => conn.socks[r.sock].read(dst),
             };
             match res {
                 Ok(0) => {
@@ -174,7 +187,7 @@ pub fn exchange(
                             if *got == HEADER_LEN {
                                 let header = Header::decode(h, r.peer)?;
                                 if header.kind == FrameKind::Abort {
-                                    let reason = read_reason(sock, header.len as usize);
+                                    let reason = read_reason(conn, header.len as usize);
                                     return Err(closed(
                                         conns,
                                         r.peer,
@@ -221,28 +234,96 @@ pub fn exchange(
             format!("{} stalled in {desc}", peers.join(", "))
         };
         if let Next::Block(d) = waiter.idle(cfg, stalled)? {
-            let ms = d.as_millis().clamp(1, u16::MAX as u128) as u16;
-            let mut fds: Vec<PollFd<'_>> = Vec::new();
-            for t in txs.iter().filter(|t| !t.done()) {
-                let s = &conns[t.peer].as_ref().unwrap().socks[t.sock];
-                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLOUT));
-            }
-            for r in rxs.iter().filter(|r| !r.done()) {
-                let s = &conns[r.peer].as_ref().unwrap().socks[r.sock];
-                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
-            }
-            let _ = poll(&mut fds, ms);
+            block(conns, &txs, &rxs, d)?;
         }
     }
 }
 
+/// Sleeps until one of the pending jobs may progress, at most `d`: poll for sockets, the
+/// futex bell of a ring for shared memory (briefly, when several things are pending, since
+/// one sleep cannot watch them all). Fails when a shared-memory peer's process is gone.
+fn block(
+    conns: &[Option<Conn>],
+    txs: &[Tx<'_>],
+    rxs: &[Rx<'_>],
+    d: std::time::Duration,
+) -> Result<()> {
+    let conn = |p: usize| conns[p].as_ref().expect("connected");
+    let mut fds: Vec<PollFd<'_>> = Vec::new();
+    let mut rings: Vec<(usize, bool)> = Vec::new(); // (peer, is_send)
+    for t in txs.iter().filter(|t| !t.done()) {
+        match &conn(t.peer).shm {
+            Some(_) => rings.push((t.peer, true)),
+            None => fds.push(PollFd::new(
+                conn(t.peer).socks[t.sock].as_fd(),
+                PollFlags::POLLOUT,
+            )),
+        }
+    }
+    for r in rxs.iter().filter(|r| !r.done()) {
+        match &conn(r.peer).shm {
+            Some(_) => rings.push((r.peer, false)),
+            None => fds.push(PollFd::new(
+                conn(r.peer).socks[r.sock].as_fd(),
+                PollFlags::POLLIN,
+            )),
+        }
+    }
+    let several = fds.len() + rings.len() > 1;
+    let d = if several && !rings.is_empty() {
+        d.min(std::time::Duration::from_millis(1))
+    } else {
+        d
+    };
+    if !fds.is_empty() {
+        let ms = d.as_millis().clamp(1, u16::MAX as u128) as u16;
+        let _ = poll(&mut fds, ms);
+    } else if let Some(&(peer, is_send)) = rings.first() {
+        let link = conn(peer).shm.as_ref().expect("shm");
+        if is_send {
+            link.tx.wait_writable(d);
+        } else {
+            link.rx.wait_readable(d);
+        }
+    }
+    for &(peer, _) in &rings {
+        let link = conn(peer).shm.as_ref().expect("shm");
+        if !shm::alive(link.peer_pid) {
+            return Err(closed(
+                conns,
+                peer,
+                format!(
+                    "its process (pid {}) is gone: killed or exited",
+                    link.peer_pid
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads an abort frame's reason; bounded in time since the peer is going away.
-fn read_reason(sock: &mut std::net::TcpStream, len: usize) -> String {
+fn read_reason(conn: &mut Conn, len: usize) -> String {
     let mut buf = vec![0u8; len];
-    let _ = sock.set_nonblocking(false);
-    let _ = sock.set_read_timeout(Some(std::time::Duration::from_millis(500)));
-    match sock.read_exact(&mut buf) {
-        Ok(()) => String::from_utf8_lossy(&buf).into_owned(),
-        Err(_) => "(reason lost)".into(),
+    let ok = match &conn.shm {
+        Some(link) => {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+            let mut got = 0;
+            while got < len && std::time::Instant::now() < deadline {
+                got += link.rx.try_read(&mut buf[got..]);
+            }
+            got == len
+        }
+        None => {
+            let sock = &mut conn.socks[0];
+            let _ = sock.set_nonblocking(false);
+            let _ = sock.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+            sock.read_exact(&mut buf).is_ok()
+        }
+    };
+    if ok {
+        String::from_utf8_lossy(&buf).into_owned()
+    } else {
+        "(reason lost)".into()
     }
 }

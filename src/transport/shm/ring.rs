@@ -1,0 +1,239 @@
+//! A single-producer, single-consumer byte ring in a POSIX shared-memory segment: the writer
+//! advances `head`, the reader advances `tail`, each side rings the other's "bell" (a futex
+//! word) after moving its counter, and sleeps on its own bell only after announcing it.
+
+use super::futex;
+use crate::error::{Error, Result};
+use memmap2::MmapMut;
+use nix::fcntl::OFlag;
+use nix::sys::mman::{shm_open, shm_unlink};
+use nix::sys::stat::Mode;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Bytes before the data area: counters on separate cache lines.
+const HEADER: usize = 256;
+const MAGIC: u64 = 0x5143_434c_5249_4e47; // "QCCLRING"
+const OFF_MAGIC: usize = 0;
+const OFF_HEAD: usize = 64;
+const OFF_HEAD_BELL: usize = 72;
+const OFF_READER_ASLEEP: usize = 76;
+const OFF_TAIL: usize = 128;
+const OFF_TAIL_BELL: usize = 136;
+const OFF_WRITER_ASLEEP: usize = 140;
+
+/// One direction of a shared-memory link.
+pub struct Ring {
+    /// Owns the mapping; all access goes through `base`.
+    _map: MmapMut,
+    base: *mut u8,
+    cap: usize,
+}
+
+// SAFETY: `base` points into the mapping owned by `_map`, which moves with the Ring; the
+// shared words are atomics and the data area is handed over by the head/tail protocol, so
+// using a Ring from another thread is as safe as from this one.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    /// Creates (mode 0600, must not exist) and maps segment `name` with `cap` data bytes
+    /// (a power of two).
+    pub fn create(name: &str, cap: usize) -> Result<Ring> {
+        debug_assert!(cap.is_power_of_two());
+        let fd = shm_open(
+            name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(|e| Error::System(format!("shm_open({name}) to create: {e}")))?;
+        let file = std::fs::File::from(fd);
+        file.set_len((HEADER + cap) as u64)
+            .map_err(|e| Error::io(format!("sizing shared memory segment {name}"), e))?;
+        let ring = Ring::map(&file, name, cap)?;
+        ring.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
+        Ok(ring)
+    }
+
+    /// Maps the existing segment `name` created by the peer.
+    pub fn open(name: &str, cap: usize) -> Result<Ring> {
+        let fd = shm_open(name, OFlag::O_RDWR, Mode::empty())
+            .map_err(|e| Error::System(format!("shm_open({name}): {e}")))?;
+        let file = std::fs::File::from(fd);
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(format!("reading the size of {name}"), e))?
+            .len();
+        if len != (HEADER + cap) as u64 {
+            return Err(Error::InvalidUsage(format!(
+                "shared memory segment {name} has {len} bytes, expected {}",
+                HEADER + cap
+            )));
+        }
+        let ring = Ring::map(&file, name, cap)?;
+        if ring.word64(OFF_MAGIC).load(Ordering::Acquire) != MAGIC {
+            return Err(Error::InvalidUsage(format!("{name} is not a qccl ring")));
+        }
+        Ok(ring)
+    }
+
+    fn map(file: &std::fs::File, name: &str, cap: usize) -> Result<Ring> {
+        // SAFETY: the segment is sized HEADER + cap before mapping and is never truncated
+        // while mapped (only the two ranks of this link know its random name, and it is
+        // unlinked once both mapped it). Concurrent access by the peer goes only through the
+        // atomics below and the data area, which the head/tail protocol hands over.
+        let mut map = unsafe { MmapMut::map_mut(file) }
+            .map_err(|e| Error::io(format!("mapping shared memory segment {name}"), e))?;
+        let base = map.as_mut_ptr();
+        Ok(Ring {
+            _map: map,
+            base,
+            cap,
+        })
+    }
+
+    /// Removes the name; the mapping stays valid until both sides drop it.
+    pub fn unlink(name: &str) {
+        let _ = shm_unlink(name);
+    }
+
+    fn word64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is one of the 8-aligned header offsets inside the mapping (which is
+        // page-aligned and at least HEADER bytes); the mapping outlives the returned borrow.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    fn word32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `word64`, for the 4-aligned header offsets.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: HEADER is inside the mapping; only the pointer is computed here.
+        unsafe { self.base.add(HEADER) }
+    }
+
+    /// Writer: copies as much of `parts` (in order) as fits; returns the bytes written.
+    pub fn try_write(&self, parts: &[&[u8]]) -> usize {
+        let head = self.word64(OFF_HEAD).load(Ordering::Relaxed);
+        let tail = self.word64(OFF_TAIL).load(Ordering::Acquire);
+        let mut room = self.cap - (head - tail) as usize;
+        let mut at = head;
+        for p in parts {
+            let n = p.len().min(room);
+            if n == 0 {
+                break;
+            }
+            self.copy_in(at, &p[..n]);
+            at += n as u64;
+            room -= n;
+        }
+        let wrote = (at - head) as usize;
+        if wrote > 0 {
+            self.word64(OFF_HEAD).store(at, Ordering::Release);
+            self.ring(OFF_HEAD_BELL, OFF_READER_ASLEEP);
+        }
+        wrote
+    }
+
+    /// Reader: copies up to `out.len()` available bytes; returns how many.
+    pub fn try_read(&self, out: &mut [u8]) -> usize {
+        let tail = self.word64(OFF_TAIL).load(Ordering::Relaxed);
+        let head = self.word64(OFF_HEAD).load(Ordering::Acquire);
+        let n = ((head - tail) as usize).min(out.len());
+        if n > 0 {
+            self.copy_out(tail, &mut out[..n]);
+            self.word64(OFF_TAIL)
+                .store(tail + n as u64, Ordering::Release);
+            self.ring(OFF_TAIL_BELL, OFF_WRITER_ASLEEP);
+        }
+        n
+    }
+
+    fn copy_in(&self, at: u64, src: &[u8]) {
+        let pos = (at as usize) & (self.cap - 1);
+        let first = src.len().min(self.cap - pos);
+        // SAFETY: [pos, pos+first) and [0, len-first) lie in the data area; the writer owns
+        // the bytes between head and tail + cap (the reader does not touch them until head
+        // is published with Release after this copy).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data_ptr().add(pos), first);
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr().add(first),
+                self.data_ptr(),
+                src.len() - first,
+            );
+        }
+    }
+
+    fn copy_out(&self, at: u64, dst: &mut [u8]) {
+        let pos = (at as usize) & (self.cap - 1);
+        let first = dst.len().min(self.cap - pos);
+        // SAFETY: the bytes between tail and head were published by the writer (Acquire load
+        // of head above) and stay untouched by it until tail moves past them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.data_ptr().add(pos), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(
+                self.data_ptr(),
+                dst.as_mut_ptr().add(first),
+                dst.len() - first,
+            );
+        }
+    }
+
+    fn ring(&self, bell: usize, asleep: usize) {
+        self.word32(bell).fetch_add(1, Ordering::SeqCst);
+        if self.word32(asleep).load(Ordering::SeqCst) != 0 {
+            futex::wake(self.word32(bell));
+        }
+    }
+
+    /// True when the reader has bytes to read.
+    pub fn readable(&self) -> bool {
+        self.word64(OFF_HEAD).load(Ordering::Acquire)
+            != self.word64(OFF_TAIL).load(Ordering::Relaxed)
+    }
+
+    /// Writer: free bytes.
+    pub fn room(&self) -> usize {
+        let used = self.word64(OFF_HEAD).load(Ordering::Relaxed)
+            - self.word64(OFF_TAIL).load(Ordering::Acquire);
+        self.cap - used as usize
+    }
+
+    /// True when the writer has room.
+    pub fn writable(&self) -> bool {
+        let used = self.word64(OFF_HEAD).load(Ordering::Relaxed)
+            - self.word64(OFF_TAIL).load(Ordering::Acquire);
+        (used as usize) < self.cap
+    }
+
+    /// Reader: sleeps until bytes may be readable or `timeout` passes.
+    pub fn wait_readable(&self, timeout: Duration) {
+        self.sleep(
+            OFF_HEAD_BELL,
+            OFF_READER_ASLEEP,
+            || self.readable(),
+            timeout,
+        );
+    }
+
+    /// Writer: sleeps until room may be free or `timeout` passes.
+    pub fn wait_writable(&self, timeout: Duration) {
+        self.sleep(
+            OFF_TAIL_BELL,
+            OFF_WRITER_ASLEEP,
+            || self.writable(),
+            timeout,
+        );
+    }
+
+    fn sleep(&self, bell: usize, asleep: usize, ready: impl Fn() -> bool, timeout: Duration) {
+        let flag = self.word32(asleep);
+        flag.store(1, Ordering::SeqCst);
+        let seen = self.word32(bell).load(Ordering::SeqCst);
+        if !ready() {
+            futex::wait(self.word32(bell), seen, timeout);
+        }
+        flag.store(0, Ordering::SeqCst);
+    }
+}
