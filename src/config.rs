@@ -14,6 +14,9 @@ pub enum Algo {
     Tree,
     /// Scatter-reduce-allgather (CGX): each chunk reduced once by its owner, in rank order.
     Sra,
+    /// Two-level: intra-host reduce-scatter, inter-host all-reduce among equal local ranks,
+    /// intra-host all-gather (needs the same number of ranks on every host).
+    Hier,
 }
 
 impl Algo {
@@ -24,8 +27,9 @@ impl Algo {
             "ring" => Ok(Algo::Ring),
             "tree" => Ok(Algo::Tree),
             "sra" => Ok(Algo::Sra),
+            "hier" => Ok(Algo::Hier),
             other => Err(Error::invalid(format!(
-                "unknown algorithm '{other}' (valid: auto, ring, tree, sra)"
+                "unknown algorithm '{other}' (valid: auto, ring, tree, sra, hier)"
             ))),
         }
     }
@@ -37,6 +41,7 @@ impl Algo {
             Algo::Ring => "ring",
             Algo::Tree => "tree",
             Algo::Sra => "sra",
+            Algo::Hier => "hier",
         }
     }
 }

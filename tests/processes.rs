@@ -216,7 +216,16 @@ fn emulated_hosts_use_shm_inside_a_host_and_tcp_between_hosts() {
         let o = wait(c, Duration::from_secs(600));
         assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
         let log = String::from_utf8_lossy(&o.stderr).into_owned();
-        for line in log.lines().filter(|l| l.contains("connected to rank")) {
+        // The world comm: shm to the same emulated host, tcp to the other.
+        let world = log
+            .lines()
+            .find_map(|l| l.split(&format!("rank {r}/4: comm ")).nth(1))
+            .map(|rest| rest[..18].to_string())
+            .expect("the world comm's id is logged");
+        for line in log
+            .lines()
+            .filter(|l| l.contains(&format!("comm {world}: connected to rank")))
+        {
             let peer: usize = line.split("connected to rank ").nth(1).unwrap()[..1]
                 .parse()
                 .unwrap();
@@ -224,6 +233,16 @@ fn emulated_hosts_use_shm_inside_a_host_and_tcp_between_hosts() {
             let want = if same_host { " over shm" } else { " over tcp" };
             assert!(line.contains(want), "rank {r}: {line}");
         }
+        // The suite's hierarchical all-reduces: intra-host level on shm, inter-host on tcp.
+        assert!(
+            log.contains("intra-host comm of 2 on tcp+shm"),
+            "rank {r}: {log}"
+        );
+        assert!(
+            log.lines()
+                .any(|l| l.contains("/2: comm ") && l.contains(" on tcp (node")),
+            "rank {r}: no inter-host tcp comm in {log}"
+        );
     }
 }
 

@@ -6,8 +6,14 @@ use common::suite::{cases, run_all, run_huge};
 use qccl::{Comm, Config};
 
 fn on_threads(n: usize, f: impl Fn(&Comm) -> Result<(), String> + Send + Sync + 'static) {
+    on_hosts(&vec!["h".to_string(); n], f)
+}
+
+/// Ranks as threads, rank i pretending to run on host `hosts[i]`.
+fn on_hosts(hosts: &[String], f: impl Fn(&Comm) -> Result<(), String> + Send + Sync + 'static) {
+    let n = hosts.len();
     let f = std::sync::Arc::new(f);
-    let comms = Comm::init_threads(n, Config::default()).expect("init_threads");
+    let comms = Comm::init_threads_on_hosts(hosts, Config::default()).expect("init_threads");
     let handles: Vec<_> = comms
         .into_iter()
         .map(|c| {
@@ -55,4 +61,38 @@ fn world_7() {
 #[test]
 fn huge_16mi_world_3() {
     on_threads(3, run_huge);
+}
+
+fn hosts(spec: &[&str]) -> Vec<String> {
+    spec.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn hierarchical_2_hosts_x_2_ranks() {
+    on_hosts(&hosts(&["a", "a", "b", "b"]), |c| run_all(c, &cases(false)));
+}
+
+#[test]
+fn hierarchical_2_hosts_x_3_ranks_interleaved() {
+    // Ranks of a host need not be contiguous.
+    on_hosts(&hosts(&["a", "b", "a", "b", "a", "b"]), |c| {
+        run_all(c, &cases(false))
+    });
+}
+
+#[test]
+fn hierarchical_needs_equal_hosts() {
+    on_hosts(&hosts(&["a", "a", "b"]), |c| {
+        let mut v = vec![1f32; 10];
+        match c.all_reduce_with(None, &mut v, qccl::ReduceOp::Sum, qccl::Algo::Hier) {
+            Err(qccl::Error::Unsupported(m)) if m.contains("same number of ranks") => {}
+            other => return Err(format!("expected unsupported, got {other:?}")),
+        }
+        // Auto falls back to a flat algorithm on such a world.
+        c.all_reduce_in_place(&mut v, qccl::ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        (v[0] == 3.0)
+            .then_some(())
+            .ok_or_else(|| format!("wrong sum {}", v[0]))
+    });
 }

@@ -94,6 +94,11 @@ impl Engine {
         }
         let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo as u8);
         match algo {
+            Algo::Hier => {
+                return Err(crate::Error::Internal(
+                    "the hierarchical all-reduce runs above the engine (Comm)".into(),
+                ))
+            }
             Algo::Tree => algo::tree::all_reduce(&mut ctx, send, recv)?,
             Algo::Sra => algo::sra::all_reduce(&mut ctx, send, recv, count)?,
             _ => algo::ring::all_reduce(&mut ctx, send, recv, count)?,
@@ -122,6 +127,55 @@ impl Engine {
             None => Io::InPlace(recv),
         };
         algo::ring::reduce_scatter(&mut ctx, io, total)
+    }
+
+    /// Reduce-scatter of `count` elements split in near-equal parts (part r has
+    /// `algo::part(count, size, r)`); in place when `send` is None, else part r of `buf` gets
+    /// the result. Used by the hierarchical all-reduce, whose parts need not be equal.
+    pub fn reduce_scatter_parts(
+        &mut self,
+        send: Option<&[u8]>,
+        buf: &mut [u8],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mine = part(count, self.size, self.rank, dtype.size());
+        let mut ctx = self.ctx(
+            CollKind::ReduceScatter,
+            count,
+            dtype,
+            op,
+            0,
+            Algo::Hier as u8,
+        );
+        let io = match send {
+            Some(input) => Io::OutOfPlace {
+                input,
+                out: &mut buf[mine],
+            },
+            None => Io::InPlace(buf),
+        };
+        algo::ring::reduce_scatter(&mut ctx, io, count)
+    }
+
+    /// All-gather in place of `count` elements split in near-equal parts, part r from rank r.
+    pub fn all_gather_parts(&mut self, buf: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut ctx = self.ctx(
+            CollKind::AllGather,
+            count,
+            dtype,
+            ReduceOp::Sum,
+            0,
+            Algo::Hier as u8,
+        );
+        algo::ring::all_gather(&mut ctx, buf, count)
     }
 
     /// All-gather of `sendcount` elements per rank into `recv` (n·sendcount); `send` None

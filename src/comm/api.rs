@@ -50,6 +50,13 @@ impl Comm {
             need(C, "sendbuff", s.len(), count, dtype)?;
         }
         check::op(C, op, dtype)?;
+        if self.wants_hier(algo)? {
+            let h = self.hierarchy()?;
+            return self
+                .queue
+                .run(|_| super::hier::all_reduce(&h, send, recv, count, dtype, op))
+                .map(|()| Algo::Hier);
+        }
         self.queue
             .run(|e| e.all_reduce(send, recv, count, dtype, op, algo))
     }

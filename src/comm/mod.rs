@@ -1,6 +1,7 @@
 //! The communicator: who we are in the world, and an ordered queue of operations.
 
 mod api;
+mod hier;
 mod queue;
 mod split;
 
@@ -45,6 +46,8 @@ pub struct Comm {
     queue: Arc<Queue>,
     worker: Option<JoinHandle<()>>,
     splits: std::sync::atomic::AtomicU64,
+    hier: std::sync::Mutex<Option<Arc<hier::Hier>>>,
+    transport: &'static str,
 }
 
 fn link_config(
@@ -203,6 +206,7 @@ impl Comm {
             topo.local_rank,
             topo.local_size
         );
+        let transport_name = transport.name();
         let engine = Engine {
             t: transport,
             scratch: Default::default(),
@@ -233,6 +237,8 @@ impl Comm {
             queue,
             worker: Some(worker),
             splits: Default::default(),
+            hier: Default::default(),
+            transport: transport_name,
         })
     }
 
@@ -269,6 +275,11 @@ impl Comm {
     /// The comm's configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// What carries this comm's traffic: "tcp", "tcp+shm" or "inproc".
+    pub fn transport_name(&self) -> &'static str {
+        self.transport
     }
 
     /// The comm's random 64-bit id (same on every rank).

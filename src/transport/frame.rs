@@ -120,7 +120,7 @@ impl std::fmt::Display for OpDesc {
             write!(f, ", root={}", self.root)?;
         }
         if self.coll == CollKind::AllReduce {
-            let algo = ["auto", "ring", "tree", "sra"]
+            let algo = ["auto", "ring", "tree", "sra", "hier"]
                 .get(self.algo as usize)
                 .unwrap_or(&"?");
             write!(f, ", algo={algo}")?;

@@ -68,8 +68,12 @@ pub fn run_case(comm: &Comm, c: &Case, salt: u64) -> Result<(), String> {
     let es = dt.size();
     let ins: Vec<Vec<u8>> = (0..n).map(|p| input(dt, op, p, count, salt)).collect();
 
-    // all_reduce: every algorithm, out-of-place and in place.
-    for algo in [Algo::Auto, Algo::Ring, Algo::Tree, Algo::Sra] {
+    // all_reduce: every algorithm, out-of-place and in place (hier where there are hosts).
+    let mut algos = vec![Algo::Auto, Algo::Ring, Algo::Tree, Algo::Sra];
+    if comm.num_nodes() > 1 {
+        algos.push(Algo::Hier);
+    }
+    for algo in algos {
         let mut out = vec![0u8; count * es];
         q(comm.all_reduce_raw(Some(&ins[r]), &mut out, count, dt, op, Some(algo))).map_err(ctx(
             "all_reduce",

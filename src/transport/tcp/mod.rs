@@ -132,8 +132,9 @@ impl TcpTransport {
         }
         crate::qlog!(
             Info,
-            "rank {}: connected to rank {peer} at {} over {}",
+            "rank {}: comm {:#018x}: connected to rank {peer} at {} over {}",
             self.cfg.rank,
+            self.comm_id,
             self.peers[peer],
             match &shm {
                 Some(l) => format!("shm (pid {})", l.peer_pid),

@@ -1,0 +1,107 @@
+//! Two-level all-reduce (Horovod's hierarchical allreduce, CGX's multi-node scheme):
+//! reduce-scatter inside each host (shared memory), all-reduce of each part among the ranks
+//! with the same local rank across hosts (the network), all-gather inside each host. Only
+//! 1/local_size of the data crosses the network per rank.
+
+use super::Comm;
+use crate::algo::part;
+use crate::config::Algo;
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::types::{DType, ReduceOp};
+use std::sync::Arc;
+
+/// The two sub-communicators, made on first use.
+pub struct Hier {
+    /// The ranks of this host, by rank.
+    intra: Comm,
+    /// The ranks with this local rank, one per host, by host.
+    inter: Comm,
+    /// Ranks in the parent comm (for Avg).
+    size: usize,
+}
+
+impl Comm {
+    /// True when `algo` (after QCCL_ALGO) means the hierarchical path here.
+    pub(super) fn wants_hier(&self, algo: Option<Algo>) -> Result<bool> {
+        let uniform = self
+            .topo
+            .ranks_of_node
+            .iter()
+            .all(|r| r.len() == self.topo.local_size);
+        match algo.unwrap_or(self.config.algo) {
+            Algo::Hier if !uniform => Err(Error::Unsupported(format!(
+                "hierarchical all_reduce needs the same number of ranks on every host; hosts have {:?}",
+                self.topo.ranks_of_node.iter().map(Vec::len).collect::<Vec<_>>()
+            ))),
+            Algo::Hier => Ok(true),
+            // Several hosts with several ranks each: the two levels pay.
+            Algo::Auto => Ok(uniform && self.topo.nnodes > 1 && self.topo.local_size > 1),
+            _ => Ok(false),
+        }
+    }
+
+    /// The sub-communicators, split off the first time (a collective: every rank reaches its
+    /// first hierarchical all-reduce at the same point of its operation sequence).
+    pub(super) fn hierarchy(&self) -> Result<Arc<Hier>> {
+        let mut slot = self.hier.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = slot.as_ref() {
+            return Ok(h.clone());
+        }
+        let color = |v: usize| i32::try_from(v).map_err(|_| Error::invalid("too many hosts"));
+        let intra = self.split(color(self.topo.node)?, color(self.rank)?)?;
+        let inter = self.split(color(self.topo.local_rank)?, color(self.topo.node)?)?;
+        let (Some(intra), Some(inter)) = (intra, inter) else {
+            return Err(Error::Internal(
+                "split returned no comm for a valid color".into(),
+            ));
+        };
+        crate::qlog!(
+            Info,
+            "rank {}: hierarchical all_reduce: intra-host comm of {} on {}, inter-host comm of {}",
+            self.rank,
+            intra.size(),
+            intra.transport_name(),
+            inter.size()
+        );
+        let h = Arc::new(Hier {
+            intra,
+            inter,
+            size: self.size,
+        });
+        *slot = Some(h.clone());
+        Ok(h)
+    }
+}
+
+/// The hierarchical all-reduce of `count` elements; in place when `send` is None.
+pub fn all_reduce(
+    h: &Hier,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    count: usize,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    // Avg divides once, at the end, so every rank divides the same bits.
+    let sum_op = if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    let (local, me) = (h.intra.size(), h.intra.rank());
+    let es = dtype.size();
+    h.intra
+        .execute(|e| e.reduce_scatter_parts(send, recv, count, dtype, sum_op))?;
+    let mine = part(count, local, me, es);
+    let n = mine.len() / es;
+    h.inter
+        .all_reduce_raw(None, &mut recv[mine.clone()], n, dtype, sum_op, None)?;
+    if op == ReduceOp::Avg {
+        reduce::finish_avg(dtype, &mut recv[mine], h.size);
+    }
+    h.intra.execute(|e| e.all_gather_parts(recv, count, dtype))
+}
