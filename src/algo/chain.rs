@@ -28,13 +28,7 @@ pub fn broadcast(
     for j in 0..nsl {
         let sj = sub(&whole, nsl, j, es);
         if pos > 0 {
-            ctx.exchange(
-                &[],
-                &mut [RecvReq {
-                    peer: ctx.peer(-1),
-                    data: &mut buf[sj.clone()],
-                }],
-            )?;
+            ctx.exchange(&[], &mut [RecvReq::new(ctx.peer(-1), &mut buf[sj.clone()])])?;
         }
         if pos < n - 1 {
             ctx.exchange(
@@ -73,13 +67,7 @@ pub fn reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], root: usiz
             let len = sj.len();
             if q > 0 {
                 let from = ctx.peer(-1);
-                ctx.exchange(
-                    &[],
-                    &mut [RecvReq {
-                        peer: from,
-                        data: &mut landing[..len],
-                    }],
-                )?;
+                ctx.exchange(&[], &mut [RecvReq::new(from, &mut landing[..len])])?;
             }
             let out: &[u8] = if q == 0 {
                 match send {

@@ -25,7 +25,7 @@ pub fn gather(ctx: &mut Ctx<'_>, send: &[u8], recv: Option<&mut [u8]>, root: usi
         .into_iter()
         .enumerate()
         .filter(|(p, _)| *p != root)
-        .map(|(peer, data)| RecvReq { peer, data })
+        .map(|(peer, data)| RecvReq::new(peer, data))
         .collect();
     ctx.exchange(&[], &mut recvs)
 }
@@ -33,13 +33,7 @@ pub fn gather(ctx: &mut Ctx<'_>, send: &[u8], recv: Option<&mut [u8]>, root: usi
 /// Scatters root's `send` (n·count, rank order) so rank p gets part p in `recv`.
 pub fn scatter(ctx: &mut Ctx<'_>, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     if ctx.rank != root {
-        return ctx.exchange(
-            &[],
-            &mut [RecvReq {
-                peer: root,
-                data: recv,
-            }],
-        );
+        return ctx.exchange(&[], &mut [RecvReq::new(root, recv)]);
     }
     let input = send.expect("root has a send buffer");
     let n = ctx.size;
@@ -72,7 +66,7 @@ pub fn all_to_all(ctx: &mut Ctx<'_>, send: &[u8], recv: &mut [u8]) -> Result<()>
         .into_iter()
         .enumerate()
         .filter(|(p, _)| *p != r)
-        .map(|(peer, data)| RecvReq { peer, data })
+        .map(|(peer, data)| RecvReq::new(peer, data))
         .collect();
     ctx.exchange(&sends, &mut recvs)
 }
@@ -87,10 +81,7 @@ pub fn barrier(ctx: &mut Ctx<'_>) -> Result<()> {
                 peer: to,
                 data: &[],
             }],
-            &mut [RecvReq {
-                peer: from,
-                data: &mut [],
-            }],
+            &mut [RecvReq::new(from, &mut [])],
         )?;
         k *= 2;
     }

@@ -4,7 +4,7 @@
 
 use super::{part, split_ref_mut, sub, Ctx};
 use crate::reduce;
-use crate::transport::{RecvReq, SendReq};
+use crate::transport::{RecvReduce, RecvReq, SendReq};
 use crate::Result;
 
 /// Where a reduce-scatter reads its contributions and writes this rank's result.
@@ -50,6 +50,7 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result
     let (w1, land) = rest.split_at_mut(max_chunk);
     let mut work = [w0, w1];
     let result = (|| {
+        let direct = ctx.t.reduces_on_receive(ctx.peer(-1))?;
         for s in 0..n - 1 {
             let a = ctx.peer(-(s as isize) - 1);
             let b = ctx.peer(-(s as isize) - 2);
@@ -65,6 +66,67 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result
             for j in 0..nsl {
                 let sa = sub(&ra, nsl, j, es);
                 let sb = sub(&rb, nsl, j, es);
+                let local = sb.start - rb.start..sb.end - rb.start;
+                let last = s == n - 2;
+                let (next, prev) = (ctx.peer(1), ctx.peer(-1));
+                let reduce_with = |with| RecvReduce {
+                    dtype: ctx.dtype,
+                    op: ctx.op,
+                    with,
+                };
+                if direct {
+                    // The transport reduces the incoming slice straight into its destination.
+                    let prev_part = &w_prev[sa.start - ra.start..sa.end - ra.start];
+                    match &mut io {
+                        Io::InPlace(buf) if last && s == 0 => {
+                            let (src, dst) = split_ref_mut(buf, sa, sb);
+                            ctx.exchange(
+                                &[SendReq {
+                                    peer: next,
+                                    data: src,
+                                }],
+                                &mut [RecvReq::reducing(prev, dst, reduce_with(None))],
+                            )?;
+                        }
+                        Io::InPlace(buf) if last => ctx.exchange(
+                            &[SendReq {
+                                peer: next,
+                                data: prev_part,
+                            }],
+                            &mut [RecvReq::reducing(prev, &mut buf[sb], reduce_with(None))],
+                        )?,
+                        Io::OutOfPlace { input, out } if last => {
+                            let src = if s == 0 { &input[sa] } else { prev_part };
+                            ctx.exchange(
+                                &[SendReq {
+                                    peer: next,
+                                    data: src,
+                                }],
+                                &mut [RecvReq::reducing(
+                                    prev,
+                                    &mut out[local],
+                                    reduce_with(Some(&input[sb])),
+                                )],
+                            )?
+                        }
+                        _ => {
+                            let input = io.input();
+                            let src = if s == 0 { &input[sa] } else { prev_part };
+                            ctx.exchange(
+                                &[SendReq {
+                                    peer: next,
+                                    data: src,
+                                }],
+                                &mut [RecvReq::reducing(
+                                    prev,
+                                    &mut w_cur[local],
+                                    reduce_with(Some(&input[sb])),
+                                )],
+                            )?
+                        }
+                    }
+                    continue;
+                }
                 let src: &[u8] = if s == 0 {
                     &io.input()[sa.clone()]
                 } else {
@@ -73,18 +135,14 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result
                 let landing = &mut land[..sb.len()];
                 ctx.exchange(
                     &[SendReq {
-                        peer: ctx.peer(1),
+                        peer: next,
                         data: src,
                     }],
-                    &mut [RecvReq {
-                        peer: ctx.peer(-1),
-                        data: landing,
-                    }],
+                    &mut [RecvReq::new(prev, landing)],
                 )?;
                 let got = &land[..sb.len()];
-                let local = sb.start - rb.start..sb.end - rb.start;
                 match &mut io {
-                    _ if s < n - 2 => {
+                    _ if !last => {
                         reduce::reduce3(ctx.dtype, ctx.op, &mut w_cur[local], &io.input()[sb], got)
                     }
                     // Last step: this chunk is rank r's, complete once `got` is added.
@@ -128,10 +186,7 @@ pub fn all_gather(ctx: &mut Ctx<'_>, buf: &mut [u8], count: usize) -> Result<()>
                     peer: ctx.peer(1),
                     data: src,
                 }],
-                &mut [RecvReq {
-                    peer: ctx.peer(-1),
-                    data: dst,
-                }],
+                &mut [RecvReq::new(ctx.peer(-1), dst)],
             )?;
         }
     }

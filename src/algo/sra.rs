@@ -44,10 +44,7 @@ pub fn all_reduce(
             let mut recvs: Vec<RecvReq<'_>> = peers
                 .iter()
                 .zip(space.chunks_mut(max_slice))
-                .map(|(&p, l)| RecvReq {
-                    peer: p,
-                    data: &mut l[..mine.len()],
-                })
+                .map(|(&p, l)| RecvReq::new(p, &mut l[..mine.len()]))
                 .collect();
             ctx.exchange(&sends, &mut recvs)?;
             drop(sends);
@@ -86,10 +83,7 @@ pub fn all_reduce(
                 .chain(after.iter_mut().enumerate().map(|(i, c)| (r + 1 + i, c)))
                 .map(|(p, c)| {
                     let rg = sub(&(0..c.len()), nsl, j, es);
-                    RecvReq {
-                        peer: p,
-                        data: &mut c[rg],
-                    }
+                    RecvReq::new(p, &mut c[rg])
                 })
                 .collect();
             ctx.exchange(&sends, &mut recvs)?;

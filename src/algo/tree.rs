@@ -35,10 +35,7 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
                 let mut recvs: Vec<RecvReq<'_>> = kids
                     .iter()
                     .zip([l0, l1])
-                    .map(|(&k, l)| RecvReq {
-                        peer: k,
-                        data: &mut l[..len],
-                    })
+                    .map(|(&k, l)| RecvReq::new(k, &mut l[..len]))
                     .collect();
                 ctx.exchange(&[], &mut recvs)?;
                 for part in [&space[..len], &space[max_slice..max_slice + len]]
@@ -65,13 +62,7 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
         for j in 0..nsl {
             let sj = sub(&whole, nsl, j, es);
             if let Some(p) = parent {
-                ctx.exchange(
-                    &[],
-                    &mut [RecvReq {
-                        peer: p,
-                        data: &mut buf[sj.clone()],
-                    }],
-                )?;
+                ctx.exchange(&[], &mut [RecvReq::new(p, &mut buf[sj.clone()])])?;
             }
             let sends: Vec<SendReq<'_>> = kids
                 .iter()

@@ -289,7 +289,7 @@ impl Engine {
     /// Point-to-point receive of `count` elements from `peer`.
     pub fn recv(&mut self, data: &mut [u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
         let mut ctx = self.ctx(CollKind::SendRecv, count, dtype, ReduceOp::Sum, 0, 0);
-        ctx.exchange(&[], &mut [RecvReq { peer, data }])
+        ctx.exchange(&[], &mut [RecvReq::new(peer, data)])
     }
 
     /// Blocks until every rank has called barrier.

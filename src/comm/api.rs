@@ -363,7 +363,7 @@ impl Comm {
         self.recv_raw(bytes_mut(buf), n, T::DTYPE, peer)
     }
 
-    // ---- engine access ----------------------------------------------------------------------
+    // ---- engine access --------------------------------------------------------------------
 
     /// Runs `f` on this comm's engine on the caller's thread, in its turn after every earlier
     /// operation, like a blocking collective (an error fails the comm, as a failed collective

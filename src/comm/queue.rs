@@ -99,7 +99,17 @@ impl Queue {
             Some(e) => Err(e),
             None => {
                 let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
-                let r = f(&mut engine);
+                // A panic must not keep the turn forever (every later call would hang): it
+                // fails the comm like any error. The engine is not used again after that.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut engine)))
+                    .unwrap_or_else(|p| {
+                        let what = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(Error::Internal(format!("panic in a collective: {what}")))
+                    });
                 if let Err(e) = &r {
                     // A failed collective leaves peers out of step: the comm is dead. Tell the
                     // peers why, so they fail fast with the reason instead of timing out.

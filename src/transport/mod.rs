@@ -29,8 +29,55 @@ pub struct SendReq<'a> {
 pub struct RecvReq<'a> {
     /// Source rank.
     pub peer: usize,
-    /// Where the payload lands.
+    /// Where the payload lands (or is reduced into).
     pub data: &'a mut [u8],
+    /// None: copy the payload into `data`. Some: reduce it into `data` instead (see
+    /// [`Transport::reduces_on_receive`]).
+    pub reduce: Option<RecvReduce<'a>>,
+}
+
+/// A receive that reduces the payload on arrival: `data = with op payload`, or
+/// `data = data op payload` when `with` is None.
+#[derive(Clone, Copy)]
+pub struct RecvReduce<'a> {
+    /// Element type.
+    pub dtype: crate::DType,
+    /// Reduction (Avg reduces as Sum).
+    pub op: crate::ReduceOp,
+    /// The other operand, when it is not `data` itself (same length as `data`).
+    pub with: Option<&'a [u8]>,
+}
+
+impl<'a> RecvReq<'a> {
+    /// Receives the payload into `data`.
+    pub fn new(peer: usize, data: &'a mut [u8]) -> RecvReq<'a> {
+        RecvReq {
+            peer,
+            data,
+            reduce: None,
+        }
+    }
+
+    /// Reduces the payload into `data` as it arrives.
+    pub fn reducing(peer: usize, data: &'a mut [u8], reduce: RecvReduce<'a>) -> RecvReq<'a> {
+        RecvReq {
+            peer,
+            data,
+            reduce: Some(reduce),
+        }
+    }
+}
+
+impl RecvReduce<'_> {
+    /// Applies the reduction to `dst` (at offset `at` of the frame's data) with `payload`.
+    pub fn apply(&self, dst: &mut [u8], at: usize, payload: &[u8]) {
+        match self.with {
+            Some(w) => {
+                crate::reduce::reduce3(self.dtype, self.op, dst, &w[at..at + dst.len()], payload)
+            }
+            None => crate::reduce::reduce_into(self.dtype, self.op, dst, payload),
+        }
+    }
 }
 
 /// Settings every transport honours.
@@ -61,6 +108,13 @@ pub trait Transport: Send {
         sends: &[SendReq<'_>],
         recvs: &mut [RecvReq<'_>],
     ) -> Result<()>;
+
+    /// True when a receive from `peer` can reduce straight out of the transport's memory
+    /// (`RecvReq::reducing`), saving the copy into a landing buffer. May connect to `peer`.
+    fn reduces_on_receive(&mut self, peer: usize) -> Result<bool> {
+        let _ = peer;
+        Ok(false)
+    }
 
     /// Tells every connected peer that this rank failed (best effort, bounded to about a
     /// second) and closes the connections. Later exchanges fail.

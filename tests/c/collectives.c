@@ -186,11 +186,12 @@ static void test_alltoall(qcclComm_t comm, int rank, int n, qcclDataType_t t, si
 
 static void test_p2p(qcclComm_t comm, int rank, int n) {
     int next = (rank + 1) % n, prev = (rank + n - 1) % n;
-    /* Blocking, outside a group: even ranks send first, odd ranks receive first. */
-    size_t count = 4099;
+    /* Blocking, outside a group: even ranks send first, odd ranks receive first. 8 MiB, so
+     * one frame is larger than a transport's buffers (socket buffers, shared-memory ring). */
+    size_t count = (2u << 20) + 3;
     int32_t* a = (int32_t*)xmalloc(count * 4);
     int32_t* b = (int32_t*)xmalloc(count * 4);
-    for (size_t i = 0; i < count; i++) a[i] = (int32_t)(rank * 100000 + (int)i);
+    for (size_t i = 0; i < count; i++) a[i] = (int32_t)(rank * 10000000 + (int)i);
     poison(b, count * 4);
     if (rank % 2 == 0) {
         CHECK(qcclSend(a, count, qcclInt32, next, comm, NULL));
@@ -200,7 +201,7 @@ static void test_p2p(qcclComm_t comm, int rank, int n) {
         CHECK(qcclSend(a, count, qcclInt32, next, comm, NULL));
     }
     for (size_t i = 0; i < count; i++)
-        if (b[i] != (int32_t)(prev * 100000 + (int)i)) FAIL("recv: element %zu is %d", i, b[i]);
+        if (b[i] != (int32_t)(prev * 10000000 + (int)i)) FAIL("recv: element %zu is %d", i, b[i]);
     free(a);
     free(b);
 

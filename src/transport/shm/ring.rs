@@ -119,10 +119,10 @@ impl Ring {
         let mut room = self.cap - (head - tail) as usize;
         let mut at = head;
         for p in parts {
-            let n = p.len().min(room);
-            if n == 0 {
+            if room == 0 {
                 break;
             }
+            let n = p.len().min(room);
             self.copy_in(at, &p[..n]);
             at += n as u64;
             room -= n;
@@ -147,6 +147,28 @@ impl Ring {
             self.ring(OFF_TAIL_BELL, OFF_WRITER_ASLEEP);
         }
         n
+    }
+
+    /// Reader: the readable bytes that are contiguous in the ring (up to its end), without
+    /// consuming them; `consume` releases them. Lets the receiver reduce straight from the
+    /// shared memory instead of copying out first.
+    pub fn peek(&self) -> &[u8] {
+        let tail = self.word64(OFF_TAIL).load(Ordering::Relaxed);
+        let head = self.word64(OFF_HEAD).load(Ordering::Acquire);
+        let pos = (tail as usize) & (self.cap - 1);
+        let n = ((head - tail) as usize).min(self.cap - pos);
+        // SAFETY: [pos, pos+n) is in the data area and holds bytes the writer published
+        // (Acquire on head) and will not overwrite until `consume` moves tail past them; the
+        // borrow of self keeps the mapping alive.
+        unsafe { std::slice::from_raw_parts(self.data_ptr().add(pos), n) }
+    }
+
+    /// Reader: releases `n` bytes returned by `peek` to the writer.
+    pub fn consume(&self, n: usize) {
+        let tail = self.word64(OFF_TAIL).load(Ordering::Relaxed);
+        self.word64(OFF_TAIL)
+            .store(tail + n as u64, Ordering::Release);
+        self.ring(OFF_TAIL_BELL, OFF_WRITER_ASLEEP);
     }
 
     fn copy_in(&self, at: u64, src: &[u8]) {

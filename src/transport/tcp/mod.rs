@@ -277,6 +277,11 @@ impl Transport for TcpTransport {
         progress::exchange(&mut self.conns, &self.cfg, desc, sends, recvs)
     }
 
+    fn reduces_on_receive(&mut self, peer: usize) -> Result<bool> {
+        self.ensure(peer)?;
+        Ok(self.conns[peer].as_ref().is_some_and(|c| c.shm.is_some()))
+    }
+
     fn abort(&mut self, reason: &str) {
         self.aborted = true;
         let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];

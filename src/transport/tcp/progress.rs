@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
 use crate::transport::shm;
 use crate::transport::wait::{Next, Waiter};
-use crate::transport::{LinkConfig, RecvReq, SendReq};
+use crate::transport::{LinkConfig, RecvReduce, RecvReq, SendReq};
 use nix::poll::{poll, PollFd, PollFlags};
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::os::fd::AsFd;
@@ -20,20 +20,42 @@ pub fn split(len: usize, nsocks: usize) -> Vec<(usize, usize)> {
     (0..k).map(|i| (len * i / k, len * (i + 1) / k)).collect()
 }
 
+/// Shared-memory frames are padded to 8 bytes, so every frame starts 8-aligned in the ring
+/// and no element of any dtype straddles the ring's end: the receiver can then reduce
+/// straight from `Ring::peek` without copying out first.
+fn shm_pad(len: usize) -> usize {
+    (8 - len % 8) % 8
+}
+
+const ZEROS: [u8; 8] = [0; 8];
+
 struct Tx<'a> {
     peer: usize,
     sock: usize,
     head: Option<[u8; HEADER_LEN]>,
     data: &'a [u8],
+    pad: usize,
     pos: usize,
 }
 
 impl Tx<'_> {
     fn total(&self) -> usize {
-        self.head.map_or(0, |_| HEADER_LEN) + self.data.len()
+        self.head.map_or(0, |_| HEADER_LEN) + self.data.len() + self.pad
     }
     fn done(&self) -> bool {
         self.pos == self.total()
+    }
+    /// What is left to send: header, payload, padding.
+    fn rest(&self) -> [&[u8]; 3] {
+        let hl = self.head.map_or(0, |_| HEADER_LEN);
+        let dl = self.data.len();
+        let head: &[u8] = match &self.head {
+            Some(h) if self.pos < hl => &h[self.pos..],
+            _ => &[],
+        };
+        let data = &self.data[self.pos.saturating_sub(hl).min(dl)..];
+        let pad = &ZEROS[self.pos.saturating_sub(hl + dl)..self.pad];
+        [head, data, pad]
     }
 }
 
@@ -44,11 +66,16 @@ struct Rx<'a> {
     data: &'a mut [u8],
     pos: usize,
     full_len: usize,
+    reduce: Option<RecvReduce<'a>>,
+    pad: usize,
+    padded: usize,
 }
 
 impl Rx<'_> {
     fn done(&self) -> bool {
-        self.head.is_none_or(|(_, n)| n == HEADER_LEN) && self.pos == self.data.len()
+        self.head.is_none_or(|(_, n)| n == HEADER_LEN)
+            && self.pos == self.data.len()
+            && self.padded == self.pad
     }
 }
 
@@ -81,12 +108,14 @@ pub fn exchange(
             len: s.data.len() as u64,
         }
         .encode();
+        let shm = conns[s.peer].as_ref().is_some_and(|c| c.shm.is_some());
         for (i, (a, b)) in split(s.data.len(), nsocks).into_iter().enumerate() {
             txs.push(Tx {
                 peer: s.peer,
                 sock: i,
                 head: (i == 0).then_some(head),
                 data: &s.data[a..b],
+                pad: if shm { shm_pad(s.data.len()) } else { 0 },
                 pos: 0,
             });
         }
@@ -94,6 +123,13 @@ pub fn exchange(
     let mut rxs: Vec<Rx<'_>> = Vec::with_capacity(recvs.len());
     for r in recvs.iter_mut() {
         let nsocks = conns[r.peer].as_ref().map_or(1, Conn::streams);
+        let shm = conns[r.peer].as_ref().is_some_and(|c| c.shm.is_some());
+        if r.reduce.is_some() && !shm {
+            return Err(Error::Internal(format!(
+                "a reducing receive from rank {} needs a shared-memory link",
+                r.peer
+            )));
+        }
         let full_len = r.data.len();
         let mut rest: &mut [u8] = r.data;
         let mut consumed = 0;
@@ -109,6 +145,9 @@ pub fn exchange(
                 data: part,
                 pos: 0,
                 full_len,
+                reduce: r.reduce,
+                pad: if shm { shm_pad(full_len) } else { 0 },
+                padded: 0,
             });
         }
     }
@@ -123,10 +162,7 @@ pub fn exchange(
                 .ok_or_else(|| Error::Internal(format!("no connection to rank {}", t.peer)))?;
             let hl = t.head.map_or(0, |_| HEADER_LEN);
             let res = match &conn.shm {
-                Some(link) if t.pos < hl => Ok(link
-                    .tx
-                    .try_write(&[&t.head.as_ref().unwrap()[t.pos..], t.data])),
-                Some(link) => Ok(link.tx.try_write(&[&t.data[t.pos - hl..]])),
+                Some(link) => Ok(link.tx.try_write(&t.rest())),
                 None if t.pos < hl => {
                     let h = t.head.as_ref().unwrap();
                     conn.socks[t.sock]
@@ -159,17 +195,22 @@ pub fn exchange(
             let conn = conns[r.peer]
                 .as_mut()
                 .ok_or_else(|| Error::Internal(format!("no connection to rank {}", r.peer)))?;
-            let dst: &mut [u8] = match &mut r.head {
-                Some((h, n)) if *n < HEADER_LEN => &mut h[*n..],
-                _ => &mut r.data[r.pos..],
-            };
-            let res = match &conn.shm {
+            let res = match (&conn.shm, &mut r.head) {
+                (None, Some((h, n))) if *n < HEADER_LEN => conn.socks[r.sock].read(&mut h[*n..]),
+                (None, _) => conn.socks[r.sock].read(&mut r.data[r.pos..]),
                 // An empty ring is not an end of file: liveness is checked when blocking.
-                Some(link) => match link.rx.try_read(dst) {
-                    0 => Err(ErrorKind::WouldBlock.into()),
-                    n => Ok(n),
-                },
-                None => conn.socks[r.sock].read(dst),
+                (Some(link), Some((h, n))) if *n < HEADER_LEN => {
+                    match link.rx.try_read(&mut h[*n..]) {
+                        0 => Err(ErrorKind::WouldBlock.into()),
+                        n => Ok(n),
+                    }
+                }
+                (Some(link), _) => {
+                    let moved_now = shm_receive(link, r);
+                    moved |= moved_now;
+                    pending += usize::from(!r.done());
+                    continue;
+                }
             };
             match res {
                 Ok(0) => {
@@ -237,6 +278,35 @@ pub fn exchange(
             block(conns, &txs, &rxs, d)?;
         }
     }
+}
+
+/// Moves what the ring holds of `r`'s payload (copied, or reduced straight from the shared
+/// memory) and then its padding; returns whether anything moved.
+fn shm_receive(link: &shm::ShmLink, r: &mut Rx<'_>) -> bool {
+    if r.pos < r.data.len() {
+        let n = match r.reduce {
+            None => link.rx.try_read(&mut r.data[r.pos..]),
+            Some(red) => {
+                let es = red.dtype.size();
+                let avail = link.rx.peek();
+                // Whole elements only; frames are 8-aligned, so none straddles the ring end.
+                let n = avail.len().min(r.data.len() - r.pos) / es * es;
+                if n > 0 {
+                    red.apply(&mut r.data[r.pos..r.pos + n], r.pos, &avail[..n]);
+                    link.rx.consume(n);
+                }
+                n
+            }
+        };
+        r.pos += n;
+        return n > 0;
+    }
+    let n = link.rx.peek().len().min(r.pad - r.padded);
+    if n > 0 {
+        link.rx.consume(n);
+        r.padded += n;
+    }
+    n > 0
 }
 
 /// Sleeps until one of the pending jobs may progress, at most `d`: poll for sockets, the
