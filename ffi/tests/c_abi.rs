@@ -1,0 +1,298 @@
+//! The C ABI from C and C++: installs the library cargo just built into a temporary prefix
+//! with `ffi/install.sh`, compiles `tests/c/*.c` and `examples/horovod_allreduce.cc` against
+//! the installed header and library (through `pkg-config` when it is available), and runs
+//! them: every collective on 2, 3 and 5 forked processes, 4 comms from one thread, the
+//! error paths (also linked statically), init from the environment with abort, and the
+//! Horovod-style example.
+//!
+//! Needs a C and a C++ compiler (`CC` / `CXX`, default `cc` / `c++`) and bash.
+//! `QCCL_SKIP_C_TESTS=1` skips these tests.
+
+mod common;
+
+use common::{lib_dir, root};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+struct Setup {
+    prefix: PathBuf,
+    bin: PathBuf,
+}
+
+fn skip() -> bool {
+    if std::env::var_os("QCCL_SKIP_C_TESTS").is_some_and(|v| v != "0") {
+        eprintln!("QCCL_SKIP_C_TESTS is set: skipping the C ABI tests");
+        return true;
+    }
+    false
+}
+
+fn run_checked(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: could not start {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{what} failed ({cmd:?}):\n{text}");
+    text
+}
+
+fn has_pkg_config() -> bool {
+    Command::new("pkg-config")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Compiler and linker flags for the installed library.
+fn flags(prefix: &Path, static_link: bool) -> Vec<String> {
+    let pc_dir = prefix.join("lib/pkgconfig");
+    let mut f: Vec<String> = if has_pkg_config() {
+        let mut args = vec!["--cflags", "--libs"];
+        if static_link {
+            args.push("--static");
+        }
+        let out = run_checked(
+            Command::new("pkg-config")
+                .args(&args)
+                .arg("qccl")
+                .env("PKG_CONFIG_PATH", &pc_dir),
+            "pkg-config",
+        );
+        out.split_whitespace().map(String::from).collect()
+    } else {
+        // No pkg-config: the same flags by hand (install.sh still wrote qccl.pc).
+        let mut v = vec![
+            format!("-I{}", prefix.join("include").display()),
+            format!("-L{}", prefix.join("lib").display()),
+            "-lqccl".to_string(),
+        ];
+        if static_link {
+            v.extend(["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl"].map(String::from));
+        }
+        v
+    };
+    if static_link {
+        // Link libqccl.a itself rather than the .so next to it.
+        let a = prefix.join("lib/libqccl.a").display().to_string();
+        for x in f.iter_mut() {
+            if x == "-lqccl" {
+                *x = a.clone();
+            }
+        }
+    } else {
+        f.push(format!("-Wl,-rpath,{}", prefix.join("lib").display()));
+    }
+    f
+}
+
+fn compile(cc: &str, std: &str, src: &Path, out: &Path, flags: &[String]) {
+    let mut cmd = Command::new(cc);
+    cmd.arg(std)
+        .args(["-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(flags)
+        .arg("-lm");
+    run_checked(&mut cmd, &format!("compiling {}", src.display()));
+}
+
+fn setup() -> &'static Setup {
+    static SETUP: OnceLock<Setup> = OnceLock::new();
+    SETUP.get_or_init(|| {
+        let from = lib_dir();
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("qccl-c-abi");
+        let _ = std::fs::remove_dir_all(&base);
+        let prefix = base.join("prefix");
+        let bin = base.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        run_checked(
+            Command::new("bash")
+                .arg(root().join("ffi/install.sh"))
+                .arg("--prefix")
+                .arg(&prefix)
+                .arg("--from")
+                .arg(from),
+            "ffi/install.sh",
+        );
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let dynamic = flags(&prefix, false);
+        for name in ["collectives", "group_threads", "errors", "init_env"] {
+            let src = root().join(format!("tests/c/{name}.c"));
+            compile(&cc, "-std=c11", &src, &bin.join(name), &dynamic);
+        }
+        let errors = root().join("tests/c/errors.c");
+        compile(
+            &cc,
+            "-std=c11",
+            &errors,
+            &bin.join("errors_static"),
+            &flags(&prefix, true),
+        );
+        let example = root().join("examples/horovod_allreduce.cc");
+        compile(
+            &cxx,
+            "-std=c++14",
+            &example,
+            &bin.join("horovod_allreduce"),
+            &dynamic,
+        );
+        Setup { prefix, bin }
+    })
+}
+
+/// One multi-process program at a time: they fork up to 5 ranks on a small machine.
+static RUNNING: Mutex<()> = Mutex::new(());
+
+fn run(name: &str, args: &[&str]) -> String {
+    let s = setup();
+    let _one = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = Command::new(s.bin.join(name))
+        .args(args)
+        // A hang becomes an error naming the stuck peer well before the test's deadline.
+        .env("QCCL_TIMEOUT_MS", "30000")
+        // cargo points LD_LIBRARY_PATH at the target directory, which would win over the
+        // programs' rpath: load the installed library.
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let read = |mut r: Box<dyn std::io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = r.read_to_string(&mut s);
+                s
+            })
+        };
+        let (o, e) = (read(Box::new(stdout)), read(Box::new(stderr)));
+        let status = child.wait();
+        let _ = tx.send((status, o.join().unwrap(), e.join().unwrap()));
+    });
+    match rx.recv_timeout(Duration::from_secs(180)) {
+        Ok((status, out, err)) => {
+            let status = status.unwrap();
+            let text = format!("{out}{err}");
+            assert!(
+                status.success(),
+                "{name} {args:?} failed ({status}):\n{text}"
+            );
+            print!("{text}");
+            text
+        }
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("{name} {args:?} did not finish within 180 s");
+        }
+    }
+}
+
+#[test]
+fn c_collectives_on_2_processes() {
+    if skip() {
+        return;
+    }
+    assert!(run("collectives", &["2"]).contains("collectives on 2 processes: ok"));
+}
+
+#[test]
+fn c_collectives_on_3_processes() {
+    if skip() {
+        return;
+    }
+    assert!(run("collectives", &["3"]).contains("collectives on 3 processes: ok"));
+}
+
+#[test]
+fn c_collectives_on_5_processes() {
+    if skip() {
+        return;
+    }
+    assert!(run("collectives", &["5"]).contains("collectives on 5 processes: ok"));
+}
+
+#[test]
+fn c_group_drives_4_comms_from_one_thread() {
+    if skip() {
+        return;
+    }
+    assert!(run("group_threads", &[]).contains("4 comms on one thread: ok"));
+}
+
+#[test]
+fn c_error_paths() {
+    if skip() {
+        return;
+    }
+    assert!(run("errors", &[]).contains("checks ok"));
+}
+
+#[test]
+fn c_error_paths_linked_statically() {
+    if skip() {
+        return;
+    }
+    assert!(run("errors_static", &[]).contains("checks ok"));
+}
+
+#[test]
+fn c_init_from_env_and_abort() {
+    if skip() {
+        return;
+    }
+    let out = run("init_env", &[]);
+    assert!(out.contains("on 3 processes: ok"), "{out}");
+    assert!(out.contains("rank 1 called abort()"), "{out}");
+}
+
+#[test]
+fn cxx_horovod_example() {
+    if skip() {
+        return;
+    }
+    assert!(run("horovod_allreduce", &["3"]).contains("on 3 ranks: ok"));
+}
+
+#[test]
+fn installed_pkg_config_file() {
+    if skip() {
+        return;
+    }
+    let s = setup();
+    let pc = std::fs::read_to_string(s.prefix.join("lib/pkgconfig/qccl.pc")).unwrap();
+    assert!(
+        pc.contains(&format!("prefix={}", s.prefix.display())),
+        "{pc}"
+    );
+    assert!(pc.contains("Libs: -L${libdir} -lqccl"), "{pc}");
+    assert!(
+        pc.contains(&format!("Version: {}", env!("CARGO_PKG_VERSION"))),
+        "{pc}"
+    );
+    for f in ["lib/libqccl.so", "lib/libqccl.a", "include/qccl.h"] {
+        assert!(s.prefix.join(f).exists(), "{f} not installed");
+    }
+    if has_pkg_config() {
+        let v = run_checked(
+            Command::new("pkg-config")
+                .args(["--modversion", "qccl"])
+                .env("PKG_CONFIG_PATH", s.prefix.join("lib/pkgconfig")),
+            "pkg-config --modversion",
+        );
+        assert_eq!(v.trim(), env!("CARGO_PKG_VERSION"));
+    } else {
+        eprintln!("pkg-config not found: compiled with explicit -I/-L flags instead");
+    }
+}

@@ -1,0 +1,136 @@
+/*
+ * qccl.h: the C ABI of qccl, a collective-communication library with NCCL's calls,
+ * argument order, numbering and in-place rules, for host memory.
+ *
+ * Link with libqccl (`cc app.c $(pkg-config --cflags --libs qccl)`; see ffi/README.md).
+ * Written by hand; ffi/tests/header.rs fails when it and the library's exports disagree.
+ *
+ * Conventions:
+ *  - Every call returns a qcclResult_t; qcclGetLastError() gives the detailed message.
+ *  - Buffers are host memory and `stream` must be NULL: the call completes before it
+ *    returns (a non-NULL stream returns qcclUnsupported: this build has no CUDA support).
+ *  - Between qcclGroupStart() and qcclGroupEnd() calls are queued and run at the outermost
+ *    qcclGroupEnd(), which returns when they are complete; buffers stay valid until then.
+ *  - All ranks of a comm make the same collective calls in the same order.
+ *  - A NULL pointer with a non-zero count, an unknown enum value, a count whose byte size
+ *    overflows, a root or peer out of range return qcclInvalidArgument; a destroyed comm
+ *    or request handle returns qcclInvalidUsage. No call panics or aborts the process.
+ */
+#ifndef QCCL_H_
+#define QCCL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QCCL_MAJOR 0
+#define QCCL_MINOR 1
+#define QCCL_PATCH 0
+/* NCCL's encoding: major*10000 + minor*100 + patch (what qcclGetVersion returns). */
+#define QCCL_VERSION_CODE 100
+#define QCCL_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+
+#define QCCL_UNIQUE_ID_BYTES 128
+/* Made by qcclGetUniqueId on one rank; send its bytes to the others. */
+typedef struct { char internal[QCCL_UNIQUE_ID_BYTES]; } qcclUniqueId;
+
+/* Handles are opaque tokens; the library never lets them dangle (see qcclCommDestroy). */
+typedef struct qcclComm* qcclComm_t;
+typedef void* qcclStream_t;   /* NULL: host memory, the call completes before returning */
+typedef struct qcclCodec* qcclCodec_t;
+typedef struct qcclRequest* qcclRequest_t;
+
+/* color of qcclCommSplit for a rank that takes no part (NCCL_SPLIT_NOCOLOR). */
+#define QCCL_SPLIT_NOCOLOR (-1)
+
+typedef enum { qcclSuccess = 0, qcclUnhandledCudaError = 1, qcclSystemError = 2,
+  qcclInternalError = 3, qcclInvalidArgument = 4, qcclInvalidUsage = 5, qcclRemoteError = 6,
+  qcclInProgress = 7, qcclTimeout = 8, qcclUnsupported = 9 } qcclResult_t;
+
+typedef enum { qcclInt8 = 0, qcclUint8 = 1, qcclInt32 = 2, qcclUint32 = 3, qcclInt64 = 4,
+  qcclUint64 = 5, qcclFloat16 = 6, qcclFloat32 = 7, qcclFloat64 = 8, qcclBfloat16 = 9,
+  /* NCCL's aliases */
+  qcclChar = 0, qcclInt = 2, qcclHalf = 6, qcclFloat = 7, qcclDouble = 8 } qcclDataType_t;
+
+/* qcclAvg needs a floating-point datatype. Integers wrap on overflow. */
+typedef enum { qcclSum = 0, qcclProd = 1, qcclMax = 2, qcclMin = 3, qcclAvg = 4 } qcclRedOp_t;
+
+/* ---- library, ids, communicators ------------------------------------------------------ */
+
+qcclResult_t qcclGetVersion(int* version);
+/* Creates an id and hosts its rendezvous root in this process (like ncclGetUniqueId). */
+qcclResult_t qcclGetUniqueId(qcclUniqueId* uniqueId);
+/* Blocks until all nranks ranks joined (QCCL_INIT_TIMEOUT_MS). *comm is NULL on failure. */
+qcclResult_t qcclCommInitRank(qcclComm_t* comm, int nranks, qcclUniqueId commId, int rank);
+/* ndev ranks in this process (in-process transport); devlist is ignored and may be NULL. */
+qcclResult_t qcclCommInitAll(qcclComm_t* comms, int ndev, const int* devlist);
+/* torchrun / mpirun / srun variables, or QCCL_RANK, QCCL_WORLD_SIZE, QCCL_COMM_ID. */
+qcclResult_t qcclCommInitFromEnv(qcclComm_t* comm);
+/* Collective: same color -> same new comm, ranked by key; QCCL_SPLIT_NOCOLOR -> *newcomm NULL. */
+qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm);
+/* Frees comm after its queued operations (NULL: no-op). Later use -> qcclInvalidUsage. */
+qcclResult_t qcclCommDestroy(qcclComm_t comm);
+/* Fails running and queued operations, tells the peers (within ~1 s), then frees comm. */
+qcclResult_t qcclCommAbort(qcclComm_t comm);
+qcclResult_t qcclCommCount(const qcclComm_t comm, int* count);
+qcclResult_t qcclCommUserRank(const qcclComm_t comm, int* rank);
+/* qcclSuccess, or the code of the error that failed the comm. */
+qcclResult_t qcclCommGetAsyncError(qcclComm_t comm, qcclResult_t* asyncError);
+const char*  qcclGetErrorString(qcclResult_t result);
+/* The detailed message of the last failure on comm; comm NULL (or not a live comm): of the
+ * last failure on the calling thread. "" if none. The string stays valid for the thread's
+ * life and unchanged for the next 7 qcclGetLastError calls of that thread. */
+const char*  qcclGetLastError(qcclComm_t comm);       /* the detailed message of the last failure */
+
+/* ---- collectives (NCCL's in-place rules) ---------------------------------------------- */
+
+/* In place when sendbuff == recvbuff. */
+qcclResult_t qcclAllReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm, qcclStream_t stream);
+/* sendbuff is read on root only; in place when sendbuff == recvbuff there. */
+qcclResult_t qcclBroadcast(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, int root, qcclComm_t comm, qcclStream_t stream);
+/* recvbuff is written on root only (may be NULL elsewhere); in place when sendbuff == recvbuff. */
+qcclResult_t qcclReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, qcclRedOp_t op, int root, qcclComm_t comm, qcclStream_t stream);
+/* recvbuff holds nranks*sendcount; in place when sendbuff == recvbuff + rank*sendcount. */
+qcclResult_t qcclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, qcclDataType_t datatype, qcclComm_t comm, qcclStream_t stream);
+/* sendbuff holds nranks*recvcount; in place when recvbuff == sendbuff + rank*recvcount. */
+qcclResult_t qcclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm, qcclStream_t stream);
+/* Both hold nranks*count: part p of sendbuff goes to rank p. In place when equal. */
+qcclResult_t qcclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, qcclComm_t comm, qcclStream_t stream);
+/* Point to point. Outside a group each call blocks until done; inside one, the sends and
+ * receives of a comm run together at qcclGroupEnd (any order, any size, self included). */
+qcclResult_t qcclSend(const void* sendbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm, qcclStream_t stream);
+qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int peer, qcclComm_t comm, qcclStream_t stream);
+/* Groups nest; the outermost qcclGroupEnd runs the queued calls of every comm at once and
+ * returns when all finished, with the first error. A call that fails inside a group spoils
+ * it: qcclGroupEnd then runs nothing and returns that error. */
+qcclResult_t qcclGroupStart(void);
+qcclResult_t qcclGroupEnd(void);
+
+/* ---- compression (not built yet: these return qcclUnsupported) ------------------------- */
+
+qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);   /* "qsgd:bits=4,bucket=128", "topk:density=0.01,ef=1", ... */
+qcclResult_t qcclCodecDestroy(qcclCodec_t codec);
+qcclResult_t qcclAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec, uint64_t tensorKey, qcclComm_t comm, qcclStream_t stream);
+qcclResult_t qcclHiTopKAllReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, float density, uint64_t tensorKey, qcclComm_t comm, qcclStream_t stream);
+qcclResult_t qcclCommSetLayout(qcclComm_t comm, int nlayers, const char* const* names, const size_t* counts);
+qcclResult_t qcclCommExcludeLayers(qcclComm_t comm, const char* pattern);
+
+/* ---- non-blocking forms: same arguments, a request out instead of a stream ------------- */
+/* The buffers stay valid and untouched until qcclWait. Not allowed inside a group. */
+
+qcclResult_t qcclIAllReduce(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm, qcclRequest_t* request);
+qcclResult_t qcclIReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, qcclDataType_t datatype, qcclRedOp_t op, qcclComm_t comm, qcclRequest_t* request);
+qcclResult_t qcclIAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, qcclDataType_t datatype, qcclComm_t comm, qcclRequest_t* request);
+qcclResult_t qcclIAllReduceCompressed(const void* sendbuff, void* recvbuff, size_t count, qcclDataType_t datatype, qcclRedOp_t op, qcclCodec_t codec, uint64_t tensorKey, qcclComm_t comm, qcclRequest_t* request);
+/* *done = 1 once finished (then a failed operation's error is returned here too). */
+qcclResult_t qcclTest(qcclRequest_t request, int* done);
+qcclResult_t qcclWait(qcclRequest_t request);          /* frees the request */
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* QCCL_H_ */
