@@ -55,6 +55,9 @@ pub struct Args {
     pub iters: usize,
     /// `-w`: untimed iterations before them.
     pub warmup: usize,
+    /// `-S`: time each size for about this long (iterations = S / one call, at most `-n`),
+    /// as the peer benchmarks in perf-tests/peers do; None: exactly `-n` iterations.
+    pub target_secs: Option<f64>,
     /// `-c`: check results.
     pub check: bool,
     /// `-o`: reduction ops to run (several with `-o all`).
@@ -116,6 +119,8 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
   -t, -g, -m <1>             nccl-tests' threads, GPUs, aggregation: only 1
   -J, --json <file>          write the results as JSON (rank 0)
   -np, --np <N>              launch N local ranks of this program over 127.0.0.1
+  -S, --target-secs <secs>   time each size for about this long: iterations =
+                             secs / (one call, slowest rank), at most -n           [off]
   -T, --timeout <secs>       with -np: kill all ranks after this long              [3600]
   -h, --help                 this text
 ";
@@ -205,6 +210,7 @@ const OPTS: &[(&str, &str)] = &[
     ("a", "average"),
     ("J", "json"),
     ("T", "timeout"),
+    ("S", "target_secs"),
     ("t", "nthreads"),
     ("g", "ngpus"),
     ("m", "agg_iters"),
@@ -297,6 +303,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         json: None,
         np: None,
         timeout: Duration::from_secs(3600),
+        target_secs: None,
         passthrough: Vec::new(),
     };
     let mut factor: Option<u64> = None;
@@ -339,6 +346,15 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
                 }
             }
             "J" => a.json = Some(PathBuf::from(v)),
+            "S" => {
+                let s: f64 = num(f, &v)?;
+                if !(s > 0.0 && s.is_finite()) {
+                    return Err(format!(
+                        "{f}: the target must be a positive number of seconds"
+                    ));
+                }
+                a.target_secs = Some(s);
+            }
             "T" => {
                 let s: f64 = num(f, &v)?;
                 if !(s > 0.0 && s.is_finite()) {

@@ -115,13 +115,24 @@ fn measure<T: Elem>(
     for _ in 0..a.warmup {
         coll::run(ctx, coll, in_place, send, recv)?;
     }
+    let iters = match a.target_secs {
+        None => a.iters,
+        Some(target) => {
+            // Every rank must run the same count: size it on the slowest rank's call.
+            let t = Instant::now();
+            coll::run(ctx, coll, in_place, send, recv)?;
+            let mut one = [t.elapsed().as_secs_f64()];
+            ctx.comm.all_reduce_in_place(&mut one, ReduceOp::Max)?;
+            ((target / one[0].max(1e-9)) as usize).clamp(1, a.iters)
+        }
+    };
     ctx.comm.barrier()?;
     let t0 = Instant::now();
     let mut algo = None;
-    for _ in 0..a.iters {
+    for _ in 0..iters {
         algo = coll::run(ctx, coll, in_place, send, recv)?;
     }
-    let mine = t0.elapsed().as_secs_f64() * 1e6 / a.iters as f64;
+    let mine = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     let time_us = combine_time(ctx.comm, a.time_stat, mine)?;
     let wrong = if a.check {
         coll::init(ctx, coll, sh, in_place, send, recv);

@@ -289,3 +289,14 @@ fn timeout_kills_the_ranks() {
     assert!(err.contains("timed out after"), "{err}");
     assert!(t.elapsed().as_secs() < 30);
 }
+
+#[test]
+fn time_targeted_iterations_still_check_every_size() {
+    // -S sizes the iteration count from one call (the slowest rank's), like the peers do.
+    for l in quick(3, &["-S", "0.002"]) {
+        assert_eq!(l.oop.3, 0, "{l:?}");
+        assert_eq!(l.ip.map_or(0, |ip| ip.3), 0, "{l:?}");
+    }
+    let o = run(&["-np", "2", "-S", "0", "-b", "1K", "-e", "1K"]);
+    assert_eq!(o.status.code(), Some(2), "a zero target is refused");
+}
