@@ -156,6 +156,22 @@ impl Header {
         b
     }
 
+    /// The header of an abort frame carrying a `len`-byte reason.
+    pub fn abort(len: usize) -> Header {
+        Header {
+            kind: FrameKind::Abort,
+            desc: OpDesc {
+                coll: CollKind::Barrier,
+                dtype: 0,
+                op: 0,
+                algo: 0,
+                root: 0,
+                count: 0,
+            },
+            len: len as u64,
+        }
+    }
+
     /// Parses a header; `peer` names the sender in the error.
     pub fn decode(b: &[u8; HEADER_LEN], peer: usize) -> Result<Header> {
         let bad = |what: &str| {

@@ -160,18 +160,7 @@ impl Transport for InProcTransport {
     fn abort(&mut self, reason: &str) {
         let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];
         for tx in self.tx.iter_mut().filter_map(Option::take) {
-            let header = Header {
-                kind: FrameKind::Abort,
-                desc: OpDesc {
-                    coll: super::frame::CollKind::Barrier,
-                    dtype: 0,
-                    op: 0,
-                    algo: 0,
-                    root: 0,
-                    count: 0,
-                },
-                len: reason.len() as u64,
-            };
+            let header = Header::abort(reason.len());
             let _ = tx.send(Frame {
                 header,
                 payload: reason.to_vec(),

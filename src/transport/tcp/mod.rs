@@ -8,7 +8,7 @@ mod acceptor;
 pub mod handshake;
 pub mod progress;
 
-use super::frame::{CollKind, FrameKind, Header, OpDesc};
+use super::frame::{Header, OpDesc};
 use super::shm::{self, ShmLink};
 use super::{LinkConfig, RecvReq, SendReq, Transport};
 use crate::error::{Error, Result};
@@ -285,19 +285,7 @@ impl Transport for TcpTransport {
     fn abort(&mut self, reason: &str) {
         self.aborted = true;
         let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];
-        let head = Header {
-            kind: FrameKind::Abort,
-            desc: OpDesc {
-                coll: CollKind::Barrier,
-                dtype: 0,
-                op: 0,
-                algo: 0,
-                root: 0,
-                count: 0,
-            },
-            len: reason.len() as u64,
-        }
-        .encode();
+        let head = Header::abort(reason.len()).encode();
         for conn in self.conns.iter_mut().filter_map(Option::take) {
             let s = &conn.socks[0];
             if let (Some(link), false) = (&conn.shm, conn.mid_frame) {
