@@ -5,7 +5,7 @@
 
 use super::{part, split_parts, sub, Ctx};
 use crate::reduce;
-use crate::transport::{RecvReq, SendReq};
+use crate::transport::{RecvReduce, RecvReq, SendReq};
 use crate::Result;
 
 /// SRA all-reduce of `count` elements; out-of-place when `send` is given.
@@ -28,10 +28,23 @@ pub fn all_reduce(
     let mut land = std::mem::take(&mut ctx.scratch.main);
     let result = (|| {
         let space = land.get((n - 1) * max_slice);
+        let peers: Vec<usize> = (1..n).map(|d| ctx.peer(d as isize)).collect();
+        let mut by_rank = peers.clone();
+        by_rank.sort_unstable();
+        let mut direct = true;
+        for &p in &peers {
+            direct &= ctx.t.reduces_on_receive(p)?;
+        }
         // Scatter-reduce: slice j of every chunk goes to the chunk's owner.
         for j in 0..nsl {
             let mine = sub(&chunks[r], nsl, j, es);
-            let peers: Vec<usize> = (1..n).map(|d| ctx.peer(d as isize)).collect();
+            if direct {
+                scatter_reduce_direct(ctx, send, buf, &chunks, &by_rank, nsl, j)?;
+                if ctx.op == crate::ReduceOp::Avg {
+                    reduce::finish_avg(ctx.dtype, &mut buf[mine], n);
+                }
+                continue;
+            }
             // Contributions leave straight from the input (the send buffer, or buf in place).
             let input: &[u8] = send.unwrap_or(buf);
             let sends: Vec<SendReq<'_>> = peers
@@ -92,4 +105,57 @@ pub fn all_reduce(
     })();
     ctx.scratch.main = land;
     result
+}
+
+/// Slice `j` of the scatter-reduce when the transport reduces on receive: all contributions
+/// leave at once, and the peers' slices are reduced straight out of the transport into this
+/// rank's chunk one peer at a time, in rank order (the same arithmetic as the landing path:
+/// own data, then peers by rank).
+fn scatter_reduce_direct(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    chunks: &[std::ops::Range<usize>],
+    by_rank: &[usize],
+    nsl: usize,
+    j: usize,
+) -> Result<()> {
+    let (r, es) = (ctx.rank, ctx.dtype.size());
+    let (dtype, op) = (ctx.dtype, ctx.op);
+    let slice = |c: usize| sub(&(0..chunks[c].len()), nsl, j, es);
+    // Split the buffer so this rank's chunk is writable while the others are read.
+    let mut parts = split_parts(buf, chunks);
+    let own = parts.remove(r);
+    let others: Vec<&[u8]> = parts.into_iter().map(|p| &*p).collect();
+    let input_of = |p: usize| -> &[u8] {
+        match send {
+            Some(input) => &input[chunks[p].clone()][slice(p)],
+            None => &others[if p < r { p } else { p - 1 }][slice(p)],
+        }
+    };
+    let sends: Vec<SendReq<'_>> = by_rank
+        .iter()
+        .map(|&p| SendReq {
+            peer: p,
+            data: input_of(p),
+        })
+        .collect();
+    let dst = &mut own[slice(r)];
+    for (k, &p) in by_rank.iter().enumerate() {
+        // The first contribution meets this rank's own data: from `send`, or already in place.
+        let with = match send {
+            Some(input) if k == 0 => Some(&input[chunks[r].clone()][slice(r)]),
+            _ => None,
+        };
+        let s: &[SendReq<'_>] = if k == 0 { &sends } else { &[] };
+        ctx.exchange(
+            s,
+            &mut [RecvReq::reducing(
+                p,
+                &mut *dst,
+                RecvReduce { dtype, op, with },
+            )],
+        )?;
+    }
+    Ok(())
 }
