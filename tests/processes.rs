@@ -71,6 +71,23 @@ fn run_child(scenario: &str) -> Result<(), String> {
     }
 }
 
+/// This test binary, re-run as a rank of `scenario`, output captured.
+fn child_command(scenario: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child",
+        "--nocapture",
+        "--test-threads",
+        "1",
+        "-q",
+    ])
+    .env(CHILD, scenario)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    cmd
+}
+
 struct Job {
     port: u16,
     secret: String,
@@ -93,22 +110,11 @@ impl Job {
     }
 
     fn spawn(&self, rank: usize, scenario: &str, env: &[(&str, &str)]) -> Child {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "--exact",
-            "child",
-            "--nocapture",
-            "--test-threads",
-            "1",
-            "-q",
-        ])
-        .env(CHILD, scenario)
-        .env("QCCL_RANK", rank.to_string())
-        .env("QCCL_WORLD_SIZE", self.size.to_string())
-        .env("QCCL_COMM_ID", format!("127.0.0.1:{}", self.port))
-        .env("QCCL_SECRET", &self.secret)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        let mut cmd = child_command(scenario);
+        cmd.env("QCCL_RANK", rank.to_string())
+            .env("QCCL_WORLD_SIZE", self.size.to_string())
+            .env("QCCL_COMM_ID", format!("127.0.0.1:{}", self.port))
+            .env("QCCL_SECRET", &self.secret);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -386,25 +392,14 @@ fn torchrun_variables_are_enough_to_join() {
     let job = Job::new(2);
     let children: Vec<Child> = (0..2)
         .map(|r| {
-            let mut cmd = Command::new(std::env::current_exe().unwrap());
-            cmd.args([
-                "--exact",
-                "child",
-                "--nocapture",
-                "--test-threads",
-                "1",
-                "-q",
-            ])
-            .env(CHILD, "allreduce")
-            .env("RANK", r.to_string())
-            .env("LOCAL_RANK", r.to_string())
-            .env("WORLD_SIZE", "2")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", job.port.to_string())
-            .env_remove("QCCL_RANK")
-            .env_remove("QCCL_COMM_ID")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            let mut cmd = child_command("allreduce");
+            cmd.env("RANK", r.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", job.port.to_string())
+                .env_remove("QCCL_RANK")
+                .env_remove("QCCL_COMM_ID");
             cmd.spawn().unwrap()
         })
         .collect();
