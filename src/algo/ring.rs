@@ -77,54 +77,33 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result
                 if direct {
                     // The transport reduces the incoming slice straight into its destination.
                     let prev_part = &w_prev[sa.start - ra.start..sa.end - ra.start];
-                    match &mut io {
+                    // Per case: what leaves, where the incoming slice is reduced, and with what.
+                    let (src, dst, with): (&[u8], &mut [u8], Option<&[u8]>) = match &mut io {
                         Io::InPlace(buf) if last && s == 0 => {
                             let (src, dst) = split_ref_mut(buf, sa, sb);
-                            ctx.exchange(
-                                &[SendReq {
-                                    peer: next,
-                                    data: src,
-                                }],
-                                &mut [RecvReq::reducing(prev, dst, reduce_with(None))],
-                            )?;
+                            (src, dst, None)
                         }
-                        Io::InPlace(buf) if last => ctx.exchange(
-                            &[SendReq {
-                                peer: next,
-                                data: prev_part,
-                            }],
-                            &mut [RecvReq::reducing(prev, &mut buf[sb], reduce_with(None))],
-                        )?,
+                        Io::InPlace(buf) if last => (prev_part, &mut buf[sb], None),
                         Io::OutOfPlace { input, out } if last => {
                             let src = if s == 0 { &input[sa] } else { prev_part };
-                            ctx.exchange(
-                                &[SendReq {
-                                    peer: next,
-                                    data: src,
-                                }],
-                                &mut [RecvReq::reducing(
-                                    prev,
-                                    &mut out[local],
-                                    reduce_with(Some(&input[sb])),
-                                )],
-                            )?
+                            (src, &mut out[local], Some(&input[sb]))
                         }
-                        _ => {
-                            let input = io.input();
+                        Io::OutOfPlace { input, .. } => {
                             let src = if s == 0 { &input[sa] } else { prev_part };
-                            ctx.exchange(
-                                &[SendReq {
-                                    peer: next,
-                                    data: src,
-                                }],
-                                &mut [RecvReq::reducing(
-                                    prev,
-                                    &mut w_cur[local],
-                                    reduce_with(Some(&input[sb])),
-                                )],
-                            )?
+                            (src, &mut w_cur[local], Some(&input[sb]))
                         }
-                    }
+                        Io::InPlace(buf) => {
+                            let src = if s == 0 { &buf[sa] } else { prev_part };
+                            (src, &mut w_cur[local], Some(&buf[sb]))
+                        }
+                    };
+                    ctx.exchange(
+                        &[SendReq {
+                            peer: next,
+                            data: src,
+                        }],
+                        &mut [RecvReq::reducing(prev, dst, reduce_with(with))],
+                    )?;
                     continue;
                 }
                 let src: &[u8] = if s == 0 {
