@@ -37,6 +37,7 @@ pub mod log;
 
 pub mod algo;
 pub mod bootstrap;
+pub mod codec;
 pub mod coll;
 mod comm;
 pub mod config;
@@ -46,6 +47,8 @@ pub mod transport;
 pub mod types;
 
 pub use bootstrap::UniqueId;
+pub use codec::ef::TensorKey;
+pub use codec::{Codec, CodecSpec};
 pub use comm::{Comm, Request};
 pub use config::{Algo, Config, TransportChoice};
 pub use error::{Error, Result};

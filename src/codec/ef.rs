@@ -1,0 +1,130 @@
+//! Error feedback: what an encode lost is kept and added to the next call's input for the same
+//! tensor, so compression error does not accumulate over steps (Seide et al., Karimireddy et
+//! al.). The residual lives in the comm, keyed by the tensor key given with the call.
+//!
+//! Inside a collective every encode of positions P by this rank adds (input − decoded) at P to
+//! the residual; the next call adds the residual to its input once, before the algorithm runs.
+//! Whatever mass any hop of any algorithm dropped is thus re-sent by the rank that dropped it.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::fmt;
+
+/// Names a tensor across calls: a number or a name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TensorKey {
+    /// A numeric id (e.g. a parameter index).
+    Id(u64),
+    /// A name (e.g. "layer3.weight").
+    Name(String),
+}
+
+impl fmt::Display for TensorKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TensorKey::Id(i) => write!(f, "#{i}"),
+            TensorKey::Name(s) => write!(f, "\"{s}\""),
+        }
+    }
+}
+
+impl From<u64> for TensorKey {
+    fn from(v: u64) -> TensorKey {
+        TensorKey::Id(v)
+    }
+}
+
+impl From<&str> for TensorKey {
+    fn from(v: &str) -> TensorKey {
+        TensorKey::Name(v.to_string())
+    }
+}
+
+impl From<String> for TensorKey {
+    fn from(v: String) -> TensorKey {
+        TensorKey::Name(v)
+    }
+}
+
+/// The residuals of one comm.
+#[derive(Default)]
+pub struct Residuals {
+    map: HashMap<TensorKey, Vec<f32>>,
+}
+
+impl Residuals {
+    /// The residual of `key`, created zeroed at `len` elements on first use. A later call with
+    /// another length for the same key is an error (a key names one tensor).
+    pub fn get(&mut self, key: &TensorKey, len: usize) -> Result<&mut Vec<f32>> {
+        let r = self
+            .map
+            .entry(key.clone())
+            .or_insert_with(|| vec![0.0; len]);
+        if r.len() != len {
+            return Err(Error::invalid(format!(
+                "error feedback: tensor key {key} was used with {} elements, now with {len}",
+                r.len()
+            )));
+        }
+        Ok(r)
+    }
+
+    /// Forgets the residual of `key` (e.g. when a tensor is re-created); true if it existed.
+    pub fn remove(&mut self, key: &TensorKey) -> bool {
+        self.map.remove(key).is_some()
+    }
+
+    /// Number of tensors with a residual.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when no residual is kept.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Adds the residual to the input and clears it: the start of a compensated call.
+pub fn compensate(input: &mut [f32], residual: &mut [f32]) {
+    for (x, r) in input.iter_mut().zip(residual.iter_mut()) {
+        *x += *r;
+        *r = 0.0;
+    }
+}
+
+/// Records what an encode lost: residual += input − decoded.
+pub fn record(residual: &mut [f32], input: &[f32], decoded: &[f32]) {
+    for ((r, &x), &d) in residual.iter_mut().zip(input).zip(decoded) {
+        *r += x - d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residual_is_sized_per_key() {
+        let mut r = Residuals::default();
+        r.get(&"w".into(), 4).unwrap()[1] = 2.0;
+        assert_eq!(r.get(&"w".into(), 4).unwrap()[1], 2.0);
+        let e = r.get(&"w".into(), 5).unwrap_err().to_string();
+        assert!(
+            e.contains("\"w\" was used with 4 elements, now with 5"),
+            "{e}"
+        );
+        assert_eq!(r.get(&7u64.into(), 3).unwrap().len(), 3);
+        assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn compensate_then_record_keeps_lost_mass() {
+        let mut x = vec![1.0, 2.0];
+        let mut res = vec![0.5, -0.5];
+        compensate(&mut x, &mut res);
+        assert_eq!(x, [1.5, 1.5]);
+        record(&mut res, &x, &[1.0, 2.0]);
+        assert_eq!(res, [0.5, -0.5]);
+    }
+}

@@ -1,0 +1,136 @@
+//! Codecs: lossy encodings of f32 chunks, applied where data leaves a rank and undone where it
+//! arrives, because quantized or sparsified values cannot be summed in compressed form.
+//!
+//! A codec implements the payload part ([`Codec::encode_payload`], [`Codec::decode_payload`]);
+//! the provided methods wrap it in the self-describing [`header`], so every decode checks the
+//! codec, version, parameters, element count and payload length before touching the payload.
+//! Every built-in codec encodes n elements into exactly [`Codec::max_encoded_len`]`(n)` bytes
+//! (sparse codecs select exactly k), so a receiver knows a chunk's size in advance.
+//!
+//! Codecs are chosen by a spec string ([`spec`]): `qsgd:bits=4,bucket=128`, `topk:density=0.01,ef=1`.
+//! Error feedback is not a codec but a property of the call (see [`ef`]).
+
+pub mod ef;
+pub mod floats;
+pub mod header;
+pub mod rng;
+pub mod spec;
+
+pub use header::{CodecId, HEADER_LEN};
+pub use rng::{Rng, Site};
+pub use spec::CodecSpec;
+
+use crate::error::{Error, Result};
+use header::Header;
+
+/// A lossy (or exact) encoding of f32 chunks. Implementations are stateless apart from their
+/// parameters; per-encode randomness comes from the [`Rng`] of the encode site.
+pub trait Codec: Send + Sync + std::fmt::Debug {
+    /// Which codec this is (written into every chunk header).
+    fn id(&self) -> CodecId;
+
+    /// The parameters packed into 64 bits; a chunk whose header carries other parameters is
+    /// rejected as encoded by a different codec.
+    fn params(&self) -> u64;
+
+    /// The canonical spec string (parses back to an equal codec).
+    fn spec(&self) -> String;
+
+    /// True for codecs that send (index, value) pairs (topk, mstopk, randk): their sums are
+    /// all-gathered and scatter-added by default.
+    fn is_sparse(&self) -> bool {
+        false
+    }
+
+    /// Payload bytes for `n` elements (exact).
+    fn payload_len(&self, n: usize) -> usize;
+
+    /// Encodes `input` into `out` (exactly `payload_len(input.len())` bytes), drawing any
+    /// randomness from `rng`.
+    fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]);
+
+    /// Decodes a payload of `out.len()` elements whose length was already checked: into `out`
+    /// (`add` false) or added to it (`add` true). Content that cannot be valid (an index out of
+    /// range, a bad scale) is an error, never a panic or an out-of-bounds read.
+    fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()>;
+
+    /// Worst-case relative error ‖decode(encode(x)) − x‖ / ‖x‖ of one encode, for tests and for
+    /// qccl-perf's `#wrong` column; None when the codec gives no bound (sparsifiers).
+    fn error_bound(&self) -> Option<f64> {
+        None
+    }
+
+    // ---- provided: the framed forms ------------------------------------------------------
+
+    /// Bytes of one encoded chunk of `n` elements, header included.
+    fn max_encoded_len(&self, n: usize) -> usize {
+        HEADER_LEN + self.payload_len(n)
+    }
+
+    /// Encodes `input` with its header into `out`; returns the bytes written.
+    fn encode(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) -> Result<usize> {
+        let n = input.len();
+        let len = self.max_encoded_len(n);
+        if out.len() < len {
+            return Err(Error::invalid(format!(
+                "{}: output of {} bytes cannot hold the {len}-byte encoding of {n} elements",
+                self.spec(),
+                out.len()
+            )));
+        }
+        Header {
+            codec: self.id(),
+            params: self.params(),
+            count: n as u64,
+            payload: (len - HEADER_LEN) as u64,
+        }
+        .write(out);
+        self.encode_payload(input, rng, &mut out[HEADER_LEN..len]);
+        Ok(len)
+    }
+
+    /// Decodes a chunk of `out.len()` elements into `out`.
+    fn decode_into(&self, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+        let payload = checked_payload(self, bytes, out.len())?;
+        self.decode_payload(payload, out, false)
+    }
+
+    /// Adds a decoded chunk of `out.len()` elements to `out` (the hot path of reductions).
+    fn decode_add(&self, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+        let payload = checked_payload(self, bytes, out.len())?;
+        self.decode_payload(payload, out, true)
+    }
+}
+
+/// The payload of `bytes` after checking its header against `codec` and `n` elements.
+fn checked_payload<'b, C: Codec + ?Sized>(
+    codec: &C,
+    bytes: &'b [u8],
+    n: usize,
+) -> Result<&'b [u8]> {
+    let h = Header::read(bytes)?;
+    if h.codec != codec.id() || h.params != codec.params() {
+        return Err(Error::invalid(format!(
+            "encoded chunk was written by codec {} (parameters {:#x}), decoder is {}",
+            h.codec.name(),
+            h.params,
+            codec.spec()
+        )));
+    }
+    if h.count != n as u64 {
+        return Err(Error::invalid(format!(
+            "encoded chunk holds {} elements, expected {n}",
+            h.count
+        )));
+    }
+    let want = codec.payload_len(n);
+    let have = bytes.len() - HEADER_LEN;
+    if h.payload != want as u64 || have != want {
+        return Err(Error::invalid(format!(
+            "encoded chunk of {n} elements has a {}-byte payload ({have} bytes present), {} expects {want}",
+            h.payload,
+            codec.spec()
+        )));
+    }
+    Ok(&bytes[HEADER_LEN..])
+}

@@ -1,0 +1,269 @@
+//! Codec spec strings: `name[:field=value,...]`, parsed into a codec plus the call-level
+//! error-feedback switch. Used by the Rust API, the C ABI and QCCL_COMPRESSION.
+//!
+//! ```text
+//! none | fp16 | bf16
+//! qsgd:bits=B,bucket=N[,scale=maxmin|maxabs][,rounding=stochastic|nearest]   (B 1..=8; 4, 128)
+//! topk:density=D | mstopk:density=D[,samplings=30] | randk:density=D
+//! efsign | onebit                                       (error feedback on by default)
+//! any of them with ef=1 (or ef=0)
+//! ```
+
+use super::floats::{Half16, Identity};
+use super::Codec;
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A parsed codec spec: the codec and whether calls wrap it in error feedback.
+#[derive(Clone)]
+pub struct CodecSpec {
+    codec: Arc<dyn Codec>,
+    ef: bool,
+}
+
+impl fmt::Debug for CodecSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CodecSpec({})", self)
+    }
+}
+
+impl fmt::Display for CodecSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.codec.spec();
+        let default_ef = default_ef(self.codec.id().name());
+        match (self.ef == default_ef, s.contains(':')) {
+            (true, _) => write!(f, "{s}"),
+            (false, true) => write!(f, "{s},ef={}", self.ef as u8),
+            (false, false) => write!(f, "{s}:ef={}", self.ef as u8),
+        }
+    }
+}
+
+impl PartialEq for CodecSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl std::str::FromStr for CodecSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<CodecSpec> {
+        CodecSpec::parse(s)
+    }
+}
+
+/// Codecs that are defined with error feedback (efsign is "error-feedback sign").
+fn default_ef(name: &str) -> bool {
+    matches!(name, "efsign" | "onebit")
+}
+
+impl CodecSpec {
+    /// Parses a spec string; a bad spec is rejected with a message naming the bad field.
+    pub fn parse(text: &str) -> Result<CodecSpec> {
+        let text = text.trim();
+        let (name, rest) = match text.split_once(':') {
+            Some((n, r)) => (n.trim(), Some(r)),
+            None => (text, None),
+        };
+        let mut f = Fields::parse(text, name, rest)?;
+        let ef = f.flag("ef", default_ef(name))?;
+        let codec: Arc<dyn Codec> = match name {
+            "none" => Arc::new(Identity),
+            "fp16" => Arc::new(Half16 { brain: false }),
+            "bf16" => Arc::new(Half16 { brain: true }),
+            "qsgd" | "topk" | "mstopk" | "randk" | "efsign" | "onebit" => {
+                return Err(Error::Unsupported(format!(
+                    "codec spec \"{text}\": codec {name} is not implemented in this build"
+                )))
+            }
+            "" => {
+                return Err(Error::invalid(format!(
+                    "codec spec \"{text}\": empty codec name"
+                )))
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "codec spec \"{text}\": unknown codec \"{other}\" (known: none, fp16, bf16, \
+                     qsgd, topk, mstopk, randk, efsign, onebit)"
+                )))
+            }
+        };
+        f.finish()?;
+        Ok(CodecSpec { codec, ef })
+    }
+
+    /// Wraps a codec (for codecs built in code rather than parsed).
+    pub fn new(codec: Arc<dyn Codec>, ef: bool) -> CodecSpec {
+        CodecSpec { codec, ef }
+    }
+
+    /// The codec.
+    pub fn codec(&self) -> &Arc<dyn Codec> {
+        &self.codec
+    }
+
+    /// Whether calls keep an error-feedback residual for this codec.
+    pub fn error_feedback(&self) -> bool {
+        self.ef
+    }
+
+    /// The same codec with error feedback switched on or off.
+    pub fn with_error_feedback(&self, ef: bool) -> CodecSpec {
+        CodecSpec {
+            codec: self.codec.clone(),
+            ef,
+        }
+    }
+
+    /// True for the `none` codec (no compression at all).
+    pub fn is_identity(&self) -> bool {
+        self.codec.id() == super::CodecId::None
+    }
+}
+
+/// The `field=value` list of one spec, consumed field by field; leftovers are errors.
+pub struct Fields<'a> {
+    text: &'a str,
+    name: &'a str,
+    map: BTreeMap<&'a str, &'a str>,
+    known: Vec<&'static str>,
+}
+
+impl<'a> Fields<'a> {
+    fn parse(text: &'a str, name: &'a str, rest: Option<&'a str>) -> Result<Fields<'a>> {
+        let mut map = BTreeMap::new();
+        for item in rest.into_iter().flat_map(|r| r.split(',')) {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let (k, v) = item.split_once('=').ok_or_else(|| {
+                Error::invalid(format!(
+                    "codec spec \"{text}\": field \"{item}\" is not of the form name=value"
+                ))
+            })?;
+            if map.insert(k.trim(), v.trim()).is_some() {
+                return Err(Error::invalid(format!(
+                    "codec spec \"{text}\": field {} given twice",
+                    k.trim()
+                )));
+            }
+        }
+        Ok(Fields {
+            text,
+            name,
+            map,
+            known: vec!["ef"],
+        })
+    }
+
+    fn bad(&self, field: &str, msg: impl fmt::Display) -> Error {
+        Error::invalid(format!("codec spec \"{}\": {field} {msg}", self.text))
+    }
+
+    fn take(&mut self, field: &'static str) -> Option<&'a str> {
+        self.known.push(field);
+        self.map.remove(field)
+    }
+
+    /// An integer field in `range`, `default` when absent.
+    pub fn int(
+        &mut self,
+        field: &'static str,
+        default: u64,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> Result<u64> {
+        let Some(v) = self.take(field) else {
+            return Ok(default);
+        };
+        let x: u64 = v
+            .parse()
+            .map_err(|_| self.bad(field, format!("must be an integer, got \"{v}\"")))?;
+        if !range.contains(&x) {
+            return Err(self.bad(
+                field,
+                format!("must be in {}..={}, got {x}", range.start(), range.end()),
+            ));
+        }
+        Ok(x)
+    }
+
+    /// A density in (0, 1]; required.
+    pub fn density(&mut self, field: &'static str) -> Result<f64> {
+        let v = self
+            .take(field)
+            .ok_or_else(|| self.bad(field, format!("is required for {}", self.name)))?;
+        let x: f64 = v
+            .parse()
+            .map_err(|_| self.bad(field, format!("must be a number, got \"{v}\"")))?;
+        if !(x > 0.0 && x <= 1.0) {
+            return Err(self.bad(field, format!("must be in (0, 1], got {v}")));
+        }
+        Ok(x)
+    }
+
+    /// One of `choices` (the first is the default).
+    pub fn choice(&mut self, field: &'static str, choices: &[&'static str]) -> Result<usize> {
+        let Some(v) = self.take(field) else {
+            return Ok(0);
+        };
+        choices.iter().position(|c| *c == v).ok_or_else(|| {
+            self.bad(
+                field,
+                format!("must be one of {}, got \"{v}\"", choices.join("|")),
+            )
+        })
+    }
+
+    /// A 0/1 switch.
+    pub fn flag(&mut self, field: &'static str, default: bool) -> Result<bool> {
+        Ok(self.int(field, default as u64, 0..=1)? == 1)
+    }
+
+    /// Fails on any field no codec asked for.
+    pub fn finish(self) -> Result<()> {
+        if let Some((k, _)) = self.map.iter().next() {
+            return Err(Error::invalid(format!(
+                "codec spec \"{}\": unknown field \"{k}\" for {} (known: {})",
+                self.text,
+                self.name,
+                self.known.join(", ")
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_canonically() {
+        for (s, canon) in [
+            ("none", "none"),
+            ("fp16", "fp16"),
+            (" bf16:ef=1 ", "bf16:ef=1"),
+            ("fp16:ef=0", "fp16"),
+        ] {
+            assert_eq!(CodecSpec::parse(s).unwrap().to_string(), canon, "{s}");
+        }
+    }
+
+    #[test]
+    fn bad_specs_name_the_bad_field() {
+        for (s, needle) in [
+            ("zip", "unknown codec \"zip\""),
+            ("", "empty codec name"),
+            ("fp16:ef=2", "ef must be in 0..=1"),
+            ("fp16:level=3", "unknown field \"level\""),
+            ("fp16:ef", "not of the form"),
+            ("fp16:ef=1,ef=0", "given twice"),
+        ] {
+            let e = CodecSpec::parse(s).unwrap_err().to_string();
+            assert!(e.contains(needle), "{s}: {e}");
+        }
+    }
+}
