@@ -1,5 +1,7 @@
 //! Run-time configuration: defaults, overridden by QCCL_* environment variables.
 
+use crate::codec::plan::Filter;
+use crate::codec::CodecSpec;
 use crate::error::{Error, Result};
 use std::time::Duration;
 
@@ -17,10 +19,13 @@ pub enum Algo {
     /// Two-level: intra-host reduce-scatter, inter-host all-reduce among equal local ranks,
     /// intra-host all-gather (needs the same number of ranks on every host).
     Hier,
+    /// Compressed only: every rank's encoded buffer to everyone, summed in rank order (the
+    /// scheme sparse codecs use by default).
+    AllGather,
 }
 
 impl Algo {
-    /// Parses `auto`, `ring`, `tree` or `sra` (case-insensitive).
+    /// Parses `auto`, `ring`, `tree`, `sra`, `hier` or `allgather` (case-insensitive).
     pub fn parse(s: &str) -> Result<Algo> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" | "" => Ok(Algo::Auto),
@@ -28,8 +33,9 @@ impl Algo {
             "tree" => Ok(Algo::Tree),
             "sra" => Ok(Algo::Sra),
             "hier" => Ok(Algo::Hier),
+            "allgather" | "ag" => Ok(Algo::AllGather),
             other => Err(Error::invalid(format!(
-                "unknown algorithm '{other}' (valid: auto, ring, tree, sra, hier)"
+                "unknown algorithm '{other}' (valid: auto, ring, tree, sra, hier, allgather)"
             ))),
         }
     }
@@ -42,6 +48,7 @@ impl Algo {
             Algo::Tree => "tree",
             Algo::Sra => "sra",
             Algo::Hier => "hier",
+            Algo::AllGather => "allgather",
         }
     }
 }
@@ -78,6 +85,13 @@ pub struct Config {
     /// Microseconds a wait spins (or, with more local ranks than cores, yields) before it
     /// blocks (QCCL_SPIN_US, default 250: longer than one wake-up of a blocked process).
     pub spin_us: u64,
+    /// Seed of the codecs' random streams (QCCL_SEED, default 0): runs repeat exactly.
+    pub seed: u64,
+    /// Codec applied to plain float Sum/Avg all_reduce calls (QCCL_COMPRESSION, default none).
+    pub compression: Option<CodecSpec>,
+    /// Layers kept uncompressed (QCCL_COMPRESSION_EXCLUDE, comma-separated name substrings,
+    /// default "bias,bn,norm"; QCCL_COMPRESSION_MINIMAL_SIZE elements, default 16).
+    pub filter: Filter,
 }
 
 impl Default for Config {
@@ -91,6 +105,9 @@ impl Default for Config {
             nsocks_per_peer: 1,
             transport: TransportChoice::Auto,
             spin_us: 250,
+            seed: 0,
+            compression: None,
+            filter: Filter::default(),
         }
     }
 }
@@ -175,6 +192,24 @@ impl Config {
         }
         if let Some(us) = env_num("QCCL_SPIN_US")? {
             c.spin_us = us;
+        }
+        if let Some(seed) = env_num("QCCL_SEED")? {
+            c.seed = seed;
+        }
+        if let Some(spec) = env_var("QCCL_COMPRESSION") {
+            let spec = CodecSpec::parse(&spec)
+                .map_err(|e| Error::invalid(format!("QCCL_COMPRESSION: {e}")))?;
+            c.compression = (!spec.is_identity()).then_some(spec);
+        }
+        if let Some(list) = env_var("QCCL_COMPRESSION_EXCLUDE") {
+            c.filter.exclude = list
+                .split(',')
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect();
+        }
+        if let Some(n) = env_num("QCCL_COMPRESSION_MINIMAL_SIZE")? {
+            c.filter.min_size = n as usize;
         }
         Ok(c)
     }

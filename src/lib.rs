@@ -46,10 +46,12 @@ pub mod reduce;
 pub mod transport;
 pub mod types;
 
+pub use algo::Wire;
 pub use bootstrap::UniqueId;
 pub use codec::ef::TensorKey;
+pub use codec::plan::{Layer, Layout};
 pub use codec::{Codec, CodecSpec};
-pub use comm::{Comm, Request};
+pub use comm::{Comm, Compression, Report, Request};
 pub use config::{Algo, Config, TransportChoice};
 pub use error::{Error, Result};
 pub use types::{DType, Element, ReduceOp};

@@ -4,6 +4,7 @@
 //! moves slice j+1 (into socket buffers) while this rank reduces slice j.
 
 pub mod chain;
+pub mod compressed;
 pub mod direct;
 pub mod ring;
 pub mod sra;
@@ -58,11 +59,42 @@ pub struct Ctx<'a> {
     pub dtype: DType,
     /// Reduction (Sum where the collective has none).
     pub op: ReduceOp,
+    /// The comm's byte counters, advanced by every exchange.
+    pub wire: &'a mut Wire,
+}
+
+/// Payload bytes a rank moved (frame headers excluded): the comm's counters, and what one
+/// call reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wire {
+    /// Bytes sent.
+    pub sent: u64,
+    /// Bytes received.
+    pub received: u64,
+}
+
+impl std::ops::AddAssign for Wire {
+    fn add_assign(&mut self, o: Wire) {
+        self.sent += o.sent;
+        self.received += o.received;
+    }
+}
+
+impl std::ops::Sub for Wire {
+    type Output = Wire;
+    fn sub(self, o: Wire) -> Wire {
+        Wire {
+            sent: self.sent - o.sent,
+            received: self.received - o.received,
+        }
+    }
 }
 
 impl Ctx<'_> {
     /// One exchange under this operation's descriptor.
     pub fn exchange(&mut self, sends: &[SendReq<'_>], recvs: &mut [RecvReq<'_>]) -> Result<()> {
+        self.wire.sent += sends.iter().map(|s| s.data.len() as u64).sum::<u64>();
+        self.wire.received += recvs.iter().map(|r| r.data.len() as u64).sum::<u64>();
         self.t.exchange(&self.desc, sends, recvs)
     }
 

@@ -13,6 +13,7 @@
 pub mod ef;
 pub mod floats;
 pub mod header;
+pub mod plan;
 pub mod rng;
 pub mod spec;
 

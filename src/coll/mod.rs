@@ -2,9 +2,11 @@
 //! Arguments were validated by the caller (`check`) before any byte moves.
 
 pub mod check;
+pub mod compressed;
 
 use crate::algo::ring::Io;
-use crate::algo::{self, part, Ctx, Scratch};
+use crate::algo::{self, part, Ctx, Scratch, Wire};
+use crate::codec::ef::Residuals;
 use crate::config::Algo;
 use crate::transport::frame::{CollKind, OpDesc};
 use crate::transport::{RecvReq, SendReq, Transport};
@@ -26,6 +28,12 @@ pub struct Engine {
     pub slice: usize,
     /// Default all-reduce algorithm (QCCL_ALGO).
     pub algo: Algo,
+    /// Bytes moved by every collective so far (the counters API).
+    pub wire: Wire,
+    /// Error-feedback residuals of compressed calls, by tensor key.
+    pub residuals: Residuals,
+    /// Compressed calls executed so far: the `step` of their random streams.
+    pub coded_calls: u64,
 }
 
 /// Byte size below which `auto` uses the tree (fewest hops) on more than 2 ranks.
@@ -74,6 +82,7 @@ impl Engine {
             },
             dtype,
             op,
+            wire: &mut self.wire,
         }
     }
 
@@ -97,6 +106,11 @@ impl Engine {
             Algo::Hier => {
                 return Err(crate::Error::Internal(
                     "the hierarchical all-reduce runs above the engine (Comm)".into(),
+                ))
+            }
+            Algo::AllGather => {
+                return Err(crate::Error::Unsupported(
+                    "the all-gather scheme is for compressed all_reduce (pass a codec)".into(),
                 ))
             }
             Algo::Tree => algo::tree::all_reduce(&mut ctx, send, recv)?,

@@ -16,7 +16,7 @@ fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 }
 
 /// `buf` (in bytes) must hold exactly `count` elements of `dtype`.
-fn need(coll: &str, buf: &str, len: usize, count: usize, dtype: DType) -> Result<()> {
+pub(super) fn need(coll: &str, buf: &str, len: usize, count: usize, dtype: DType) -> Result<()> {
     let es = dtype.size();
     if len % es != 0 {
         return Err(Error::invalid(format!(
@@ -50,6 +50,18 @@ impl Comm {
             need(C, "sendbuff", s.len(), count, dtype)?;
         }
         check::op(C, op, dtype)?;
+        if let Some(spec) = &self.config.compression {
+            // QCCL_COMPRESSION: every float sum/avg all-reduce is compressed.
+            if dtype.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+                let c = super::Compression {
+                    algo,
+                    ..super::Compression::new(spec.clone())
+                };
+                return self
+                    .all_reduce_compressed_raw(send, recv, count, dtype, op, &c)
+                    .map(|r| r.algo);
+            }
+        }
         if self.wants_hier(algo)? {
             let h = self.hierarchy()?;
             return self

@@ -4,7 +4,10 @@
 //! 1/local_size of the data crosses the network per rank.
 
 use super::Comm;
-use crate::algo::part;
+use crate::algo::{part, Wire};
+use crate::codec::plan::Plan;
+use crate::codec::Site;
+use crate::coll::compressed::Coded;
 use crate::config::Algo;
 use crate::error::{Error, Result};
 use crate::reduce;
@@ -104,4 +107,73 @@ pub fn all_reduce(
         reduce::finish_avg(dtype, &mut recv[mine], h.size);
     }
     h.intra.execute(|e| e.all_gather_parts(recv, count, dtype))
+}
+
+impl Hier {
+    /// The compressed hierarchical all-reduce (sum) of `work`: intra-host reduce-scatter,
+    /// compressed all-reduce of this rank's part among the ranks with the same local rank,
+    /// intra-host all-gather. The intra-host phases are compressed too when `intra_host`.
+    /// Returns the bytes this rank moved over all three phases.
+    pub(super) fn all_reduce_coded(
+        &self,
+        work: &mut [f32],
+        plan: &Plan,
+        site: Site,
+        mut residual: Option<&mut [f32]>,
+        intra_host: bool,
+        dtype: DType,
+    ) -> Result<Wire> {
+        let count = work.len();
+        if count == 0 {
+            return Ok(Wire::default());
+        }
+        let (local, me) = (self.intra.size(), self.intra.rank());
+        let mine = part(count, local, me, 1);
+        fn coded<'a>(
+            plan: &'a Plan,
+            site: Site,
+            residual: Option<&'a mut [f32]>,
+            base: usize,
+            dtype: DType,
+        ) -> Coded<'a> {
+            Coded {
+                plan,
+                site,
+                base,
+                residual,
+                dtype,
+            }
+        }
+        let mut wire = self.intra.execute(|e| {
+            let w0 = e.wire;
+            if intra_host {
+                e.reduce_scatter_coded(work, coded(plan, site, residual.as_deref_mut(), 0, dtype))?;
+            } else {
+                let bytes = bytemuck::cast_slice_mut(&mut *work);
+                e.reduce_scatter_parts(None, bytes, count, DType::Float32, ReduceOp::Sum)?;
+            }
+            Ok(e.wire - w0)
+        })?;
+        wire += self.inter.execute(|e| {
+            let w0 = e.wire;
+            let res = residual.as_deref_mut().map(|r| &mut r[mine.clone()]);
+            e.all_reduce_coded(
+                &mut work[mine.clone()],
+                coded(plan, site, res, mine.start, dtype),
+                Algo::Auto,
+            )?;
+            Ok(e.wire - w0)
+        })?;
+        wire += self.intra.execute(|e| {
+            let w0 = e.wire;
+            if intra_host {
+                e.all_gather_coded(work, coded(plan, site, residual, 0, dtype))?;
+            } else {
+                let bytes = bytemuck::cast_slice_mut(&mut *work);
+                e.all_gather_parts(bytes, count, DType::Float32)?;
+            }
+            Ok(e.wire - w0)
+        })?;
+        Ok(wire)
+    }
 }

@@ -1,10 +1,12 @@
 //! The communicator: who we are in the world, and an ordered queue of operations.
 
 mod api;
+mod compress;
 mod hier;
 mod queue;
 mod split;
 
+pub use compress::{Compression, Report};
 pub use queue::Request;
 
 use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
@@ -47,6 +49,9 @@ pub struct Comm {
     worker: Option<JoinHandle<()>>,
     splits: std::sync::atomic::AtomicU64,
     hier: std::sync::Mutex<Option<Arc<hier::Hier>>>,
+    /// Layouts of fused buffers, by tensor key (compressed calls).
+    layouts:
+        std::sync::Mutex<std::collections::HashMap<crate::TensorKey, crate::codec::plan::Layout>>,
     transport: &'static str,
 }
 
@@ -214,6 +219,9 @@ impl Comm {
             size,
             slice: config.buffsize,
             algo: config.algo,
+            wire: Default::default(),
+            residuals: Default::default(),
+            coded_calls: 0,
         };
         let (queue, jobs) = Queue::new(engine, abort);
         let q = queue.clone();
@@ -238,6 +246,7 @@ impl Comm {
             worker: Some(worker),
             splits: Default::default(),
             hier: Default::default(),
+            layouts: Default::default(),
             transport: transport_name,
         })
     }

@@ -119,8 +119,17 @@ impl std::fmt::Display for OpDesc {
         ) {
             write!(f, ", root={}", self.root)?;
         }
+        if self.root != 0
+            && matches!(
+                self.coll,
+                CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather
+            )
+        {
+            // Compressed calls carry their codec plan's fingerprint in the root field.
+            write!(f, ", codec={:08x}", self.root)?;
+        }
         if self.coll == CollKind::AllReduce {
-            let algo = ["auto", "ring", "tree", "sra", "hier"]
+            let algo = ["auto", "ring", "tree", "sra", "hier", "allgather"]
                 .get(self.algo as usize)
                 .unwrap_or(&"?");
             write!(f, ", algo={algo}")?;

@@ -1,0 +1,121 @@
+//! Compressed schedules: the same ring, tree and scatter-reduce-allgather as the dense ones,
+//! but every chunk is encoded where it leaves a rank and decoded where it arrives, because
+//! quantized or sparsified values cannot be summed in compressed form.
+//!
+//! Two rules keep every rank bit-identical: a sum is encoded once by the rank that finished it,
+//! which then replaces its own copy with the decoded value (CGX), and every other rank decodes
+//! those same bytes; decoded contributions are always added in a fixed order.
+//!
+//! All schedules work on an f32 `work` buffer and sum (Avg divides afterwards, in the caller).
+
+pub mod gather;
+pub mod ring;
+pub mod sra;
+pub mod tree;
+
+use super::Ctx;
+use crate::codec::plan::Plan;
+use crate::codec::{ef, Site};
+use crate::Result;
+use std::ops::Range;
+
+/// Encodes and decodes element ranges of the work buffer for one call, keeping the
+/// error-feedback residual and the wire counters.
+pub struct Coder<'a> {
+    plan: &'a Plan,
+    site: Site,
+    /// Plan position of `work[0]` (non-zero when a sub-range of a buffer is reduced).
+    base: usize,
+    /// What encodes lost, aligned with `work` (error feedback), if kept.
+    residual: Option<&'a mut [f32]>,
+    decoded: Vec<f32>,
+}
+
+impl<'a> Coder<'a> {
+    /// A coder for `plan`, where `work[0]` is element `base` of the plan.
+    pub fn new(plan: &'a Plan, site: Site, base: usize, residual: Option<&'a mut [f32]>) -> Self {
+        Coder {
+            plan,
+            site,
+            base,
+            residual,
+            decoded: Vec::new(),
+        }
+    }
+
+    fn at(&self, r: &Range<usize>) -> Range<usize> {
+        self.base + r.start..self.base + r.end
+    }
+
+    /// The plan (to ask whether it is sparse).
+    pub fn plan(&self) -> &Plan {
+        self.plan
+    }
+
+    /// Bytes of the encoding of `work[r]`.
+    pub fn len(&self, r: &Range<usize>) -> usize {
+        self.plan.encoded_len(self.at(r))
+    }
+
+    /// Encodes `work[r]` into `out` (resized to fit); records the loss for error feedback.
+    pub fn encode(&mut self, work: &[f32], r: Range<usize>, out: &mut Vec<u8>) -> Result<()> {
+        self.encode_inner(work, &r, out)?;
+        if self.residual.is_some() {
+            self.decode_scratch(&r, out)?;
+            let res = self.residual.as_deref_mut().expect("residual");
+            ef::record(&mut res[r.clone()], &work[r], &self.decoded);
+        }
+        Ok(())
+    }
+
+    /// Encodes `work[r]` into `out` and replaces `work[r]` by the decoded value, so this rank
+    /// holds exactly what every receiver of `out` will hold.
+    pub fn encode_own(
+        &mut self,
+        work: &mut [f32],
+        r: Range<usize>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.encode_inner(work, &r, out)?;
+        self.decode_scratch(&r, out)?;
+        if let Some(res) = self.residual.as_deref_mut() {
+            ef::record(&mut res[r.clone()], &work[r.clone()], &self.decoded);
+        }
+        work[r].copy_from_slice(&self.decoded);
+        Ok(())
+    }
+
+    fn encode_inner(&mut self, work: &[f32], r: &Range<usize>, out: &mut Vec<u8>) -> Result<()> {
+        let at = self.at(r);
+        out.resize(self.plan.encoded_len(at.clone()), 0);
+        self.plan.encode(at, &work[r.clone()], self.site, out)?;
+        Ok(())
+    }
+
+    fn decode_scratch(&mut self, r: &Range<usize>, bytes: &[u8]) -> Result<()> {
+        self.decoded.resize(r.len(), 0.0);
+        self.plan
+            .decode(self.at(r), bytes, &mut self.decoded, false)
+    }
+
+    /// Decodes `bytes` (the encoding of `work[r]`) into `work[r]`, or adds it when `add`.
+    pub fn decode(&self, bytes: &[u8], work: &mut [f32], r: Range<usize>, add: bool) -> Result<()> {
+        self.plan.decode(self.at(&r), bytes, &mut work[r], add)
+    }
+}
+
+/// Element range of chunk `c` of `count` elements cut in `n` near-equal chunks.
+pub fn chunk(count: usize, n: usize, c: usize) -> Range<usize> {
+    super::part(count, n, c, 1)
+}
+
+/// Slice `j` of `nsl` of element range `r`.
+pub fn slice(r: &Range<usize>, nsl: usize, j: usize) -> Range<usize> {
+    super::sub(r, nsl, j, 1)
+}
+
+/// Slices per chunk: the dense slice size applied to the uncompressed f32 bytes, so that
+/// encoding slice j+1 overlaps the transfer of slice j as in the dense schedules.
+pub fn nslices(ctx: &Ctx<'_>, elems: usize) -> usize {
+    ctx.nslices(4 * elems)
+}

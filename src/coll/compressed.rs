@@ -1,0 +1,98 @@
+//! Compressed collectives over an f32 work buffer: pick the schedule, build the descriptor
+//! (which carries the codec plan's fingerprint, so ranks using different codecs are named),
+//! run. Sums only; the caller divides for Avg and converts other float types.
+
+use super::Engine;
+use crate::algo::compressed::{self as coded, Coder};
+use crate::algo::Ctx;
+use crate::codec::plan::Plan;
+use crate::codec::Site;
+use crate::config::Algo;
+use crate::transport::frame::CollKind;
+use crate::types::{DType, ReduceOp};
+use crate::Result;
+
+/// The schedule `auto` picks for a compressed all-reduce: the all-gather scheme for sparse
+/// codecs (a sum of sparse vectors is not sparse), SRA otherwise (two quantizations per element
+/// whatever the world size, CGX's choice).
+pub fn resolve_algo(algo: Algo, plan: &Plan) -> Algo {
+    match algo {
+        Algo::Auto if plan.is_sparse() => Algo::AllGather,
+        Algo::Auto => Algo::Sra,
+        a => a,
+    }
+}
+
+/// One compressed call's context: the plan, where its random streams start, which element of
+/// the plan `work[0]` is, and the error-feedback residual (aligned with `work`).
+pub struct Coded<'a> {
+    /// What every element is encoded with.
+    pub plan: &'a Plan,
+    /// Seed, step and encoding rank (chunk is set per piece).
+    pub site: Site,
+    /// Plan position of `work[0]`.
+    pub base: usize,
+    /// Error-feedback residual, if the call keeps one.
+    pub residual: Option<&'a mut [f32]>,
+    /// The dtype the user called with (for the descriptor).
+    pub dtype: DType,
+}
+
+impl Engine {
+    fn coded_ctx(&mut self, coll: CollKind, count: usize, c: &Coded<'_>, algo: Algo) -> Ctx<'_> {
+        let mut ctx = self.ctx(coll, count, c.dtype, ReduceOp::Sum, 0, algo as u8);
+        ctx.desc.root = c.plan.fingerprint();
+        ctx
+    }
+
+    /// Compressed all-reduce (sum) of `work` in place with schedule `algo` (not Hier).
+    pub fn all_reduce_coded(&mut self, work: &mut [f32], c: Coded<'_>, algo: Algo) -> Result<Algo> {
+        let algo = resolve_algo(algo, c.plan);
+        if work.is_empty() {
+            return Ok(algo);
+        }
+        let mut ctx = self.coded_ctx(CollKind::AllReduce, work.len(), &c, algo);
+        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual);
+        match algo {
+            Algo::Ring => coded::ring::all_reduce(&mut ctx, &mut cd, work)?,
+            Algo::Tree => coded::tree::all_reduce(&mut ctx, &mut cd, work)?,
+            Algo::AllGather => coded::gather::all_reduce(&mut ctx, &mut cd, work)?,
+            Algo::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, work)?,
+            Algo::Hier | Algo::Auto => {
+                return Err(crate::Error::Internal(
+                    "the hierarchical compressed all-reduce runs above the engine".into(),
+                ))
+            }
+        }
+        Ok(algo)
+    }
+
+    /// Compressed reduce-scatter (sum) in place: afterwards part `rank` of `work`
+    /// (`algo::part(len, size, rank)`) holds its sum.
+    pub fn reduce_scatter_coded(&mut self, work: &mut [f32], c: Coded<'_>) -> Result<()> {
+        if work.is_empty() {
+            return Ok(());
+        }
+        let mut ctx = self.coded_ctx(CollKind::ReduceScatter, work.len(), &c, Algo::Sra);
+        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual);
+        coded::sra::reduce_scatter(&mut ctx, &mut cd, work)
+    }
+
+    /// Compressed all-gather in place: part `rank` of `work` is encoded once and every rank
+    /// (this one included) ends with the decoded parts of all ranks.
+    pub fn all_gather_coded(&mut self, work: &mut [f32], c: Coded<'_>) -> Result<()> {
+        if work.is_empty() {
+            return Ok(());
+        }
+        let n = self.size;
+        let chunks: Vec<_> = (0..n).map(|p| coded::chunk(work.len(), n, p)).collect();
+        let mut ctx = self.coded_ctx(CollKind::AllGather, work.len(), &c, Algo::Ring);
+        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual);
+        if n == 1 {
+            // One rank still ends with the decoded value, as it would among several.
+            let mut out = Vec::new();
+            return cd.encode_own(work, chunks[0].clone(), &mut out);
+        }
+        coded::ring::all_gather(&mut ctx, &mut cd, work, &chunks, |q| q)
+    }
+}

@@ -1,0 +1,434 @@
+//! Compressed collectives, the user-facing side: argument checks before any byte moves,
+//! conversion of f16/bf16/f64 data to the f32 the codecs work on, layouts (CGX's layer-wise
+//! compression), and error feedback with the residual kept in the comm per tensor key.
+
+use super::Comm;
+use crate::algo::Wire;
+use crate::codec::ef::{self, TensorKey};
+use crate::codec::plan::{Layout, Plan};
+use crate::codec::{CodecSpec, Site};
+use crate::coll::compressed::Coded;
+use crate::coll::Engine;
+use crate::config::Algo;
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::types::{DType, Element, ReduceOp};
+use half::{bf16, f16};
+
+/// How one call compresses: the codec, the tensor key (needed for error feedback and
+/// layouts), and optionally the schedule.
+#[derive(Debug, Clone)]
+pub struct Compression {
+    /// The codec (with its error-feedback switch).
+    pub codec: CodecSpec,
+    /// Names the tensor across calls: keys the error-feedback residual and the layout.
+    pub key: Option<TensorKey>,
+    /// Schedule: None uses QCCL_ALGO / `auto` (all-gather scheme for sparse codecs, SRA
+    /// otherwise, hierarchical across several hosts); ring, tree, sra or allgather force one.
+    pub algo: Option<Algo>,
+    /// Hierarchical schedule only: compress the intra-host phases too (default: only the
+    /// inter-host phase, where bandwidth is scarce).
+    pub intra_host: bool,
+}
+
+impl Compression {
+    /// Compression with `codec`, no key, default schedule.
+    pub fn new(codec: CodecSpec) -> Compression {
+        Compression {
+            codec,
+            key: None,
+            algo: None,
+            intra_host: false,
+        }
+    }
+
+    /// Parses a codec spec (see [`CodecSpec::parse`]).
+    pub fn parse(spec: &str) -> Result<Compression> {
+        Ok(Compression::new(CodecSpec::parse(spec)?))
+    }
+
+    /// Sets the tensor key.
+    pub fn key(mut self, key: impl Into<TensorKey>) -> Compression {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Forces a schedule.
+    pub fn algo(mut self, algo: Algo) -> Compression {
+        self.algo = Some(algo);
+        self
+    }
+
+    /// Compresses the intra-host phases of the hierarchical schedule too.
+    pub fn intra_host(mut self, on: bool) -> Compression {
+        self.intra_host = on;
+        self
+    }
+}
+
+/// What a compressed call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// The schedule that ran.
+    pub algo: Algo,
+    /// Payload bytes this rank sent and received (all phases).
+    pub wire: Wire,
+}
+
+/// Which compressed collective (for messages).
+#[derive(Clone, Copy)]
+enum Kind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "all_reduce",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::AllGather => "all_gather",
+        }
+    }
+}
+
+impl Comm {
+    /// Registers the layout of the fused buffer called with `key`: each layer is compressed
+    /// on its own, with its own codec if it has one; layers matching QCCL_COMPRESSION_EXCLUDE
+    /// or under QCCL_COMPRESSION_MINIMAL_SIZE elements travel uncompressed. Local to this rank;
+    /// every rank must register the same layout.
+    pub fn set_layout(&self, key: impl Into<TensorKey>, layout: Layout) -> Result<()> {
+        let key = key.into();
+        if layout.layers.is_empty() {
+            return Err(Error::invalid(format!(
+                "set_layout({key}): the layout has no layers"
+            )));
+        }
+        self.layouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, layout);
+        Ok(())
+    }
+
+    /// Forgets the layout of `key`; true if there was one.
+    pub fn remove_layout(&self, key: &TensorKey) -> bool {
+        self.layouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+            .is_some()
+    }
+
+    /// Forgets the error-feedback residual of `key` (a collective-free local call, ordered
+    /// after every call submitted before it); true if there was one.
+    pub fn forget_residual(&self, key: &TensorKey) -> Result<bool> {
+        self.queue.run(|e| Ok(e.residuals.remove(key)))
+    }
+
+    /// Payload bytes this comm has sent and received so far, over all collectives.
+    pub fn wire(&self) -> Result<Wire> {
+        self.queue.run(|e| Ok(e.wire))
+    }
+
+    /// Compressed all-reduce in place: `buf` is encoded where it leaves this rank and decoded
+    /// where it arrives; every rank ends with bit-identical results. Float types, Sum or Avg.
+    pub fn all_reduce_compressed<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        c: &Compression,
+    ) -> Result<Report> {
+        let n = buf.len();
+        self.all_reduce_compressed_raw(None, bytemuck::cast_slice_mut(buf), n, T::DTYPE, op, c)
+    }
+
+    /// Compressed all-reduce over bytes; in place when `send` is None.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce_compressed_raw(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        c: &Compression,
+    ) -> Result<Report> {
+        let k = Kind::AllReduce;
+        super::api::need(k.name(), "recvbuff", recv.len(), count, dtype)?;
+        if let Some(s) = send {
+            super::api::need(k.name(), "sendbuff", s.len(), count, dtype)?;
+        }
+        let plan = self.plan(k, count, dtype, op, c)?;
+        let hier = self.wants_hier(c.algo)?;
+        let h = if hier { Some(self.hierarchy()?) } else { None };
+        let algo = c.algo.unwrap_or(self.config.algo);
+        let size = self.size;
+        let (seed, rank) = (self.config.seed, self.rank);
+        with_f32(send, recv, dtype, |work| {
+            self.run_coded(c, count, &plan, |e, mut residual, step| {
+                compensate(work, residual.as_deref_mut());
+                let site = Site {
+                    seed,
+                    step,
+                    chunk: 0,
+                    rank: rank as u64,
+                };
+                let report = match &h {
+                    Some(h) => {
+                        let wire =
+                            h.all_reduce_coded(work, &plan, site, residual, c.intra_host, dtype)?;
+                        Report {
+                            algo: Algo::Hier,
+                            wire,
+                        }
+                    }
+                    None => {
+                        let w0 = e.wire;
+                        let coded = Coded {
+                            plan: &plan,
+                            site,
+                            base: 0,
+                            residual,
+                            dtype,
+                        };
+                        let algo = e.all_reduce_coded(work, coded, algo)?;
+                        Report {
+                            algo,
+                            wire: e.wire - w0,
+                        }
+                    }
+                };
+                if op == ReduceOp::Avg {
+                    reduce::finish_avg(DType::Float32, bytemuck::cast_slice_mut(work), size);
+                }
+                Ok(report)
+            })
+        })
+    }
+
+    /// Compressed reduce-scatter in place: `buf` holds size·recvcount elements; afterwards
+    /// part `rank` (`buf[rank·recvcount..]`) holds the sum of every rank's part `rank`, each
+    /// peer's contribution encoded once (this rank's own is exact). Float types, Sum or Avg.
+    pub fn reduce_scatter_compressed<T: Element>(
+        &self,
+        buf: &mut [T],
+        recvcount: usize,
+        op: ReduceOp,
+        c: &Compression,
+    ) -> Result<Report> {
+        let k = Kind::ReduceScatter;
+        let dtype = T::DTYPE;
+        let total = self.total(k, recvcount)?;
+        super::api::need(k.name(), "buffer", buf.len() * dtype.size(), total, dtype)?;
+        let plan = self.plan(k, total, dtype, op, c)?;
+        let (seed, rank, size) = (self.config.seed, self.rank, self.size);
+        with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |work| {
+            self.run_coded(c, total, &plan, |e, mut residual, step| {
+                compensate(work, residual.as_deref_mut());
+                let w0 = e.wire;
+                let site = Site {
+                    seed,
+                    step,
+                    chunk: 0,
+                    rank: rank as u64,
+                };
+                let coded = Coded {
+                    plan: &plan,
+                    site,
+                    base: 0,
+                    residual,
+                    dtype,
+                };
+                e.reduce_scatter_coded(work, coded)?;
+                if op == ReduceOp::Avg {
+                    let mine = rank * recvcount..(rank + 1) * recvcount;
+                    let part = bytemuck::cast_slice_mut(&mut work[mine]);
+                    reduce::finish_avg(DType::Float32, part, size);
+                }
+                Ok(Report {
+                    algo: Algo::Sra,
+                    wire: e.wire - w0,
+                })
+            })
+        })
+    }
+
+    /// Compressed all-gather in place: `buf` holds size·sendcount elements, this rank's part
+    /// at `buf[rank·sendcount..]`. Each part is encoded once by its owner; every rank, the owner
+    /// included, ends with the same decoded values.
+    pub fn all_gather_compressed<T: Element>(
+        &self,
+        buf: &mut [T],
+        sendcount: usize,
+        c: &Compression,
+    ) -> Result<Report> {
+        let k = Kind::AllGather;
+        let dtype = T::DTYPE;
+        let total = self.total(k, sendcount)?;
+        super::api::need(k.name(), "buffer", buf.len() * dtype.size(), total, dtype)?;
+        let plan = self.plan(k, total, dtype, ReduceOp::Sum, c)?;
+        let (seed, rank) = (self.config.seed, self.rank);
+        with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |work| {
+            self.run_coded(c, total, &plan, |e, mut residual, step| {
+                compensate(work, residual.as_deref_mut());
+                let w0 = e.wire;
+                let site = Site {
+                    seed,
+                    step,
+                    chunk: 0,
+                    rank: rank as u64,
+                };
+                let coded = Coded {
+                    plan: &plan,
+                    site,
+                    base: 0,
+                    residual,
+                    dtype,
+                };
+                e.all_gather_coded(work, coded)?;
+                Ok(Report {
+                    algo: Algo::Ring,
+                    wire: e.wire - w0,
+                })
+            })
+        })
+    }
+
+    fn total(&self, k: Kind, per_rank: usize) -> Result<usize> {
+        per_rank.checked_mul(self.size).ok_or_else(|| {
+            Error::invalid(format!("{}: count {per_rank} per rank overflows", k.name()))
+        })
+    }
+
+    /// Checks a compressed call's arguments and resolves its plan (before any byte moves).
+    fn plan(
+        &self,
+        k: Kind,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        c: &Compression,
+    ) -> Result<Plan> {
+        let name = k.name();
+        if !dtype.is_float() {
+            return Err(Error::invalid(format!(
+                "{name}: codec {} compresses floating-point data, not {dtype}",
+                c.codec
+            )));
+        }
+        if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+            return Err(Error::invalid(format!(
+                "{name}: codec {} supports only sum and avg, not {op}",
+                c.codec
+            )));
+        }
+        if c.codec.error_feedback() && c.key.is_none() {
+            return Err(Error::invalid(format!(
+                "{name}: codec {} uses error feedback, which needs a tensor key with the call",
+                c.codec
+            )));
+        }
+        let layout = c.key.as_ref().and_then(|key| {
+            self.layouts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(key)
+                .cloned()
+        });
+        match layout {
+            Some(l) if l.count() != count => Err(Error::invalid(format!(
+                "{name}: tensor {} has a layout of {} elements but the call has {count}",
+                c.key.as_ref().expect("key"),
+                l.count()
+            ))),
+            Some(l) => Ok(Plan::layered(&c.codec, &l, &self.config.filter)),
+            None => Ok(Plan::uniform(&c.codec, count, &self.config.filter)),
+        }
+    }
+
+    /// Runs `f` as this comm's next operation with the call's step number and, under error
+    /// feedback, the residual of its tensor (taken out of the comm for the call, put back after).
+    fn run_coded<R>(
+        &self,
+        c: &Compression,
+        count: usize,
+        plan: &Plan,
+        f: impl FnOnce(&mut Engine, Option<&mut [f32]>, u64) -> Result<R>,
+    ) -> Result<R> {
+        self.queue.run(|e| {
+            let step = e.coded_calls;
+            e.coded_calls += 1;
+            let key = c.key.as_ref().filter(|_| plan.error_feedback());
+            let mut residual = match key {
+                Some(k) => Some(std::mem::take(e.residuals.get(k, count)?)),
+                None => None,
+            };
+            let out = f(e, residual.as_deref_mut(), step);
+            if let (Some(k), Some(r)) = (key, residual) {
+                *e.residuals
+                    .get(k, 0)
+                    .unwrap_or_else(|_| unreachable!("taken residual")) = r;
+            }
+            out
+        })
+    }
+}
+
+/// Runs `f` on the data as f32: in place for aligned f32, else through a converted copy that
+/// is written back after. `send` (out of place) is copied in first.
+fn with_f32<R>(
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    dtype: DType,
+    f: impl FnOnce(&mut [f32]) -> Result<R>,
+) -> Result<R> {
+    if dtype == DType::Float32 {
+        if let Some(s) = send {
+            recv.copy_from_slice(s);
+        }
+        if let Ok(work) = bytemuck::try_cast_slice_mut::<u8, f32>(recv) {
+            return f(work);
+        }
+    }
+    let input: &[u8] = match send {
+        Some(s) if dtype != DType::Float32 => s,
+        _ => recv,
+    };
+    let mut work = to_f32(input, dtype);
+    let out = f(&mut work)?;
+    from_f32(&work, recv, dtype);
+    Ok(out)
+}
+
+fn to_f32(b: &[u8], dtype: DType) -> Vec<f32> {
+    let es = dtype.size();
+    b.chunks_exact(es)
+        .map(|e| match dtype {
+            DType::Float32 => f32::from_ne_bytes([e[0], e[1], e[2], e[3]]),
+            DType::Float64 => f64::from_ne_bytes(e.try_into().expect("8 bytes")) as f32,
+            DType::Float16 => f16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
+            _ => bf16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
+        })
+        .collect()
+}
+
+fn from_f32(work: &[f32], b: &mut [u8], dtype: DType) {
+    let es = dtype.size();
+    for (e, &x) in b.chunks_exact_mut(es).zip(work) {
+        match dtype {
+            DType::Float32 => e.copy_from_slice(&x.to_ne_bytes()),
+            DType::Float64 => e.copy_from_slice(&(x as f64).to_ne_bytes()),
+            DType::Float16 => e.copy_from_slice(&f16::from_f32(x).to_bits().to_ne_bytes()),
+            _ => e.copy_from_slice(&bf16::from_f32(x).to_bits().to_ne_bytes()),
+        }
+    }
+}
+
+/// Adds the residual to the input at the start of a compensated call.
+fn compensate(work: &mut [f32], residual: Option<&mut [f32]>) {
+    if let Some(r) = residual {
+        ef::compensate(work, r);
+    }
+}
