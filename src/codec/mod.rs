@@ -10,6 +10,7 @@
 //! Codecs are chosen by a spec string ([`spec`]): `qsgd:bits=4,bucket=128`, `topk:density=0.01,ef=1`.
 //! Error feedback is not a codec but a property of the call (see [`ef`]).
 
+pub mod adaptive;
 pub mod ef;
 pub mod floats;
 pub mod header;
