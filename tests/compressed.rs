@@ -320,7 +320,7 @@ fn error_feedback_resends_what_was_lost() {
         // A different length for the same key is an error.
         let c = Compression::parse("bf16:ef=1").unwrap().key("w");
         let e = comm
-            .all_reduce_compressed(&mut vec![0f32; 5], ReduceOp::Sum, &c)
+            .all_reduce_compressed(&mut [0f32; 5], ReduceOp::Sum, &c)
             .unwrap_err();
         (totals, e.to_string())
     });
