@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::mix;
+use common::coded::{check_spec, grad, reference, rel_err};
 use qccl::{Algo, Comm, Compression, Config, DType, Layout, ReduceOp};
 use std::sync::Arc;
 
@@ -36,44 +36,6 @@ fn on_threads<R: Send + 'static>(
     f: impl Fn(&Comm) -> R + Send + Sync + 'static,
 ) -> Vec<R> {
     on_hosts(&vec!["h"; n], Config::default(), f)
-}
-
-/// Rank `rank`'s gradient: Gaussian-like values (sum of uniforms) scaled per salt.
-fn grad(rank: usize, count: usize, salt: u64) -> Vec<f32> {
-    (0..count)
-        .map(|i| {
-            let u = |k: u64| {
-                (mix(rank as u64, i as u64, salt * 4 + k) >> 11) as f64 / (1u64 << 53) as f64
-            };
-            ((u(0) + u(1) + u(2) + u(3) - 2.0) * 2.0) as f32
-        })
-        .collect()
-}
-
-/// The float64 sum over ranks.
-fn reference(n: usize, count: usize, salt: u64) -> Vec<f64> {
-    let mut r = vec![0.0f64; count];
-    for rank in 0..n {
-        for (a, b) in r.iter_mut().zip(grad(rank, count, salt)) {
-            *a += b as f64;
-        }
-    }
-    r
-}
-
-/// ‖out − exact‖ / ‖exact‖ (0 for an empty or zero reference).
-fn rel_err(out: &[f32], exact: &[f64]) -> f64 {
-    let num: f64 = out
-        .iter()
-        .zip(exact)
-        .map(|(&o, &e)| (o as f64 - e).powi(2))
-        .sum();
-    let den: f64 = exact.iter().map(|e| e * e).sum();
-    if den == 0.0 {
-        0.0
-    } else {
-        (num / den).sqrt()
-    }
 }
 
 fn assert_identical(outs: &[Vec<f32>], what: &str) {
@@ -424,4 +386,12 @@ fn qccl_compression_applies_to_plain_all_reduce() {
     );
     assert_eq!(outs[0].2, vec![3; 10]);
     let _ = DType::Float32;
+}
+
+#[test]
+fn fp16_suite_on_threads() {
+    for n in [2, 3] {
+        let res = on_threads(n, |comm| check_spec(comm, "fp16", 2e-3));
+        assert!(res.iter().all(|r| r.is_ok()), "{res:?}");
+    }
 }

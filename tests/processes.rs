@@ -37,6 +37,12 @@ fn run_child(scenario: &str) -> Result<(), String> {
             run_all(&comm, &cases(true))?;
             run_huge(&comm)
         }
+        "compressed" => {
+            for (spec, bound) in COMPRESSED_SPECS {
+                common::coded::check_spec(&comm, spec, *bound)?;
+            }
+            Ok(())
+        }
         "allreduce" => {
             let send = vec![comm.rank() as f32 + 1.0; 1000];
             let mut recv = vec![0f32; 1000];
@@ -178,6 +184,27 @@ fn suite_3_processes_tcp() {
 #[test]
 fn suite_4_processes_tcp() {
     suite(4, "tcp");
+}
+
+/// Codecs checked over real processes, with the relative error each may reach on 4 ranks.
+const COMPRESSED_SPECS: &[(&str, f64)] = &[("fp16", 2e-3), ("bf16:ef=1", 2e-2)];
+
+fn compressed(n: usize, transport: &str) {
+    let env = [("QCCL_TRANSPORT", transport)];
+    let outs = Job::new(n).run("compressed", &env, Duration::from_secs(600));
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+    }
+}
+
+#[test]
+fn compressed_4_processes_shm() {
+    compressed(4, "shm");
+}
+
+#[test]
+fn compressed_3_processes_tcp() {
+    compressed(3, "tcp");
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! qccl's kernels (float64 for floats, wrapping arithmetic in i128 for integers).
 #![allow(dead_code)]
 
+pub mod coded;
 pub mod suite;
 
 use half::{bf16, f16};

@@ -1,0 +1,91 @@
+//! Compressed-collective checks shared by the thread and process tests: inputs, float64
+//! references, and a suite that runs every schedule and compares against the reference.
+
+use super::mix;
+use qccl::{Algo, Comm, Compression, ReduceOp};
+
+/// Rank `rank`'s gradient: roughly Gaussian values (a sum of four uniforms), per salt.
+pub fn grad(rank: usize, count: usize, salt: u64) -> Vec<f32> {
+    (0..count)
+        .map(|i| {
+            let u = |k: u64| {
+                (mix(rank as u64, i as u64, salt * 4 + k) >> 11) as f64 / (1u64 << 53) as f64
+            };
+            ((u(0) + u(1) + u(2) + u(3) - 2.0) * 2.0) as f32
+        })
+        .collect()
+}
+
+/// The float64 sum over `n` ranks' gradients.
+pub fn reference(n: usize, count: usize, salt: u64) -> Vec<f64> {
+    let mut r = vec![0.0f64; count];
+    for rank in 0..n {
+        for (a, b) in r.iter_mut().zip(grad(rank, count, salt)) {
+            *a += b as f64;
+        }
+    }
+    r
+}
+
+/// ‖out − exact‖ / ‖exact‖ (0 for a zero reference).
+pub fn rel_err(out: &[f32], exact: &[f64]) -> f64 {
+    let num: f64 = out
+        .iter()
+        .zip(exact)
+        .map(|(&o, &e)| (o as f64 - e).powi(2))
+        .sum();
+    let den: f64 = exact.iter().map(|e| e * e).sum();
+    if den == 0.0 {
+        0.0
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// A 64-bit hash of the bits of `v` (to compare results across processes).
+pub fn hash(v: &[f32]) -> u64 {
+    v.iter()
+        .enumerate()
+        .fold(0x243f_6a88_85a3_08d3, |h, (i, x)| {
+            mix(h, i as u64, x.to_bits() as u64)
+        })
+}
+
+/// Every schedule × count for `spec` on `comm`: relative error against the float64 reference
+/// within `bound`, and bit-identical results on every rank (hashes all-gathered).
+pub fn check_spec(comm: &Comm, spec: &str, bound: f64) -> Result<(), String> {
+    let n = comm.size();
+    for algo in [
+        Algo::Auto,
+        Algo::Sra,
+        Algo::Ring,
+        Algo::Tree,
+        Algo::AllGather,
+    ] {
+        for (k, count) in [0usize, 1, 7, 1000, 100_003].into_iter().enumerate() {
+            let salt = 1000 + k as u64;
+            let c = Compression::parse(spec)
+                .map_err(|e| e.to_string())?
+                .algo(algo)
+                .key(format!("t{count}"));
+            let mut g = grad(comm.rank(), count, salt);
+            comm.all_reduce_compressed(&mut g, ReduceOp::Sum, &c)
+                .map_err(|e| format!("{spec} {algo:?} count {count}: {e}"))?;
+            let e = rel_err(&g, &reference(n, count, salt));
+            if e > bound {
+                return Err(format!(
+                    "{spec} {algo:?} count {count}: relative error {e} above {bound}"
+                ));
+            }
+            let mut hashes = vec![0u64; n];
+            comm.all_gather(&[hash(&g)], &mut hashes)
+                .map_err(|e| e.to_string())?;
+            if hashes.iter().any(|&h| h != hashes[0]) {
+                return Err(format!(
+                    "{spec} {algo:?} count {count}: ranks ended with different results"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
