@@ -1,0 +1,86 @@
+//! Decoding is total: for every codec, truncated, oversized, corrupted or random bytes give an
+//! error or a finite-size decode, never a panic or an out-of-bounds access (proptest over
+//! random bytes and over mutations of valid encodings).
+
+use proptest::prelude::*;
+use qccl::codec::{Rng, Site};
+use qccl::CodecSpec;
+
+const SPECS: &[&str] = &[
+    "none",
+    "fp16",
+    "bf16",
+    "qsgd:bits=4,bucket=128",
+    "qsgd:bits=1,bucket=7,scale=maxabs,rounding=nearest",
+    "qsgd:bits=8,bucket=1000",
+    "qsgd:bits=3,bucket=5",
+    "topk:density=0.1",
+    "mstopk:density=0.05",
+    "randk:density=0.2",
+    "efsign",
+    "onebit",
+];
+
+fn codecs() -> Vec<CodecSpec> {
+    SPECS.iter().map(|s| CodecSpec::parse(s).unwrap()).collect()
+}
+
+fn valid(spec: &CodecSpec, n: usize, seed: u64) -> Vec<u8> {
+    let c = spec.codec();
+    let x: Vec<f32> = (0..n)
+        .map(|i| (i as f32 * 0.37 + seed as f32).sin() * 3.0)
+        .collect();
+    let mut out = vec![0u8; c.max_encoded_len(n)];
+    let mut rng = Rng::new(Site {
+        seed,
+        ..Site::default()
+    });
+    let len = c.encode(&x, &mut rng, &mut out).unwrap();
+    assert_eq!(len, out.len(), "{spec}: encode wrote {len} of {} bytes", out.len());
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600), n in 0usize..300) {
+        for spec in codecs() {
+            let mut out = vec![0f32; n];
+            let _ = spec.codec().decode_into(&bytes, &mut out);
+            let _ = spec.codec().decode_add(&bytes, &mut out);
+        }
+    }
+
+    #[test]
+    fn mutated_encodings_never_panic(
+        n in 0usize..400,
+        seed in any::<u64>(),
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        cut in any::<usize>(),
+        extra in 0usize..16,
+    ) {
+        for spec in codecs() {
+            let good = valid(&spec, n, seed);
+            let c = spec.codec();
+            let mut out = vec![0f32; n];
+            prop_assert!(c.decode_into(&good, &mut out).is_ok(), "{} rejects its own encoding", spec);
+            // Corrupted bytes: any result but a panic.
+            let mut bad = good.clone();
+            for &(at, v) in &flips {
+                let i = at % bad.len();
+                bad[i] ^= v | 1;
+            }
+            let _ = c.decode_add(&bad, &mut out);
+            // Truncated and oversized: always an error.
+            let short = &good[..cut % good.len()];
+            prop_assert!(c.decode_into(short, &mut out).is_err(), "{} accepted a truncated chunk", spec);
+            let mut long = good.clone();
+            long.extend(std::iter::repeat_n(0u8, extra + 1));
+            prop_assert!(c.decode_into(&long, &mut out).is_err(), "{} accepted an oversized chunk", spec);
+            // The wrong element count: an error.
+            let mut other = vec![0f32; n + 1];
+            prop_assert!(c.decode_into(&good, &mut other).is_err());
+        }
+    }
+}
