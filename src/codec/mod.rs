@@ -10,11 +10,16 @@
 //! Codecs are chosen by a spec string ([`spec`]): `qsgd:bits=4,bucket=128`, `topk:density=0.01,ef=1`.
 //! Error feedback is not a codec but a property of the call (see [`ef`]).
 
+mod bits;
 pub mod ef;
 pub mod floats;
 pub mod header;
+pub mod qsgd;
 pub mod rng;
+pub mod sign;
 pub mod spec;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use header::{CodecId, HEADER_LEN};
 pub use rng::{Rng, Site};
