@@ -11,12 +11,17 @@
 //! Error feedback is not a codec but a property of the call (see [`ef`]).
 
 pub mod adaptive;
+mod bits;
 pub mod ef;
 pub mod floats;
 pub mod header;
 pub mod plan;
+pub mod qsgd;
 pub mod rng;
+pub mod sign;
 pub mod spec;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use header::{CodecId, HEADER_LEN};
 pub use rng::{Rng, Site};

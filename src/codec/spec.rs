@@ -5,11 +5,13 @@
 //! none | fp16 | bf16
 //! qsgd:bits=B,bucket=N[,scale=maxmin|maxabs][,rounding=stochastic|nearest]   (B 1..=8; 4, 128)
 //! topk:density=D | mstopk:density=D[,samplings=30] | randk:density=D
-//! efsign | onebit                                       (error feedback on by default)
+//! efsign | onebit[:bucket=N]                            (N default 512; error feedback on by default)
 //! any of them with ef=1 (or ef=0)
 //! ```
 
 use super::floats::{Half16, Identity};
+use super::qsgd::Qsgd;
+use super::sign::{EfSign, OneBit};
 use super::Codec;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -73,7 +75,10 @@ impl CodecSpec {
             "none" => Arc::new(Identity),
             "fp16" => Arc::new(Half16 { brain: false }),
             "bf16" => Arc::new(Half16 { brain: true }),
-            "qsgd" | "topk" | "mstopk" | "randk" | "efsign" | "onebit" => {
+            "qsgd" => Arc::new(Qsgd::from_fields(&mut f)?),
+            "efsign" => Arc::new(EfSign),
+            "onebit" => Arc::new(OneBit::from_fields(&mut f)?),
+            "topk" | "mstopk" | "randk" => {
                 return Err(Error::Unsupported(format!(
                     "codec spec \"{text}\": codec {name} is not implemented in this build"
                 )))

@@ -1,0 +1,459 @@
+//! `qsgd`: bucketed max-min (or max-abs) quantization as CGX uses it (Alistarh et al.'s QSGD
+//! with per-bucket scaling): each bucket of `bucket` elements is mapped onto 2^B − 1 evenly
+//! spaced levels between its scale bounds, with stochastic (unbiased) or nearest rounding.
+//!
+//! Payload of n elements: the scales of all ⌈n / bucket⌉ buckets (maxmin: min and max as f32;
+//! maxabs: one f32 m, levels spread over [−m, m]), then the levels as one dense B-bit stream
+//! ([`super::bits`]), ⌈n·B / 8⌉ bytes. A bucket holding a non-finite value is sent with NaN scales
+//! and decodes to NaN (as an uncompressed sum would be non-finite); any other non-finite or
+//! inverted scale is rejected by the decoder.
+//!
+//! Stochastic rounding draws one uniform per element from an 8-lane xoshiro128+ generator seeded
+//! from the encode site's [`Rng`], so the loops vectorize; element i always takes lane i mod 8
+//! of step i / 8, whatever the bucket size or CPU path.
+
+use super::bits;
+use super::spec::Fields;
+use super::{Codec, CodecId, Rng};
+use crate::error::{Error, Result};
+
+/// How a bucket's levels are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// Between the bucket's minimum and maximum (two f32 per bucket).
+    MaxMin,
+    /// Symmetric over [−m, m], m the bucket's largest magnitude (one f32 per bucket).
+    MaxAbs,
+}
+
+/// How a value between two levels is rounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    /// Up with probability equal to the fractional position: unbiased.
+    Stochastic,
+    /// To the nearest level (ties up): biased, half the error.
+    Nearest,
+}
+
+/// The `qsgd` codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Qsgd {
+    bits: u8,
+    bucket: u32,
+    scale: Scale,
+    rounding: Rounding,
+}
+
+/// Largest accepted bucket (bucket indices and lengths then stay far from overflow).
+pub const MAX_BUCKET: u32 = 1 << 24;
+
+/// Elements per tile of the encode and decode loops: small enough that a tile's input, random
+/// numbers and levels stay in L1.
+const TILE: usize = 2048;
+
+impl Qsgd {
+    /// A qsgd codec: `bits` in 1..=8, `bucket` in 1..=[`MAX_BUCKET`].
+    pub fn new(bits: u32, bucket: u32, scale: Scale, rounding: Rounding) -> Result<Qsgd> {
+        if !(1..=8).contains(&bits) {
+            return Err(Error::invalid(format!(
+                "qsgd: bits must be in 1..=8, got {bits}"
+            )));
+        }
+        if !(1..=MAX_BUCKET).contains(&bucket) {
+            return Err(Error::invalid(format!(
+                "qsgd: bucket must be in 1..={MAX_BUCKET}, got {bucket}"
+            )));
+        }
+        Ok(Qsgd {
+            bits: bits as u8,
+            bucket,
+            scale,
+            rounding,
+        })
+    }
+
+    /// Parses the spec fields `bits`, `bucket`, `scale`, `rounding`.
+    pub fn from_fields(f: &mut Fields<'_>) -> Result<Qsgd> {
+        let bits = f.int("bits", 4, 1..=8)? as u32;
+        let bucket = f.int("bucket", 128, 1..=MAX_BUCKET as u64)? as u32;
+        let scale = [Scale::MaxMin, Scale::MaxAbs][f.choice("scale", &["maxmin", "maxabs"])?];
+        let rounding = [Rounding::Stochastic, Rounding::Nearest]
+            [f.choice("rounding", &["stochastic", "nearest"])?];
+        Qsgd::new(bits, bucket, scale, rounding)
+    }
+
+    /// Bits per element.
+    pub fn bits(&self) -> u32 {
+        self.bits as u32
+    }
+
+    /// Elements per bucket.
+    pub fn bucket(&self) -> u32 {
+        self.bucket
+    }
+
+    /// The scale mode.
+    pub fn scale(&self) -> Scale {
+        self.scale
+    }
+
+    /// The rounding mode.
+    pub fn rounding(&self) -> Rounding {
+        self.rounding
+    }
+
+    /// The top level, 2^B − 1 (levels are 0..=L).
+    fn top(&self) -> u32 {
+        (1 << self.bits) - 1
+    }
+
+    /// Scale bytes per bucket.
+    fn meta_len(&self) -> usize {
+        match self.scale {
+            Scale::MaxMin => 8,
+            Scale::MaxAbs => 4,
+        }
+    }
+
+    fn meta_bytes(&self, n: usize) -> usize {
+        n.div_ceil(self.bucket as usize) * self.meta_len()
+    }
+
+    /// The (lo, hi) bounds of bucket `i` as stored, checked: both NaN (a non-finite bucket), or
+    /// finite with lo <= hi.
+    fn bounds(&self, meta: &[u8], i: usize) -> Result<(f32, f32)> {
+        let f = |k: usize| f32::from_le_bytes(meta[k..k + 4].try_into().expect("4 bytes"));
+        let (lo, hi) = match self.scale {
+            Scale::MaxMin => (f(8 * i), f(8 * i + 4)),
+            Scale::MaxAbs => {
+                let m = f(4 * i);
+                (-m, m)
+            }
+        };
+        if (lo.is_nan() && hi.is_nan()) || (lo.is_finite() && hi.is_finite() && lo <= hi) {
+            Ok((lo, hi))
+        } else {
+            Err(Error::invalid(format!(
+                "{}: bucket {i} has invalid scale bounds [{lo}, {hi}]",
+                self.spec()
+            )))
+        }
+    }
+
+    /// Encode through the portable kernel or the AVX2 one (tests compare the two).
+    fn encode_with(&self, simd: bool, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            if let Some(cpu) = super::x86::Avx2::detect() {
+                return cpu.qsgd_encode(self, input, rng, out);
+            }
+        }
+        let _ = simd;
+        encode_kernel(self, input, rng, out)
+    }
+
+    fn decode_with(&self, simd: bool, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
+        let nb = out.len().div_ceil(self.bucket as usize);
+        for i in 0..nb {
+            self.bounds(payload, i)?;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            if let Some(cpu) = super::x86::Avx2::detect() {
+                cpu.qsgd_decode(self, payload, out, add);
+                return Ok(());
+            }
+        }
+        let _ = simd;
+        if add {
+            decode_kernel::<true>(self, payload, out)
+        } else {
+            decode_kernel::<false>(self, payload, out)
+        }
+        Ok(())
+    }
+}
+
+impl Codec for Qsgd {
+    fn id(&self) -> CodecId {
+        CodecId::Qsgd
+    }
+
+    fn params(&self) -> u64 {
+        self.bits as u64
+            | (self.bucket as u64) << 8
+            | ((self.scale == Scale::MaxAbs) as u64) << 40
+            | ((self.rounding == Rounding::Nearest) as u64) << 41
+    }
+
+    fn spec(&self) -> String {
+        format!(
+            "qsgd:bits={},bucket={},scale={},rounding={}",
+            self.bits,
+            self.bucket,
+            match self.scale {
+                Scale::MaxMin => "maxmin",
+                Scale::MaxAbs => "maxabs",
+            },
+            match self.rounding {
+                Rounding::Stochastic => "stochastic",
+                Rounding::Nearest => "nearest",
+            }
+        )
+    }
+
+    fn payload_len(&self, n: usize) -> usize {
+        self.meta_bytes(n) + (n * self.bits as usize).div_ceil(8)
+    }
+
+    fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
+        self.encode_with(true, input, rng, out)
+    }
+
+    fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
+        self.decode_with(true, payload, out, add)
+    }
+
+    /// Every element but a bucket's extremes lands within one level step (half a step with
+    /// nearest rounding) of its value; a step is (max − min) / L <= sqrt(2)·‖bucket‖ / L for
+    /// maxmin (‖bucket‖² >= max² + min²) and 2m / L <= 2‖bucket‖ / L for maxabs. Summed over a
+    /// bucket: relative error <= sqrt(2·bucket) / L (maxmin) or 2·sqrt(bucket) / L (maxabs),
+    /// halved for nearest, plus a little for f32 rounding. Loose for large buckets (it may
+    /// exceed 1); Gaussian data sees far less.
+    fn error_bound(&self) -> Option<f64> {
+        let b = self.bucket as f64;
+        let l = self.top() as f64;
+        let base = match self.scale {
+            Scale::MaxMin => (2.0 * b).sqrt() / l,
+            Scale::MaxAbs => 2.0 * b.sqrt() / l,
+        };
+        let base = match self.rounding {
+            Rounding::Stochastic => base,
+            Rounding::Nearest => base / 2.0,
+        };
+        Some(base * (1.0 + 1e-4) + 1e-6 * b.sqrt())
+    }
+}
+
+/// Eight xoshiro128+ generators side by side (lane j in element j of each array), so a step
+/// is a handful of 8-wide integer operations.
+struct Lanes {
+    s: [[u32; 8]; 4],
+}
+
+impl Lanes {
+    fn new(rng: &mut Rng) -> Lanes {
+        let mut s = [[0u32; 8]; 4];
+        for j in 0..8 {
+            for pair in 0..2 {
+                let w = rng.next_u64();
+                s[2 * pair][j] = w as u32;
+                s[2 * pair + 1][j] = (w >> 32) as u32;
+            }
+            // The all-zero state is xoshiro's one fixed point.
+            if (0..4).all(|k| s[k][j] == 0) {
+                s[0][j] = 1;
+            }
+        }
+        Lanes { s }
+    }
+
+    /// Fills `u` (a multiple of 8 long) with uniforms in [0, 1) of 24 bits.
+    #[inline(always)]
+    fn fill(&mut self, u: &mut [f32]) {
+        let [mut s0, mut s1, mut s2, mut s3] = self.s;
+        for c in u.chunks_exact_mut(8) {
+            for j in 0..8 {
+                let r = s0[j].wrapping_add(s3[j]);
+                let t = s1[j] << 9;
+                s2[j] ^= s0[j];
+                s3[j] ^= s1[j];
+                s1[j] ^= s2[j];
+                s0[j] ^= s3[j];
+                s2[j] ^= t;
+                s3[j] = s3[j].rotate_left(11);
+                // The top 24 bits (xoshiro+'s low bits are the weak ones); through i32 because
+                // x86 has no vector u32 -> f32 conversion.
+                c[j] = (r >> 8) as i32 as f32 * (1.0 / (1u32 << 24) as f32);
+            }
+        }
+        self.s = [s0, s1, s2, s3];
+    }
+}
+
+/// The bounds (lo, hi) of one bucket as the encoder chooses them; (NaN, NaN) if it holds a
+/// non-finite value.
+#[inline(always)]
+fn bucket_bounds(scale: Scale, xs: &[f32]) -> (f32, f32) {
+    // Lane-wise accumulators, written with comparisons (not f32::min) so they map onto vector
+    // min/max. `bad` turns NaN when any x is infinite or NaN (x * 0).
+    let mut lo = [f32::INFINITY; 8];
+    let mut hi = [f32::NEG_INFINITY; 8];
+    let mut bad = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    let step = |lo: &mut [f32; 8], hi: &mut [f32; 8], bad: &mut [f32; 8], j: usize, x: f32| {
+        let v = match scale {
+            Scale::MaxMin => x,
+            Scale::MaxAbs => x.abs(),
+        };
+        if scale == Scale::MaxMin {
+            lo[j] = if v < lo[j] { v } else { lo[j] };
+        }
+        hi[j] = if v > hi[j] { v } else { hi[j] };
+        bad[j] += x * 0.0;
+    };
+    for c in chunks {
+        for j in 0..8 {
+            step(&mut lo, &mut hi, &mut bad, j, c[j]);
+        }
+    }
+    for (j, &x) in rest.iter().enumerate() {
+        step(&mut lo, &mut hi, &mut bad, j, x);
+    }
+    let mut l = f32::INFINITY;
+    let mut h = f32::NEG_INFINITY;
+    let mut b = 0.0f32;
+    for j in 0..8 {
+        l = if lo[j] < l { lo[j] } else { l };
+        h = if hi[j] > h { hi[j] } else { h };
+        b += bad[j];
+    }
+    let (l, h) = match scale {
+        Scale::MaxMin => (l, h),
+        Scale::MaxAbs => (-h, h),
+    };
+    if b.is_nan() || !l.is_finite() || !h.is_finite() {
+        (f32::NAN, f32::NAN)
+    } else {
+        (l, h)
+    }
+}
+
+/// The encoder's kernel (dispatched in `Qsgd::encode_with`): `out` is the whole payload.
+#[inline(always)]
+pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
+    let n = input.len();
+    let b = q.bucket as usize;
+    let nbits = q.bits as usize;
+    let top = q.top() as f32;
+    let (meta, stream) = out.split_at_mut(q.meta_bytes(n));
+    let mut lanes = (q.rounding == Rounding::Stochastic).then(|| Lanes::new(rng));
+    // Nearest rounding is stochastic rounding with u = 1/2 throughout.
+    let mut u = [0.5f32; TILE];
+    let mut lv = [0u8; TILE];
+    // The current bucket's quantizer: t = (x/2 − lo/2) · inv, in halves so that no difference
+    // of finite values overflows.
+    let (mut lo2, mut inv) = (0.0f32, 0.0f32);
+    let mut t0 = 0;
+    while t0 < n {
+        let len = TILE.min(n - t0);
+        let padded = len.next_multiple_of(8);
+        if let Some(g) = &mut lanes {
+            g.fill(&mut u[..padded]);
+        }
+        let mut p = t0;
+        while p < t0 + len {
+            let bi = p / b;
+            let end = ((bi + 1) * b).min(t0 + len);
+            if p == bi * b {
+                let (l, h) = bucket_bounds(q.scale, &input[p..((bi + 1) * b).min(n)]);
+                match q.scale {
+                    Scale::MaxMin => {
+                        meta[8 * bi..8 * bi + 4].copy_from_slice(&l.to_le_bytes());
+                        meta[8 * bi + 4..8 * bi + 8].copy_from_slice(&h.to_le_bytes());
+                    }
+                    Scale::MaxAbs => meta[4 * bi..4 * bi + 4].copy_from_slice(&h.to_le_bytes()),
+                }
+                let d = h * 0.5 - l * 0.5;
+                // d > 0 is false for NaN bounds and constant buckets: every level is then 0.
+                (lo2, inv) = if d > 0.0 {
+                    (l * 0.5, top / d)
+                } else {
+                    (0.0, 0.0)
+                };
+            }
+            let (xs, us, ls) = (
+                &input[p..end],
+                &u[p - t0..end - t0],
+                &mut lv[p - t0..end - t0],
+            );
+            for ((l, &x), &r) in ls.iter_mut().zip(xs).zip(us) {
+                let t = (x * 0.5 - lo2) * inv + r;
+                // Clamped to [0, L] (the first comparison also maps NaN to 0), so the
+                // truncating conversion is a floor and cannot saturate.
+                let t = if t > 0.0 { t } else { 0.0 };
+                let t = if t < top { t } else { top };
+                *l = t as i32 as u8;
+            }
+            p = end;
+        }
+        let full = len / 8;
+        let s0 = t0 / 8 * nbits;
+        bits::pack(nbits, &lv[..full * 8], &mut stream[s0..s0 + full * nbits]);
+        if padded > len {
+            lv[len..padded].fill(0);
+            let mut g = [0u8; 8];
+            bits::pack(nbits, &lv[full * 8..padded], &mut g[..nbits]);
+            let rest = &mut stream[s0 + full * nbits..];
+            let k = rest.len();
+            rest.copy_from_slice(&g[..k]);
+        }
+        t0 += len;
+    }
+}
+
+/// The decoder's kernel (dispatched in `Qsgd::decode_with`, which validated every bucket's
+/// bounds first): `payload` is the whole payload.
+#[inline(always)]
+pub(super) fn decode_kernel<const ADD: bool>(q: &Qsgd, payload: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    let b = q.bucket as usize;
+    let nbits = q.bits as usize;
+    let top = q.top() as i32;
+    let (meta, stream) = payload.split_at(q.meta_bytes(n));
+    let mut lv = [0u8; TILE];
+    // The current bucket's dequantizer: x = mid + (2q − L) · hs, clamped to [lo, hi] (so
+    // rounding never leaves the bucket's range, nor overflows). NaN bounds give NaN.
+    let (mut lo, mut hi, mut mid, mut hs) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
+    let mut t0 = 0;
+    while t0 < n {
+        let len = TILE.min(n - t0);
+        let padded = len.next_multiple_of(8);
+        let full = len / 8;
+        let s0 = t0 / 8 * nbits;
+        bits::unpack(nbits, &stream[s0..s0 + full * nbits], &mut lv[..full * 8]);
+        if padded > len {
+            let rest = &stream[s0 + full * nbits..];
+            let mut g = [0u8; 8];
+            g[..rest.len()].copy_from_slice(rest);
+            bits::unpack(nbits, &g[..nbits], &mut lv[full * 8..padded]);
+        }
+        let mut p = t0;
+        while p < t0 + len {
+            let bi = p / b;
+            let end = ((bi + 1) * b).min(t0 + len);
+            if p == bi * b || p == t0 {
+                // Checked by the caller; a failure here cannot happen, and would only
+                // leave the previous bucket's (valid) dequantizer in place.
+                if let Ok((l, h)) = q.bounds(meta, bi) {
+                    (lo, hi) = (l, h);
+                    mid = l * 0.5 + h * 0.5;
+                    hs = (h * 0.5 - l * 0.5) / top as f32;
+                }
+            }
+            for (o, &l) in out[p..end].iter_mut().zip(&lv[p - t0..end - t0]) {
+                let k = (2 * l as i32 - top) as f32;
+                let v = mid + k * hs;
+                let v = if v < hi { v } else { hi };
+                let v = if v > lo { v } else { lo };
+                *o = if ADD { *o + v } else { v };
+            }
+            p = end;
+        }
+        t0 += len;
+    }
+}
+
+#[cfg(test)]
+mod tests;
