@@ -13,8 +13,12 @@
 pub mod ef;
 pub mod floats;
 pub mod header;
+pub mod mstopk;
+pub mod randk;
 pub mod rng;
+pub mod sparse;
 pub mod spec;
+pub mod topk;
 
 pub use header::{CodecId, HEADER_LEN};
 pub use rng::{Rng, Site};

@@ -10,6 +10,9 @@
 //! ```
 
 use super::floats::{Half16, Identity};
+use super::mstopk::{MsTopK, DEFAULT_SAMPLINGS, MAX_SAMPLINGS};
+use super::randk::RandK;
+use super::topk::TopK;
 use super::Codec;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -73,7 +76,18 @@ impl CodecSpec {
             "none" => Arc::new(Identity),
             "fp16" => Arc::new(Half16 { brain: false }),
             "bf16" => Arc::new(Half16 { brain: true }),
-            "qsgd" | "topk" | "mstopk" | "randk" | "efsign" | "onebit" => {
+            "topk" => Arc::new(TopK::new(f.density("density")?)?),
+            "mstopk" => {
+                let density = f.density("density")?;
+                let samplings = f.int(
+                    "samplings",
+                    DEFAULT_SAMPLINGS as u64,
+                    1..=MAX_SAMPLINGS as u64,
+                )?;
+                Arc::new(MsTopK::new(density, samplings as u32)?)
+            }
+            "randk" => Arc::new(RandK::new(f.density("density")?)?),
+            "qsgd" | "efsign" | "onebit" => {
                 return Err(Error::Unsupported(format!(
                     "codec spec \"{text}\": codec {name} is not implemented in this build"
                 )))
