@@ -15,11 +15,15 @@ mod bits;
 pub mod ef;
 pub mod floats;
 pub mod header;
+pub mod mstopk;
 pub mod plan;
 pub mod qsgd;
+pub mod randk;
 pub mod rng;
 pub mod sign;
+pub mod sparse;
 pub mod spec;
+pub mod topk;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

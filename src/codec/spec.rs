@@ -10,8 +10,11 @@
 //! ```
 
 use super::floats::{Half16, Identity};
+use super::mstopk::{MsTopK, DEFAULT_SAMPLINGS, MAX_SAMPLINGS};
 use super::qsgd::Qsgd;
+use super::randk::RandK;
 use super::sign::{EfSign, OneBit};
+use super::topk::TopK;
 use super::Codec;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -78,11 +81,17 @@ impl CodecSpec {
             "qsgd" => Arc::new(Qsgd::from_fields(&mut f)?),
             "efsign" => Arc::new(EfSign),
             "onebit" => Arc::new(OneBit::from_fields(&mut f)?),
-            "topk" | "mstopk" | "randk" => {
-                return Err(Error::Unsupported(format!(
-                    "codec spec \"{text}\": codec {name} is not implemented in this build"
-                )))
+            "topk" => Arc::new(TopK::new(f.density("density")?)?),
+            "mstopk" => {
+                let density = f.density("density")?;
+                let samplings = f.int(
+                    "samplings",
+                    DEFAULT_SAMPLINGS as u64,
+                    1..=MAX_SAMPLINGS as u64,
+                )?;
+                Arc::new(MsTopK::new(density, samplings as u32)?)
             }
+            "randk" => Arc::new(RandK::new(f.density("density")?)?),
             "" => {
                 return Err(Error::invalid(format!(
                     "codec spec \"{text}\": empty codec name"

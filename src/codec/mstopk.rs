@@ -1,0 +1,642 @@
+//! `mstopk:density=D[,samplings=N]`: multi-sampling approximate top-k, Algorithm 1 (MSTopK) of
+//! Shi et al., "Towards Scalable Distributed Training of Deep Learning on Public Cloud Clusters"
+//! (the HiTopKComm paper). Sends exactly k = [`k_of`]`(D, n)` elements, chosen without sorting.
+//!
+//! # The algorithm
+//!
+//! With `a = |x|`, mean `ā` and maximum `u`, N samplings bisect a ratio in [l, r] = [0, 1]: each
+//! tries `thres = ā + ratio·(u − ā)` with `ratio = l + (r − l)/2` and counts `nnz = #{a ≥ thres}`.
+//! A count ≤ k moves r down and, if it is the largest such count so far, records
+//! (k1, thres1) = (nnz, thres); a count > k moves l up and, if it is the smallest such count so
+//! far, records (k2, thres2). Then the k1 elements with `a ≥ thres1` are taken, and the
+//! remaining k − k1 are a contiguous run, at a random offset, of the k2 − k1 elements with
+//! `thres2 ≤ a < thres1` in index order (the paper's `ι2[rand : rand + k − k1]`). The result is
+//! returned in ascending index order.
+//!
+//! Every selected element has `a ≥ thres2` and every element left out has `a < thres1`: the
+//! exact k-th largest magnitude is ≥ thres2 and the (k+1)-th is < thres1 ([`mstopk_select`]
+//! returns this bracket).
+//!
+//! # Deviations from the paper's pseudo-code
+//!
+//! * The paper initialises `thres1 = 0` together with `k1 = 0`; if no sampling ever counts
+//!   between 1 and k elements, its line 25 would then select every element. Here "no thres1
+//!   yet" means +∞ (no element), which is what `k1 = 0` says.
+//! * The random offset comes from the encode site's [`Rng`] (reproducible per site); no offset
+//!   is drawn when k1 = k.
+//! * Magnitudes are compared as integer keys (see [`key`]); for finite inputs this is exactly
+//!   the float comparison `a ≥ thres`. An input holding an infinity or NaN, or whose magnitudes
+//!   overflow the f32 partial sums of the mean, has no meaningful mean: it is selected by exact
+//!   top-k instead ([`select_topk`], NaN counting as the largest magnitude).
+//!
+//! # Making N samplings cheap
+//!
+//! A sampling is a count over the whole chunk, so N = 30 plain passes over a chunk in DRAM would
+//! cost more than an exact top-k. The result is nevertheless exactly that of Algorithm 1 run
+//! step by step, because of two observations:
+//!
+//! * The next L samplings can only try the 2^L − 1 thresholds of a bisection tree below the
+//!   current [l, r]. Counting all of them in one pass over the data and then walking the tree
+//!   with the counts performs L samplings for one read of the chunk (L = 3 while the working set
+//!   is large).
+//! * Every later threshold is ≥ the current thres2 (the thresholds grow with the ratio and the
+//!   ratio never drops below l), and the final selection only looks at elements ≥ thres2. So
+//!   once thres2 is known to hold at most half of the working set, the working set is compacted
+//!   to the (index, key) pairs at or above it; at density 0.001 on Gaussian data that is about
+//!   0.2% of the chunk after the first pass, and the remaining samplings count over that.
+//!
+//! The search also stops early when k1 = k (the selection can no longer change), when the
+//! thresholds at l and r round to the same f32 (every later sampling repeats a count already
+//! made), or when a pass leaves the search state unchanged. These only skip samplings whose
+//! outcome is already determined, so the selection is that of all N samplings; after the first
+//! stop the lower bracket may be looser than N samplings would have made it.
+
+use super::sparse::{self, k_of, key, scan_at_least};
+use super::topk::select_topk;
+use super::{Codec, CodecId, Rng};
+use crate::error::Result;
+
+/// Samplings when the spec does not say (the paper's N = 30).
+pub const DEFAULT_SAMPLINGS: u32 = 30;
+/// The largest number of samplings a spec may ask for.
+pub const MAX_SAMPLINGS: u32 = 1000;
+
+/// `mstopk`: k elements chosen by MSTopK's threshold search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MsTopK {
+    density: f64,
+    samplings: u32,
+}
+
+impl MsTopK {
+    /// An MSTopK codec keeping `density` (in (0, 1]) of each chunk, searching with `samplings`
+    /// (1..=[`MAX_SAMPLINGS`]) threshold samplings.
+    pub fn new(density: f64, samplings: u32) -> Result<MsTopK> {
+        sparse::check_density("mstopk", density)?;
+        if !(1..=MAX_SAMPLINGS).contains(&samplings) {
+            return Err(crate::error::Error::invalid(format!(
+                "mstopk: samplings must be in 1..={MAX_SAMPLINGS}, got {samplings}"
+            )));
+        }
+        Ok(MsTopK { density, samplings })
+    }
+
+    /// The fraction of elements kept.
+    pub fn density(&self) -> f64 {
+        self.density
+    }
+
+    /// The number of threshold samplings.
+    pub fn samplings(&self) -> u32 {
+        self.samplings
+    }
+}
+
+/// Elements per block of the counting passes: the block's keys stay in L1 while every
+/// threshold of the pass is counted over them.
+const BLOCK: usize = 1024;
+/// Bisection levels counted per pass while the working set is larger than L2 (7 thresholds):
+/// such a pass is bound by memory, so extra compares are nearly free.
+const WIDE_LEVELS: u32 = 3;
+/// Working sets up to this many elements (1 MiB of keys) are cache resident, where a pass costs
+/// compares rather than memory traffic and one level per pass does the least work.
+const CACHED_ELEMS: usize = 1 << 18;
+
+/// `|x|`'s mean (f64) and largest magnitude key. Partial sums run in 16 f32 lanes (which the
+/// compiler vectorizes, and which give the same result on every machine), flushed to f64 every
+/// 16 Ki elements so the mean stays accurate on long chunks.
+fn mean_max(x: &[f32]) -> (f64, u32) {
+    const LANES: usize = 16;
+    let mut total = 0f64;
+    let mut maxk = [0i32; LANES];
+    for part in x.chunks(LANES << 10) {
+        let mut acc = [0f32; LANES];
+        let lanes = part.chunks_exact(LANES);
+        let tail = lanes.remainder();
+        for c in lanes {
+            for j in 0..LANES {
+                acc[j] += c[j].abs();
+                maxk[j] = maxk[j].max(key(c[j]) as i32);
+            }
+        }
+        for (j, &v) in tail.iter().enumerate() {
+            acc[j] += v.abs();
+            maxk[j] = maxk[j].max(key(v) as i32);
+        }
+        total += acc.iter().map(|&a| a as f64).sum::<f64>();
+    }
+    let max = maxk.iter().copied().max().unwrap_or(0) as u32;
+    (total / x.len().max(1) as f64, max)
+}
+
+/// Adds to `counts[j]` the number of `keys` ≥ `ts[j]`, for every j.
+#[inline]
+fn count_keys(keys: &[i32], ts: &[i32], counts: &mut [usize]) {
+    for block in keys.chunks(BLOCK) {
+        for (c, &t) in counts.iter_mut().zip(ts) {
+            // A compare and a subtract per 4 or 8 keys once vectorized; the u32 sum cannot
+            // overflow within a block.
+            *c += block.iter().map(|&m| (m >= t) as u32).sum::<u32>() as usize;
+        }
+    }
+}
+
+/// [`count_keys`] over the magnitude keys of `x`, made a block at a time into an L1 buffer.
+fn count_full(x: &[f32], ts: &[i32], counts: &mut [usize]) {
+    let mut buf = [0i32; BLOCK];
+    for block in x.chunks(BLOCK) {
+        let b = &mut buf[..block.len()];
+        for (o, &v) in b.iter_mut().zip(block) {
+            // Keys are at most 0x7fff_ffff: non-negative as i32, so signed compares are exact.
+            *o = key(v) as i32;
+        }
+        count_keys(b, ts, counts);
+    }
+}
+
+/// The elements the search still looks at: the whole chunk, or the (index, key) pairs of the
+/// elements at or above an earlier thres2, in index order.
+enum Working {
+    Full,
+    Compact { idx: Vec<u32>, keys: Vec<i32> },
+}
+
+/// The state of Algorithm 1's loop. Thresholds are kept as magnitude keys of the f32 `thres`.
+#[derive(Clone, Copy, PartialEq)]
+struct Search {
+    k: usize,
+    l: f64,
+    r: f64,
+    k1: usize,
+    /// None: no count in 1..=k seen yet (thres1 = +∞, selects nothing).
+    t1: Option<u32>,
+    k2: usize,
+    t2: u32,
+}
+
+impl Search {
+    /// Lines 11–23: the update for a sampling at `ratio` (threshold key `t`) that counted `nnz`.
+    fn step(&mut self, ratio: f64, t: u32, nnz: usize) {
+        if nnz <= self.k {
+            self.r = ratio;
+            if nnz > self.k1 {
+                self.k1 = nnz;
+                self.t1 = Some(t);
+            }
+        } else {
+            self.l = ratio;
+            if nnz < self.k2 {
+                self.k2 = nnz;
+                self.t2 = t;
+            }
+        }
+    }
+}
+
+/// Line 9: the threshold at `ratio`, as the key of the f32 threshold.
+#[inline]
+fn thres_key(mean: f64, span: f64, ratio: f64) -> u32 {
+    key((mean + ratio * span) as f32)
+}
+
+/// Selects exactly `min(k, x.len())` elements of `x` by MSTopK (Algorithm 1 with `samplings`
+/// samplings, see the module documentation) into `out_idx` (cleared first), ascending. Returns
+/// the bracket `(thres2, thres1)`: every selected element has `|x| ≥ thres2`, every other
+/// element has `|x| < thres1` (so the exact k-th largest magnitude is ≥ thres2 and the
+/// (k+1)-th is < thres1). `thres1` is
+/// +∞ when no sampling counted between 1 and k elements; the bracket is `(0, +∞)` when nothing
+/// or everything is selected. `rng` gives the offset of the run taken between the thresholds.
+///
+/// Inputs with an infinity or NaN are selected by [`select_topk`] instead, and the bracket is
+/// then `(m, m)` for the k-th largest magnitude `m` (which may be +∞ or NaN).
+pub fn mstopk_select(
+    x: &[f32],
+    k: usize,
+    samplings: u32,
+    rng: &mut Rng,
+    out_idx: &mut Vec<u32>,
+) -> (f32, f32) {
+    out_idx.clear();
+    let n = x.len();
+    let k = k.min(n);
+    if k == 0 {
+        return (0.0, f32::INFINITY);
+    }
+    if k == n {
+        out_idx.extend(0..n as u32);
+        return (0.0, f32::INFINITY);
+    }
+
+    // Lines 1–3.
+    let (mean, umax) = mean_max(x);
+    if umax >= f32::INFINITY.to_bits() || !mean.is_finite() {
+        select_topk(x, k, out_idx);
+        let m = out_idx.iter().map(|&i| key(x[i as usize])).min();
+        let m = f32::from_bits(m.unwrap_or(0));
+        return (m, m);
+    }
+    let u = f32::from_bits(umax) as f64;
+    // The f32 partial sums can round the mean of equal magnitudes above their maximum; the
+    // thresholds must not shrink as the ratio grows.
+    let mean = mean.min(u);
+    let span = u - mean;
+
+    // Lines 4–6 (thres1 = +∞ rather than 0, see the module documentation).
+    let mut s = Search {
+        k,
+        l: 0.0,
+        r: 1.0,
+        k1: 0,
+        t1: None,
+        k2: n,
+        t2: 0,
+    };
+    let mut work = Working::Full;
+    let mut left = samplings;
+    let mut tree_ratio = Vec::new();
+    let mut tree_t = Vec::new();
+    let mut counts = Vec::new();
+    while left > 0 && s.k1 < k {
+        let size = match &work {
+            Working::Full => n,
+            Working::Compact { keys, .. } => keys.len(),
+        };
+        // Elements below thres2 can no longer be counted or selected.
+        if s.k2 <= size / 2 {
+            let t2 = s.t2 as i32;
+            work = match work {
+                Working::Full => {
+                    let mut idx = Vec::with_capacity(s.k2);
+                    let mut keys = Vec::with_capacity(s.k2);
+                    scan_at_least(x, s.t2, |i, m| {
+                        idx.push(i as u32);
+                        keys.push(m as i32);
+                    });
+                    Working::Compact { idx, keys }
+                }
+                Working::Compact { mut idx, mut keys } => {
+                    let mut w = 0;
+                    for j in 0..keys.len() {
+                        if keys[j] >= t2 {
+                            idx[w] = idx[j];
+                            keys[w] = keys[j];
+                            w += 1;
+                        }
+                    }
+                    idx.truncate(w);
+                    keys.truncate(w);
+                    Working::Compact { idx, keys }
+                }
+            };
+        }
+        let size = s.k2.min(size);
+        let levels = if size > CACHED_ELEMS { WIDE_LEVELS } else { 1 }.min(left);
+
+        // The bisection tree of the next `levels` samplings, in heap order: node j's children
+        // are 2j+1 (its count was ≤ k: r moved down) and 2j+2 (count > k: l moved up). The
+        // ratios are computed by the same formula, from the same l and r, as the step-by-step
+        // loop would.
+        let nodes = (1usize << levels) - 1;
+        tree_ratio.clear();
+        tree_t.clear();
+        let mut bounds = vec![(s.l, s.r)];
+        for j in 0..nodes {
+            let (l, r) = bounds[j];
+            let ratio = l + (r - l) / 2.0;
+            tree_ratio.push(ratio);
+            tree_t.push(thres_key(mean, span, ratio) as i32);
+            if 2 * j + 1 < nodes {
+                bounds.push((l, ratio));
+                bounds.push((ratio, r));
+            }
+        }
+        counts.clear();
+        counts.resize(nodes, 0);
+        match &work {
+            Working::Full => count_full(x, &tree_t, &mut counts),
+            Working::Compact { keys, .. } => count_keys(keys, &tree_t, &mut counts),
+        }
+        let before = s;
+        let mut j = 0;
+        for _ in 0..levels {
+            s.step(tree_ratio[j], tree_t[j] as u32, counts[j]);
+            j = 2 * j + 1 + (counts[j] > k) as usize;
+        }
+        left -= levels;
+        // Every later threshold lies between those of l and r. Once both are the same f32, that
+        // one threshold has been counted (this pass moved l or r onto it) and every further
+        // sampling would count it again and change nothing but l or r. A pass that changed
+        // nothing at all is likewise repeated forever.
+        if s == before || thres_key(mean, span, s.l) == thres_key(mean, span, s.r) {
+            break;
+        }
+    }
+
+    // Lines 25–28: all of [thres1, ∞), then a run of k − k1 from [thres2, thres1).
+    let need = k - s.k1;
+    let start = if need > 0 {
+        rng.below((s.k2 - s.k1 - need + 1) as u64) as usize
+    } else {
+        0
+    };
+    // Finite keys are below u32::MAX, so "no thres1" matches nothing.
+    let t1 = s.t1.unwrap_or(u32::MAX);
+    let mut j2 = 0;
+    out_idx.reserve(k);
+    let mut emit = |i: u32, m: u32| {
+        if m >= t1 {
+            out_idx.push(i);
+        } else {
+            if (start..start + need).contains(&j2) {
+                out_idx.push(i);
+            }
+            j2 += 1;
+        }
+    };
+    match &work {
+        Working::Full => scan_at_least(x, s.t2, |i, m| emit(i as u32, m)),
+        Working::Compact { idx, keys } => {
+            for (&i, &m) in idx.iter().zip(keys) {
+                if m as u32 >= s.t2 {
+                    emit(i, m as u32);
+                }
+            }
+        }
+    }
+    debug_assert_eq!(out_idx.len(), k);
+    let upper = s.t1.map_or(f32::INFINITY, f32::from_bits);
+    (f32::from_bits(s.t2), upper)
+}
+
+impl Codec for MsTopK {
+    fn id(&self) -> CodecId {
+        CodecId::MsTopK
+    }
+    fn params(&self) -> u64 {
+        sparse::params(self.density, self.samplings)
+    }
+    fn spec(&self) -> String {
+        format!(
+            "mstopk:density={},samplings={}",
+            self.density, self.samplings
+        )
+    }
+    fn is_sparse(&self) -> bool {
+        true
+    }
+    fn payload_len(&self, n: usize) -> usize {
+        sparse::payload_len(k_of(self.density, n))
+    }
+    fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
+        sparse::assert_len(input.len());
+        let mut idx = Vec::new();
+        mstopk_select(
+            input,
+            k_of(self.density, input.len()),
+            self.samplings,
+            rng,
+            &mut idx,
+        );
+        sparse::write(input, &idx, out);
+    }
+    fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
+        sparse::decode(payload, out, add)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::sparse::tests::check_codec;
+    use crate::codec::CodecSpec;
+
+    /// Algorithm 1 as printed (with thres1 starting at +∞), one full pass per sampling and float
+    /// comparisons: the reference for the fast version.
+    fn reference(x: &[f32], k: usize, samplings: u32, rng: &mut Rng) -> (Vec<u32>, f32) {
+        let (mean, umax) = mean_max(x);
+        let u = f32::from_bits(umax) as f64;
+        let mean = mean.min(u);
+        let a: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+        let (mut l, mut r) = (0.0f64, 1.0f64);
+        let (mut k1, mut k2) = (0usize, x.len());
+        let (mut thres1, mut thres2) = (f32::INFINITY, 0.0f32);
+        for _ in 0..samplings {
+            let ratio = l + (r - l) / 2.0;
+            let thres = (mean + ratio * (u - mean)) as f32;
+            let nnz = a.iter().filter(|&&v| v >= thres).count();
+            if nnz <= k {
+                r = ratio;
+                if nnz > k1 {
+                    k1 = nnz;
+                    thres1 = thres;
+                }
+            } else {
+                l = ratio;
+                if nnz < k2 {
+                    k2 = nnz;
+                    thres2 = thres;
+                }
+            }
+        }
+        let i1: Vec<u32> = (0..x.len() as u32)
+            .filter(|&i| a[i as usize] >= thres1)
+            .collect();
+        let i2: Vec<u32> = (0..x.len() as u32)
+            .filter(|&i| a[i as usize] < thres1 && a[i as usize] >= thres2)
+            .collect();
+        assert_eq!(i1.len(), k1);
+        let need = k - k1;
+        let start = if need > 0 {
+            rng.below((i2.len() - need + 1) as u64) as usize
+        } else {
+            0
+        };
+        let mut out = i1;
+        out.extend_from_slice(&i2[start..start + need]);
+        out.sort_unstable();
+        (out, thres1)
+    }
+
+    /// Test inputs of several shapes.
+    fn data(kind: u32, n: usize, seed: u64) -> Vec<f32> {
+        let mut r = Rng::from_u64(seed);
+        (0..n)
+            .map(|i| match kind {
+                // Gaussian (Box–Muller).
+                0 => {
+                    let u1 = (r.next_f32() as f64).max(1e-12);
+                    let u2 = r.next_f32() as f64;
+                    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+                }
+                1 => r.next_f32() * 2.0 - 1.0,
+                // Many ties.
+                2 => (r.below(7) as f32 - 3.0) * 0.25,
+                // All equal magnitudes.
+                3 => {
+                    if i % 2 == 0 {
+                        0.5
+                    } else {
+                        -0.5
+                    }
+                }
+                4 => 0.0,
+                // One huge outlier over tiny values: the early thresholds count nothing.
+                _ => {
+                    if i == n / 2 {
+                        1e30
+                    } else {
+                        r.next_f32() * 1e-3
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn check_selection(x: &[f32], k: usize, idx: &[u32], (lo, hi): (f32, f32)) {
+        let k = k.min(x.len());
+        assert_eq!(idx.len(), k);
+        assert!(idx.windows(2).all(|w| w[0] < w[1]), "not ascending");
+        assert!(idx.last().is_none_or(|&i| (i as usize) < x.len()));
+        let mut chosen = vec![false; x.len()];
+        for &i in idx {
+            chosen[i as usize] = true;
+            assert!(
+                x[i as usize].abs() >= lo,
+                "selected {} < {lo}",
+                x[i as usize]
+            );
+        }
+        for (i, &v) in x.iter().enumerate() {
+            if !chosen[i] {
+                assert!(
+                    v.abs() < hi || (k == 0 && hi.is_infinite()),
+                    "left {v} ≥ {hi}"
+                );
+            }
+        }
+        if k > 0 && k < x.len() {
+            let mut mags: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+            mags.sort_by(|a, b| b.total_cmp(a));
+            let (kth, next) = (mags[k - 1], mags[k]);
+            assert!(lo <= kth, "k-th {kth} below {lo}");
+            assert!(next < hi, "(k+1)-th {next} not below {hi}");
+        }
+    }
+
+    #[test]
+    fn selects_exactly_k_like_algorithm_1() {
+        let mut idx = vec![];
+        for kind in 0..6 {
+            for n in [0usize, 1, 2, 5, 100, 1000, 20_000] {
+                for k in [
+                    0,
+                    1,
+                    2,
+                    n / 100,
+                    n / 10,
+                    n / 2,
+                    n.saturating_sub(1),
+                    n,
+                    n + 1,
+                ] {
+                    for samplings in [1, 2, 3, 5, 30, 200] {
+                        let seed = (kind as u64) << 40 | (n as u64) << 16 | k as u64;
+                        let x = data(kind, n, seed);
+                        let b = mstopk_select(&x, k, samplings, &mut Rng::from_u64(seed), &mut idx);
+                        check_selection(&x, k, &idx, b);
+                        if k > 0 && k < n {
+                            let (want, hi) = reference(&x, k, samplings, &mut Rng::from_u64(seed));
+                            assert_eq!(idx, want, "kind {kind} n {n} k {k} samplings {samplings}");
+                            assert_eq!(b.1, hi);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn large_chunks_take_the_wide_and_compacted_paths() {
+        let mut idx = vec![];
+        let n = 1_000_003;
+        for (kind, d) in [(0, 0.001), (0, 0.01), (1, 0.3), (5, 0.001)] {
+            let x = data(kind, n, 9);
+            let k = k_of(d, n);
+            let b = mstopk_select(&x, k, 30, &mut Rng::from_u64(1), &mut idx);
+            check_selection(&x, k, &idx, b);
+            let (want, hi) = reference(&x, k, 30, &mut Rng::from_u64(1));
+            assert_eq!(idx, want, "kind {kind} density {d}");
+            assert_eq!(b.1, hi);
+            if kind == 0 {
+                // 30 samplings pin the Gaussian threshold closely.
+                assert!(b.1 - b.0 < 1e-3 * b.1, "bracket {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn non_finite_inputs_fall_back_to_exact_topk() {
+        let mut idx = vec![];
+        let x = [1.0, f32::NAN, -5.0, f32::INFINITY, 0.5, 2.0];
+        let b = mstopk_select(&x, 3, 30, &mut Rng::from_u64(0), &mut idx);
+        assert_eq!(idx, [1, 2, 3]);
+        assert_eq!(b, (5.0, 5.0));
+        let x = [f32::MAX, f32::MAX, -f32::MAX, 1.0];
+        mstopk_select(&x, 2, 30, &mut Rng::from_u64(0), &mut idx);
+        assert_eq!(idx.len(), 2);
+    }
+
+    #[test]
+    fn codec_round_trips_and_rejects_corruption() {
+        for d in [0.001, 0.1, 0.5, 1.0] {
+            let c = MsTopK::new(d, 30).unwrap();
+            for n in [0, 1, 2, 5, 100, 1001] {
+                check_codec(&c, n, n as u64 + 7);
+            }
+        }
+        check_codec(&MsTopK::new(0.01, 1).unwrap(), 5000, 3);
+    }
+
+    #[test]
+    fn specs_parse_and_round_trip() {
+        let s = CodecSpec::parse("mstopk:density=0.01").unwrap();
+        assert_eq!(s.to_string(), "mstopk:density=0.01,samplings=30");
+        assert_eq!(s.codec().id(), CodecId::MsTopK);
+        assert!(s.codec().is_sparse());
+        for text in [
+            "mstopk:density=0.001,samplings=1",
+            "mstopk:density=0.5,samplings=1000,ef=1",
+        ] {
+            let s = CodecSpec::parse(text).unwrap();
+            assert_eq!(s.to_string(), text);
+            assert_eq!(CodecSpec::parse(&s.to_string()).unwrap(), s);
+        }
+        assert_ne!(
+            MsTopK::new(0.01, 30).unwrap().params(),
+            MsTopK::new(0.01, 31).unwrap().params()
+        );
+        for (text, needle) in [
+            ("mstopk", "density is required"),
+            ("mstopk:samplings=3", "density is required"),
+            ("mstopk:density=0", "density must be in (0, 1]"),
+            ("mstopk:density=1.5", "density must be in (0, 1]"),
+            ("mstopk:density=abc", "density must be a number"),
+            (
+                "mstopk:density=0.1,samplings=0",
+                "samplings must be in 1..=1000",
+            ),
+            (
+                "mstopk:density=0.1,samplings=1001",
+                "samplings must be in 1..=1000",
+            ),
+            (
+                "mstopk:density=0.1,samplings=x",
+                "samplings must be an integer",
+            ),
+        ] {
+            let e = CodecSpec::parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+        assert!(MsTopK::new(0.1, 0).is_err());
+    }
+}
