@@ -36,7 +36,12 @@ fn valid(spec: &CodecSpec, n: usize, seed: u64) -> Vec<u8> {
         ..Site::default()
     });
     let len = c.encode(&x, &mut rng, &mut out).unwrap();
-    assert_eq!(len, out.len(), "{spec}: encode wrote {len} of {} bytes", out.len());
+    assert_eq!(
+        len,
+        out.len(),
+        "{spec}: encode wrote {len} of {} bytes",
+        out.len()
+    );
     out
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 const RANKS: usize = 4;
 const FEATURES: usize = 1000;
 const SAMPLES_PER_RANK: usize = 400;
-const STEPS: usize = 300;
+const STEPS: usize = 600;
 const LR: f64 = 0.5;
 const L2: f64 = 1e-3;
 
@@ -23,13 +23,20 @@ fn unit(a: u64, b: u64, c: u64) -> f64 {
 
 /// Roughly standard normal (Irwin–Hall of 6).
 fn normal(a: u64, b: u64, c: u64) -> f64 {
-    (0..6).map(|k| unit(a, b, c * 8 + k)).sum::<f64>() * (2.0f64).sqrt() - 6.0 / 2.0 * (2.0f64).sqrt()
+    (0..6).map(|k| unit(a, b, c * 8 + k)).sum::<f64>() * (2.0f64).sqrt()
+        - 6.0 / 2.0 * (2.0f64).sqrt()
 }
 
 /// A rank's shard: features and labels from a planted model, 10% label noise.
 fn shard(rank: usize) -> (Vec<f64>, Vec<f64>) {
     let truth: Vec<f64> = (0..FEATURES)
-        .map(|j| if j % 7 == 0 { normal(99, j as u64, 1) } else { 0.0 })
+        .map(|j| {
+            if j % 7 == 0 {
+                normal(99, j as u64, 1)
+            } else {
+                0.0
+            }
+        })
         .collect();
     let mut x = vec![0.0; SAMPLES_PER_RANK * FEATURES];
     let mut y = vec![0.0; SAMPLES_PER_RANK];
@@ -54,7 +61,11 @@ fn loss_grad(x: &[f64], y: &[f64], w: &[f64], grad: Option<&mut [f64]>) -> f64 {
         let row = &x[i * FEATURES..(i + 1) * FEATURES];
         let z: f64 = row.iter().zip(w).map(|(a, b)| a * b).sum();
         let p = 1.0 / (1.0 + (-z).exp());
-        loss += if yi > 0.5 { -(p.max(1e-12)).ln() } else { -((1.0 - p).max(1e-12)).ln() };
+        loss += if yi > 0.5 {
+            -(p.max(1e-12)).ln()
+        } else {
+            -((1.0 - p).max(1e-12)).ln()
+        };
         for (gj, xj) in g.iter_mut().zip(row) {
             *gj += (p - yi) * xj;
         }
@@ -84,7 +95,8 @@ fn train(spec: Option<&'static str>) -> f64 {
                     let mut g: Vec<f32> = g64.iter().map(|&v| v as f32).collect();
                     match &c {
                         Some(c) => {
-                            comm.all_reduce_compressed(&mut g, ReduceOp::Avg, c).unwrap();
+                            comm.all_reduce_compressed(&mut g, ReduceOp::Avg, c)
+                                .unwrap();
                         }
                         None => comm.all_reduce_in_place(&mut g, ReduceOp::Avg).unwrap(),
                     }
@@ -110,10 +122,19 @@ fn train(spec: Option<&'static str>) -> f64 {
 fn compressed_training_matches_uncompressed() {
     let dense = train(None);
     let initial = std::f64::consts::LN_2;
-    assert!(dense < 0.8 * initial, "the problem must need its gradients: {dense}");
+    assert!(
+        dense < 0.8 * initial,
+        "the problem must need its gradients: {dense}"
+    );
     let runs = Arc::new([
-        ("qsgd:bits=4,bucket=128", train(Some("qsgd:bits=4,bucket=128"))),
-        ("topk:density=0.01,ef=1", train(Some("topk:density=0.01,ef=1"))),
+        (
+            "qsgd:bits=4,bucket=128",
+            train(Some("qsgd:bits=4,bucket=128")),
+        ),
+        (
+            "topk:density=0.01,ef=1",
+            train(Some("topk:density=0.01,ef=1")),
+        ),
         ("topk:density=0.01", train(Some("topk:density=0.01"))),
     ]);
     let report: Vec<String> = runs
@@ -125,5 +146,8 @@ fn compressed_training_matches_uncompressed() {
     for (spec, loss) in &runs[..2] {
         assert!((loss / dense - 1.0).abs() < 0.01, "{spec}: {report}");
     }
-    assert!(runs[2].1 > runs[1].1 * 1.01, "top-k without error feedback: {report}");
+    assert!(
+        runs[2].1 > runs[1].1 * 1.01,
+        "top-k without error feedback: {report}"
+    );
 }

@@ -187,7 +187,12 @@ fn suite_4_processes_tcp() {
 }
 
 /// Codecs checked over real processes, with the relative error each may reach on 4 ranks.
-const COMPRESSED_SPECS: &[(&str, f64)] = &[("fp16", 2e-3), ("bf16:ef=1", 2e-2)];
+const COMPRESSED_SPECS: &[(&str, f64)] = &[
+    ("fp16", 2e-3),
+    ("bf16:ef=1", 2e-2),
+    ("qsgd:bits=4,bucket=128", 0.35),
+    ("topk:density=0.01,ef=1", 1.5),
+];
 
 fn compressed(n: usize, transport: &str) {
     let env = [("QCCL_TRANSPORT", transport)];

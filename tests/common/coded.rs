@@ -67,7 +67,7 @@ pub fn check_spec(comm: &Comm, spec: &str, bound: f64) -> Result<(), String> {
             let c = Compression::parse(spec)
                 .map_err(|e| e.to_string())?
                 .algo(algo)
-                .key(format!("t{count}"));
+                .key(format!("{algo:?} {count}"));
             let mut g = grad(comm.rank(), count, salt);
             comm.all_reduce_compressed(&mut g, ReduceOp::Sum, &c)
                 .map_err(|e| format!("{spec} {algo:?} count {count}: {e}"))?;
