@@ -519,3 +519,29 @@ fn sra_errs_less_than_ring_at_8_ranks() {
     println!("8 ranks qsgd 4 bits: sra {sra:.4}, ring {ring:.4}");
     assert!(sra < ring, "sra {sra} vs ring {ring}");
 }
+
+#[test]
+fn async_compressed_all_reduce_and_default_layout() {
+    let count = 3001;
+    let outs = on_threads(3, move |comm| {
+        let c = Compression::parse("bf16").unwrap();
+        let req = comm
+            .all_reduce_compressed_async(grad(comm.rank(), count, 31), ReduceOp::Sum, &c)
+            .unwrap();
+        let (g, rep) = req.wait().unwrap();
+        // A default layout applies to unkeyed calls of its size only.
+        comm.set_default_layout(Some(Layout::new([("w", 3000), ("norm", 1)])))
+            .unwrap();
+        comm.set_exclude_patterns(vec!["w".into()]);
+        let mut exact_layer = grad(comm.rank(), count, 32);
+        comm.all_reduce_compressed(&mut exact_layer, ReduceOp::Sum, &c)
+            .unwrap();
+        (g, rep, exact_layer)
+    });
+    let exact = reference(3, count, 31);
+    assert!(rel_err(&outs[0].0, &exact) < 1e-2);
+    assert!(outs[0].1.wire.sent > 0);
+    // "w" excluded by the new pattern, "norm" (1 element) under the minimal size: exact.
+    let e = rel_err(&outs[0].2, &reference(3, count, 32));
+    assert!(e < 1e-6, "{e}");
+}

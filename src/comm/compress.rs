@@ -2,7 +2,8 @@
 //! conversion of f16/bf16/f64 data to the f32 the codecs work on, layouts (CGX's layer-wise
 //! compression), and error feedback with the residual kept in the comm per tensor key.
 
-use super::Comm;
+use super::hier::Hier;
+use super::{Comm, Request};
 use crate::algo::Wire;
 use crate::codec::ef::{self, TensorKey};
 use crate::codec::plan::{Layout, Plan};
@@ -14,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DType, Element, ReduceOp};
 use half::{bf16, f16};
+use std::sync::Arc;
 
 /// How one call compresses: the codec, the tensor key (needed for error feedback and
 /// layouts), and optionally the schedule.
@@ -112,6 +114,31 @@ impl Comm {
         Ok(())
     }
 
+    /// Registers the layout used by compressed calls that have no layout of their own (no key,
+    /// or a key without one) when their element count equals the layout's total: the C ABI's
+    /// `qcclCommSetLayout`. None removes it.
+    pub fn set_default_layout(&self, layout: Option<Layout>) -> Result<()> {
+        if layout.as_ref().is_some_and(|l| l.layers.is_empty()) {
+            return Err(Error::invalid(
+                "set_default_layout: the layout has no layers",
+            ));
+        }
+        *self
+            .default_layout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = layout;
+        Ok(())
+    }
+
+    /// Replaces the name patterns of layers kept in full precision (QCCL_COMPRESSION_EXCLUDE):
+    /// a layer whose name contains one of them is not compressed.
+    pub fn set_exclude_patterns(&self, patterns: Vec<String>) {
+        self.filter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .exclude = patterns;
+    }
+
     /// Forgets the layout of `key`; true if there was one.
     pub fn remove_layout(&self, key: &TensorKey) -> bool {
         self.layouts
@@ -160,51 +187,54 @@ impl Comm {
         if let Some(s) = send {
             super::api::need(k.name(), "sendbuff", s.len(), count, dtype)?;
         }
-        let plan = self.plan(k, count, dtype, op, c)?;
-        let hier = self.wants_hier(c.algo)?;
-        let h = if hier { Some(self.hierarchy()?) } else { None };
-        let algo = c.algo.unwrap_or(self.config.algo);
-        let size = self.size;
-        let (seed, rank) = (self.config.seed, self.rank);
-        with_f32(send, recv, dtype, |work| {
-            self.run_coded(c, count, &plan, |e, mut residual, step| {
-                compensate(work, residual.as_deref_mut());
-                let site = Site {
-                    seed,
-                    step,
-                    chunk: 0,
-                    rank: rank as u64,
-                };
-                let report = match &h {
-                    Some(h) => {
-                        let wire =
-                            h.all_reduce_coded(work, &plan, site, residual, c.intra_host, dtype)?;
-                        Report {
-                            algo: Algo::Hier,
-                            wire,
-                        }
-                    }
-                    None => {
-                        let w0 = e.wire;
-                        let coded = Coded {
-                            plan: &plan,
-                            site,
-                            base: 0,
-                            residual,
-                            dtype,
-                        };
-                        let algo = e.all_reduce_coded(work, coded, algo)?;
-                        Report {
-                            algo,
-                            wire: e.wire - w0,
-                        }
-                    }
-                };
-                if op == ReduceOp::Avg {
-                    reduce::finish_avg(DType::Float32, bytemuck::cast_slice_mut(work), size);
-                }
-                Ok(report)
-            })
+        let call = self.prepare_all_reduce_compressed(count, dtype, op, c)?;
+        self.queue.run(|e| call.run(e, send, recv))
+    }
+
+    /// Starts a compressed all-reduce of `buf` in place; the request returns it with the report
+    /// (DeAR-style overlap: start it after backprop produced the tensor, wait before use).
+    pub fn all_reduce_compressed_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+        c: &Compression,
+    ) -> Result<Request<(Vec<T>, Report)>> {
+        let call = self.prepare_all_reduce_compressed(buf.len(), T::DTYPE, op, c)?;
+        self.queue.submit(move |e| {
+            let report = call.run(e, None, bytemuck::cast_slice_mut(&mut buf))?;
+            Ok((buf, report))
+        })
+    }
+
+    /// Checks a compressed all-reduce of `count` elements and resolves everything it needs
+    /// (plan, schedule, hierarchy) before any byte moves; the result runs on this comm's engine
+    /// (`Comm::execute` / `Comm::submit`), which is how the C ABI queues grouped and
+    /// non-blocking compressed calls.
+    pub fn prepare_all_reduce_compressed(
+        &self,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        c: &Compression,
+    ) -> Result<PreparedAllReduce> {
+        let plan = self.plan(Kind::AllReduce, count, dtype, op, c)?;
+        let hier = if self.wants_hier(c.algo)? {
+            Some(self.hierarchy()?)
+        } else {
+            None
+        };
+        Ok(PreparedAllReduce {
+            plan,
+            hier,
+            key: c.key.clone(),
+            algo: c.algo.unwrap_or(self.config.algo),
+            intra_host: c.intra_host,
+            count,
+            dtype,
+            op,
+            seed: self.config.seed,
+            rank: self.rank,
+            size: self.size,
         })
     }
 
@@ -330,21 +360,33 @@ impl Comm {
                 c.codec
             )));
         }
-        let layout = c.key.as_ref().and_then(|key| {
+        let keyed = c.key.as_ref().and_then(|key| {
             self.layouts
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(key)
                 .cloned()
         });
+        let layout = keyed.or_else(|| {
+            self.default_layout
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .filter(|l| l.count() == count)
+        });
+        let filter = self
+            .filter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         match layout {
             Some(l) if l.count() != count => Err(Error::invalid(format!(
                 "{name}: tensor {} has a layout of {} elements but the call has {count}",
                 c.key.as_ref().expect("key"),
                 l.count()
             ))),
-            Some(l) => Ok(Plan::layered(&c.codec, &l, &self.config.filter)),
-            None => Ok(Plan::uniform(&c.codec, count, &self.config.filter)),
+            Some(l) => Ok(Plan::layered(&c.codec, &l, &filter)),
+            None => Ok(Plan::uniform(&c.codec, count, &filter)),
         }
     }
 
@@ -370,6 +412,88 @@ impl Comm {
                 *e.residuals
                     .get(k, 0)
                     .unwrap_or_else(|_| unreachable!("taken residual")) = r;
+            }
+            out
+        })
+    }
+}
+
+/// A checked compressed all-reduce, ready to run on its comm's engine.
+pub struct PreparedAllReduce {
+    plan: Plan,
+    hier: Option<Arc<Hier>>,
+    key: Option<TensorKey>,
+    algo: Algo,
+    intra_host: bool,
+    count: usize,
+    dtype: DType,
+    op: ReduceOp,
+    seed: u64,
+    rank: usize,
+    size: usize,
+}
+
+impl PreparedAllReduce {
+    /// Runs the call on `e` (the engine of the comm that prepared it, inside its turn):
+    /// `recv` holds `count` elements, `send` (out of place) too.
+    pub fn run(&self, e: &mut Engine, send: Option<&[u8]>, recv: &mut [u8]) -> Result<Report> {
+        let es = self.dtype.size();
+        if recv.len() != self.count * es || send.is_some_and(|s| s.len() != recv.len()) {
+            return Err(Error::invalid(format!(
+                "all_reduce: buffers of {} and {:?} bytes for a call prepared for {} elements of {}",
+                recv.len(),
+                send.map(<[u8]>::len),
+                self.count,
+                self.dtype
+            )));
+        }
+        let (plan, dtype) = (&self.plan, self.dtype);
+        with_f32(send, recv, dtype, |work| {
+            let step = e.coded_calls;
+            e.coded_calls += 1;
+            let key = self.key.as_ref().filter(|_| plan.error_feedback());
+            let mut residual = match key {
+                Some(k) => Some(std::mem::take(e.residuals.get(k, self.count)?)),
+                None => None,
+            };
+            compensate(work, residual.as_deref_mut());
+            let site = Site {
+                seed: self.seed,
+                step,
+                chunk: 0,
+                rank: self.rank as u64,
+            };
+            let res = residual.as_deref_mut();
+            let out = match &self.hier {
+                Some(h) => h
+                    .all_reduce_coded(work, plan, site, res, self.intra_host, dtype)
+                    .map(|wire| Report {
+                        algo: Algo::Hier,
+                        wire,
+                    }),
+                None => {
+                    let w0 = e.wire;
+                    let coded = Coded {
+                        plan,
+                        site,
+                        base: 0,
+                        residual: res,
+                        dtype,
+                    };
+                    e.all_reduce_coded(work, coded, self.algo)
+                        .map(|algo| Report {
+                            algo,
+                            wire: e.wire - w0,
+                        })
+                }
+            };
+            if let (Some(k), Some(r)) = (key, residual) {
+                *e.residuals
+                    .get(k, 0)
+                    .unwrap_or_else(|_| unreachable!("taken residual")) = r;
+            }
+            if self.op == ReduceOp::Avg {
+                reduce::finish_avg(DType::Float32, bytemuck::cast_slice_mut(work), self.size);
             }
             out
         })

@@ -6,7 +6,7 @@ mod hier;
 mod queue;
 mod split;
 
-pub use compress::{Compression, Report};
+pub use compress::{Compression, PreparedAllReduce, Report};
 pub use queue::Request;
 
 use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
@@ -52,6 +52,10 @@ pub struct Comm {
     /// Layouts of fused buffers, by tensor key (compressed calls).
     layouts:
         std::sync::Mutex<std::collections::HashMap<crate::TensorKey, crate::codec::plan::Layout>>,
+    /// The layout of unkeyed compressed calls of its size (C ABI's qcclCommSetLayout).
+    default_layout: std::sync::Mutex<Option<crate::codec::plan::Layout>>,
+    /// Layers kept uncompressed (from the config; qcclCommExcludeLayers changes it).
+    filter: std::sync::Mutex<crate::codec::plan::Filter>,
     transport: &'static str,
 }
 
@@ -233,6 +237,7 @@ impl Comm {
                 }
             })
             .map_err(|e| Error::io("spawning the comm's worker thread", e))?;
+        let filter = config.filter.clone();
         Ok(Comm {
             rank,
             size,
@@ -247,6 +252,8 @@ impl Comm {
             splits: Default::default(),
             hier: Default::default(),
             layouts: Default::default(),
+            default_layout: Default::default(),
+            filter: std::sync::Mutex::new(filter),
             transport: transport_name,
         })
     }
