@@ -109,7 +109,15 @@ qcclResult_t qcclRecv(void* recvbuff, size_t count, qcclDataType_t datatype, int
 qcclResult_t qcclGroupStart(void);
 qcclResult_t qcclGroupEnd(void);
 
-/* ---- compression (not built yet: these return qcclUnsupported) ------------------------- */
+/* ---- compression ----------------------------------------------------------------------- */
+/* A codec is made from a spec string (see README: qsgd, topk, mstopk, randk, efsign, onebit,
+ * fp16, bf16, none; ",ef=1" adds error feedback) and freed with qcclCodecDestroy. Compressed
+ * all-reduce: float types, sum or avg, NCCL's in-place rule; tensorKey names the tensor across
+ * calls (its error-feedback residual). qcclCommSetLayout registers the layers of fused buffers:
+ * a compressed call whose count equals their total compresses each layer on its own, layers
+ * matching qcclCommExcludeLayers' patterns ("bias|norm") or under
+ * QCCL_COMPRESSION_MINIMAL_SIZE elements stay uncompressed. HiTopK: not built yet
+ * (qcclUnsupported). */
 
 qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);   /* "qsgd:bits=4,bucket=128", "topk:density=0.01,ef=1", ... */
 qcclResult_t qcclCodecDestroy(qcclCodec_t codec);

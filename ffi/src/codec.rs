@@ -1,17 +1,18 @@
-//! Compression entry points. Their signatures are final; the codecs (issue #4) and
-//! HiTopKComm (issue #7) are not built yet, so after checking their arguments they return
-//! `qcclUnsupported`.
+//! Compression entry points: codecs from spec strings, compressed all-reduce (blocking,
+//! grouped, non-blocking), layouts. HiTopKComm (issue #7) is not built yet: after checking its
+//! arguments it returns `qcclUnsupported`.
 
-use crate::coll::no_stream;
-use crate::group::guard_op;
+use crate::coll::{no_stream, start};
+use crate::group::{guard_op, launch};
 use crate::handle;
 use crate::last_error::guard;
+use crate::op::Op;
 use crate::types::*;
-use qccl_core::{DType, Error, ReduceOp, Result};
+use qccl_core::{CodecSpec, Compression, DType, Error, Layout, Result};
+use std::ffi::CStr;
 use std::ffi::{c_char, c_float, c_int, c_void};
 use std::ptr::null_mut;
 
-const NO_CODECS: &str = "compression codecs are not built yet";
 const NO_HITOPK: &str = "HiTopKComm is not built yet";
 
 fn non_null<T>(name: &str, p: *const T) -> Result<()> {
@@ -35,8 +36,20 @@ fn check_buffers(
     Ok(dtype)
 }
 
-/// Creates a codec from a spec such as "qsgd:bits=4,bucket=128" or "topk:density=0.01,ef=1".
-/// Not built yet: qcclUnsupported, `*codec = NULL`.
+/// A NUL-terminated C string as UTF-8.
+///
+/// # Safety
+/// `p` is non-null and NUL-terminated.
+unsafe fn text<'a>(name: &str, p: *const c_char) -> Result<&'a str> {
+    non_null(name, p)?;
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| Error::invalid(format!("{name} is not valid UTF-8")))
+}
+
+/// Creates a codec from a spec such as "qsgd:bits=4,bucket=128" or "topk:density=0.01,ef=1";
+/// a bad spec is qcclInvalidArgument with the bad field named in `qcclGetLastError(NULL)`.
 ///
 /// # Safety
 /// `spec` is NULL or a NUL-terminated string; `codec` is NULL or valid for a write.
@@ -49,22 +62,32 @@ pub unsafe extern "C" fn qcclCodecCreate(
         non_null("codec", codec)?;
         // SAFETY: non-null and valid for a write by the caller's contract.
         unsafe { codec.write(null_mut()) };
-        non_null("spec", spec)?;
-        Err(Error::Unsupported(NO_CODECS.into()))
+        // SAFETY: NULL or NUL-terminated by the caller's contract.
+        let spec = CodecSpec::parse(unsafe { text("spec", spec) }?)?;
+        // SAFETY: as above.
+        unsafe { codec.write(handle::register_codec(spec)) };
+        Ok(())
     })
 }
 
-/// Frees a codec. No codec can exist yet: qcclUnsupported.
+/// Frees a codec. Calls already running with it are unaffected.
 #[no_mangle]
 pub extern "C" fn qcclCodecDestroy(codec: qcclCodec_t) -> qcclResult_t {
     guard("qcclCodecDestroy", null_mut(), || {
-        non_null("codec", codec)?;
-        Err(Error::Unsupported(NO_CODECS.into()))
+        handle::unregister_codec(codec)
     })
 }
 
+/// The call's compression: the codec, keyed by `tensorKey` (error-feedback residual and
+/// layout), on the comm's default schedule.
+fn compression(codec: qcclCodec_t, tensor_key: u64) -> Result<Compression> {
+    let spec = handle::codec(codec)?;
+    Ok(Compression::new((*spec).clone()).key(tensor_key))
+}
+
 /// All-reduce with `codec` applied where data leaves and enters each rank; `tensorKey`
-/// identifies the tensor across calls (error-feedback state). Not built yet.
+/// identifies the tensor across calls (error-feedback residual). Float types, sum or avg; in
+/// place when `sendbuff == recvbuff`; every rank ends bit-identical.
 ///
 /// # Safety
 /// As `qcclAllReduce`.
@@ -80,18 +103,16 @@ pub unsafe extern "C" fn qcclAllReduceCompressed(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    let _ = tensorKey;
     guard_op("qcclAllReduceCompressed", comm, || {
-        handle::comm(comm)?;
+        let h = handle::comm(comm)?;
         no_stream(stream)?;
-        let dtype = check_buffers(sendbuff, recvbuff, count, datatype)?;
-        ReduceOp::from_i32(op)?.check_dtype(dtype)?;
-        non_null("codec", codec)?;
-        Err(Error::Unsupported(NO_CODECS.into()))
+        let c = compression(codec, tensorKey)?;
+        let op = Op::all_reduce_compressed(&h.comm, sendbuff, recvbuff, count, datatype, op, &c)?;
+        launch(comm, h, op)
     })
 }
 
-/// Non-blocking `qcclAllReduceCompressed`. Not built yet: qcclUnsupported, `*request = NULL`.
+/// Non-blocking `qcclAllReduceCompressed`; `*request` completes with `qcclWait`.
 ///
 /// # Safety
 /// As `qcclIAllReduce`.
@@ -107,16 +128,14 @@ pub unsafe extern "C" fn qcclIAllReduceCompressed(
     comm: qcclComm_t,
     request: *mut qcclRequest_t,
 ) -> qcclResult_t {
-    let _ = tensorKey;
     guard("qcclIAllReduceCompressed", comm, || {
-        non_null("request", request)?;
-        // SAFETY: non-null and valid for a write by the caller's contract.
-        unsafe { request.write(null_mut()) };
-        handle::comm(comm)?;
-        let dtype = check_buffers(sendbuff, recvbuff, count, datatype)?;
-        ReduceOp::from_i32(op)?.check_dtype(dtype)?;
-        non_null("codec", codec)?;
-        Err(Error::Unsupported(NO_CODECS.into()))
+        // SAFETY: `request` per this function's contract.
+        unsafe {
+            start(comm, request, |c| {
+                let comp = compression(codec, tensorKey)?;
+                Op::all_reduce_compressed(c, sendbuff, recvbuff, count, datatype, op, &comp)
+            })
+        }
     })
 }
 
@@ -155,8 +174,10 @@ pub unsafe extern "C" fn qcclHiTopKAllReduce(
     })
 }
 
-/// Registers the layer layout of fused buffers (`nlayers` names and element counts) for
-/// per-layer compression. Not built yet.
+/// Registers the layer layout of fused buffers (`nlayers` names and element counts): a
+/// compressed all-reduce whose count equals the layout's total compresses each layer on its
+/// own, keeping excluded and small layers (QCCL_COMPRESSION_MINIMAL_SIZE) in full precision.
+/// `nlayers == 0` removes the layout. Local: every rank registers the same layout.
 ///
 /// # Safety
 /// `names` and `counts` are NULL or hold `nlayers` entries; each name NULL or NUL-terminated.
@@ -168,26 +189,36 @@ pub unsafe extern "C" fn qcclCommSetLayout(
     counts: *const usize,
 ) -> qcclResult_t {
     guard("qcclCommSetLayout", comm, || {
-        handle::comm(comm)?;
+        let h = handle::comm(comm)?;
         let n = usize::try_from(nlayers)
             .map_err(|_| Error::invalid(format!("nlayers is {nlayers}; it must be >= 0")))?;
-        if n > 0 {
-            non_null("names", names)?;
-            non_null("counts", counts)?;
-            for i in 0..n {
-                // SAFETY: `names` holds `nlayers` entries by the caller's contract; i < n.
-                let name = unsafe { names.add(i).read() };
-                if name.is_null() {
-                    return Err(Error::invalid(format!("names[{i}] is NULL")));
-                }
-            }
+        if n == 0 {
+            return h.comm.set_default_layout(None);
         }
-        Err(Error::Unsupported(NO_CODECS.into()))
+        non_null("names", names)?;
+        non_null("counts", counts)?;
+        let mut layers = Vec::with_capacity(n);
+        let mut total: usize = 0;
+        for i in 0..n {
+            // SAFETY: `names` and `counts` hold `nlayers` entries by the caller's contract.
+            let (name, count) = unsafe { (names.add(i).read(), counts.add(i).read()) };
+            if name.is_null() {
+                return Err(Error::invalid(format!("names[{i}] is NULL")));
+            }
+            // SAFETY: non-null and NUL-terminated by the caller's contract.
+            let name = unsafe { text(&format!("names[{i}]"), name) }?;
+            total = total
+                .checked_add(count)
+                .ok_or_else(|| Error::invalid("the layer counts overflow size_t"))?;
+            layers.push((name.to_string(), count));
+        }
+        h.comm.set_default_layout(Some(Layout::new(layers)))
     })
 }
 
-/// Keeps layers whose name matches `pattern` (e.g. "bias|norm") in full precision. Not built
-/// yet.
+/// Keeps layers whose name contains one of the `|`- or `,`-separated patterns (e.g.
+/// "bias|norm") in full precision; replaces QCCL_COMPRESSION_EXCLUDE for this comm. An empty
+/// pattern excludes nothing.
 ///
 /// # Safety
 /// `pattern` is NULL or NUL-terminated.
@@ -197,8 +228,16 @@ pub unsafe extern "C" fn qcclCommExcludeLayers(
     pattern: *const c_char,
 ) -> qcclResult_t {
     guard("qcclCommExcludeLayers", comm, || {
-        handle::comm(comm)?;
-        non_null("pattern", pattern)?;
-        Err(Error::Unsupported(NO_CODECS.into()))
+        let h = handle::comm(comm)?;
+        // SAFETY: NULL or NUL-terminated by the caller's contract.
+        let pattern = unsafe { text("pattern", pattern) }?;
+        let list = pattern
+            .split(['|', ','])
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(String::from)
+            .collect();
+        h.comm.set_exclude_patterns(list);
+        Ok(())
     })
 }

@@ -197,7 +197,7 @@ pub unsafe extern "C" fn qcclRecv(
 ///
 /// # Safety
 /// `request` is NULL or valid for a write.
-unsafe fn start(
+pub(crate) unsafe fn start(
     comm: qcclComm_t,
     request: *mut qcclRequest_t,
     make: impl FnOnce(&qccl_core::Comm) -> Result<Op>,

@@ -1,4 +1,4 @@
-//! Registries of live comms and requests.
+//! Registries of live comms, requests and codecs.
 //!
 //! A `qcclComm_t` or `qcclRequest_t` is a token, never dereferenced: a number the library
 //! hands out once (never reused in the life of the process) and looks up here. So a call on
@@ -7,7 +7,7 @@
 //! (`Arc`) until that call returns.
 
 use crate::types::*;
-use qccl_core::{Comm, Error, Request, Result};
+use qccl_core::{CodecSpec, Comm, Error, Request, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -163,4 +163,40 @@ pub(crate) fn request_comm(r: qcclRequest_t) -> qcclComm_t {
     lock(&REQUESTS)
         .get(&(r as usize))
         .map_or(std::ptr::null_mut(), |e| e.comm)
+}
+
+static CODECS: LazyLock<Mutex<HashMap<usize, Arc<CodecSpec>>>> = LazyLock::new(Default::default);
+
+/// Registers a codec; returns its handle.
+pub(crate) fn register_codec(codec: CodecSpec) -> qcclCodec_t {
+    let token = next_token();
+    lock(&CODECS).insert(token, Arc::new(codec));
+    token as qcclCodec_t
+}
+
+fn not_live_codec(c: qcclCodec_t) -> Error {
+    Error::InvalidUsage(format!(
+        "codec {c:p} is not a live codec: it was destroyed, or was never returned by \
+         qcclCodecCreate"
+    ))
+}
+
+/// The live codec behind `c`, or the error for a NULL, destroyed or unknown handle.
+pub(crate) fn codec(c: qcclCodec_t) -> Result<Arc<CodecSpec>> {
+    if c.is_null() {
+        return Err(Error::invalid("codec is NULL"));
+    }
+    lock(&CODECS)
+        .get(&(c as usize))
+        .cloned()
+        .ok_or_else(|| not_live_codec(c))
+}
+
+/// Unregisters `c` (calls already running with it keep their own reference).
+pub(crate) fn unregister_codec(c: qcclCodec_t) -> Result<()> {
+    if c.is_null() {
+        return Err(Error::invalid("codec is NULL"));
+    }
+    let removed = lock(&CODECS).remove(&(c as usize));
+    removed.map(drop).ok_or_else(|| not_live_codec(c))
 }

@@ -7,9 +7,10 @@ use crate::types::*;
 use qccl_core::coll::Engine;
 use qccl_core::transport::frame::{CollKind, OpDesc};
 use qccl_core::transport::{RecvReq, SendReq};
-use qccl_core::{Comm, DType, Error, ReduceOp, Result};
+use qccl_core::{Comm, Compression, DType, Error, PreparedAllReduce, ReduceOp, Result};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
 /// A checked operation. `send: None` means in place.
 pub(crate) enum Op {
@@ -66,6 +67,11 @@ pub(crate) enum Op {
         count: usize,
         dtype: DType,
         peer: usize,
+    },
+    AllReduceCompressed {
+        send: Option<RawBuf>,
+        recv: RawBuf,
+        call: Arc<PreparedAllReduce>,
     },
 }
 
@@ -325,6 +331,32 @@ impl Op {
         })
     }
 
+    /// A compressed all-reduce: checked like `qcclAllReduce` (and by the codec's rules) and
+    /// prepared (plan, schedule) before anything is queued.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_reduce_compressed(
+        c: &Comm,
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: qcclDataType_t,
+        op: qcclRedOp_t,
+        compression: &Compression,
+    ) -> Result<Op> {
+        let Op::AllReduce {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        } = Op::all_reduce(c, sendbuff, recvbuff, count, datatype, op)?
+        else {
+            unreachable!("Op::all_reduce makes an AllReduce")
+        };
+        let call = Arc::new(c.prepare_all_reduce_compressed(count, dtype, op, compression)?);
+        Ok(Op::AllReduceCompressed { send, recv, call })
+    }
+
     pub(crate) fn is_p2p(&self) -> bool {
         matches!(self, Op::Send { .. } | Op::Recv { .. })
     }
@@ -422,6 +454,10 @@ impl Op {
                 dtype,
                 peer,
             } => c.recv_raw(unsafe { buf.slice_mut() }, count, dtype, peer),
+            Op::AllReduceCompressed { send, recv, call } => {
+                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
+                c.execute(|e| call.run(e, s, r)).map(drop)
+            }
         }
     }
 
@@ -494,6 +530,10 @@ impl Op {
                     let (s, r) = unsafe { (send.slice(), recv.slice_mut()) };
                     e.all_to_all(s, r, count, dtype)
                 }
+            }
+            Op::AllReduceCompressed { send, recv, call } => {
+                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
+                call.run(e, s, r).map(drop)
             }
             p2p @ (Op::Send { .. } | Op::Recv { .. }) => {
                 P2pPlan::new(e.rank, e.size, vec![p2p])?.run(e)

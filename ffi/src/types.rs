@@ -87,7 +87,7 @@ pub type qcclComm_t = *mut qcclComm;
 /// `NULL` (host memory) is the only stream this build accepts.
 pub type qcclStream_t = *mut c_void;
 
-/// Opaque codec handle (codecs are not built yet).
+/// Opaque codec handle; a token like `qcclComm_t`.
 #[repr(C)]
 pub struct qcclCodec {
     _private: [u8; 0],

@@ -324,6 +324,84 @@ static void test_nonblocking(qcclComm_t comm, int rank, int n) {
     free(ag_out);
 }
 
+/* FNV-1a over the bytes: compares results across ranks. */
+static uint64_t fnv(const void* p, size_t n) {
+    const unsigned char* b = (const unsigned char*)p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Relative L2 error of out against the float64 reference of val() summed over ranks. */
+static double rel_err(const float* out, size_t count, int n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < count; i++) {
+        double e = reference(qcclSum, n, i);
+        num += ((double)out[i] - e) * ((double)out[i] - e);
+        den += e * e;
+    }
+    return den > 0 ? sqrt(num / den) : 0;
+}
+
+static void same_everywhere(qcclComm_t comm, int n, const float* buf, size_t count, const char* what) {
+    uint64_t mine = fnv(buf, count * 4);
+    uint64_t* all = (uint64_t*)xmalloc(8 * (size_t)n);
+    CHECK(qcclAllGather(&mine, all, 1, qcclUint64, comm, NULL));
+    for (int r = 0; r < n; r++)
+        if (all[r] != mine) FAIL("%s: rank %d ended with different bits", what, r);
+    free(all);
+}
+
+static void test_compressed(qcclComm_t comm, int rank, int n) {
+    size_t count = 100003;
+    float* s = (float*)xmalloc(count * 4);
+    float* r = (float*)xmalloc(count * 4);
+    for (size_t i = 0; i < count; i++) s[i] = (float)val(rank, i);
+    qcclCodec_t q8, topk;
+    CHECK(qcclCodecCreate("qsgd:bits=8,bucket=128", &q8));
+    CHECK(qcclCodecCreate("topk:density=0.05,ef=1", &topk));
+
+    /* Blocking, out of place then in place. */
+    poison(r, count * 4);
+    CHECK(qcclAllReduceCompressed(s, r, count, qcclFloat32, qcclSum, q8, 1, comm, NULL));
+    double e = rel_err(r, count, n);
+    if (!(e < 0.02)) FAIL("compressed all_reduce: relative error %g", e);
+    same_everywhere(comm, n, r, count, "compressed all_reduce");
+    for (size_t i = 0; i < count; i++) r[i] = (float)val(rank, i);
+    CHECK(qcclAllReduceCompressed(r, r, count, qcclFloat32, qcclSum, q8, 2, comm, NULL));
+    if (!(rel_err(r, count, n) < 0.02)) FAIL("in-place compressed all_reduce");
+
+    /* Grouped and non-blocking. */
+    float* r2 = (float*)xmalloc(count * 4);
+    CHECK(qcclGroupStart());
+    CHECK(qcclAllReduceCompressed(s, r, count, qcclFloat32, qcclSum, topk, 3, comm, NULL));
+    CHECK(qcclGroupEnd());
+    same_everywhere(comm, n, r, count, "grouped top-k");
+    if (!(rel_err(r, count, n) < 1.0)) FAIL("grouped top-k all_reduce");
+    qcclRequest_t req;
+    CHECK(qcclIAllReduceCompressed(s, r2, count, qcclFloat32, qcclSum, q8, 4, comm, &req));
+    CHECK(qcclWait(req));
+    if (!(rel_err(r2, count, n) < 0.02)) FAIL("non-blocking compressed all_reduce");
+    same_everywhere(comm, n, r2, count, "non-blocking compressed all_reduce");
+
+    /* A layout: the "bias" layer travels uncompressed, so it is exact. */
+    const char* names[2] = {"fc.weight", "fc.bias"};
+    size_t counts[2] = {count - 1000, 1000};
+    CHECK(qcclCommSetLayout(comm, 2, names, counts));
+    CHECK(qcclCommExcludeLayers(comm, "bias"));
+    CHECK(qcclAllReduceCompressed(s, r, count, qcclFloat32, qcclSum, q8, 5, comm, NULL));
+    for (size_t i = count - 1000; i < count; i++)
+        expect("layout bias", qcclFloat32, r, i, reference(qcclSum, n, i), 0);
+    if (!(rel_err(r, count, n) < 0.02)) FAIL("layered compressed all_reduce");
+    CHECK(qcclCommSetLayout(comm, 0, NULL, NULL));
+
+    CHECK(qcclCodecDestroy(q8));
+    CHECK(qcclCodecDestroy(topk));
+    free(s);
+    free(r);
+    free(r2);
+}
+
 static int body(int rank, int nranks, qcclUniqueId id) {
     qcclComm_t comm;
     CHECK(qcclCommInitRank(&comm, nranks, id, rank));
@@ -348,6 +426,7 @@ static int body(int rank, int nranks, qcclUniqueId id) {
     test_p2p(comm, rank, n);
     test_split(comm, rank, n);
     test_nonblocking(comm, rank, n);
+    test_compressed(comm, rank, n);
     qcclResult_t async = qcclInternalError;
     CHECK(qcclCommGetAsyncError(comm, &async));
     if (async != qcclSuccess) FAIL("async error %d", (int)async);

@@ -191,25 +191,36 @@ static void argument_errors(qcclComm_t c2) {
     ERR(qcclCommSplit(c2, 0, 0, &child), qcclUnsupported, c2, "between qcclGroupStart and qcclGroupEnd");
     CHECK(qcclGroupEnd());
 
-    /* Codecs and HiTopK: signatures final, not built yet. */
+    /* Codecs: bad specs name the field; handles are checked; codec rules before any byte. */
     qcclCodec_t codec = (qcclCodec_t)&codec;
-    ERR(qcclCodecCreate("qsgd:bits=4,bucket=128", &codec), qcclUnsupported, NULL, "compression codecs are not built yet");
+    ERR(qcclCodecCreate("qsgd:bits=9", &codec), qcclInvalidArgument, NULL, "bits must be in 1..=8");
     if (codec != NULL) FAIL("qcclCodecCreate left *codec set");
+    ERR(qcclCodecCreate("zip", &codec), qcclInvalidArgument, NULL, "unknown codec");
+    ERR(qcclCodecCreate("topk", &codec), qcclInvalidArgument, NULL, "density is required");
     ERR(qcclCodecCreate(NULL, &codec), qcclInvalidArgument, NULL, "spec is NULL");
     ERR(qcclCodecCreate("topk:density=0.01", NULL), qcclInvalidArgument, NULL, "codec is NULL");
     ERR(qcclCodecDestroy(NULL), qcclInvalidArgument, NULL, "codec is NULL");
     qcclCodec_t fake = (qcclCodec_t)&fake;
-    ERR(qcclCodecDestroy(fake), qcclUnsupported, NULL, "compression codecs are not built yet");
-    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, c2, NULL), qcclUnsupported, c2, "compression codecs are not built yet");
+    ERR(qcclCodecDestroy(fake), qcclInvalidUsage, NULL, "not a live codec");
+    qcclCodec_t q4 = NULL;
+    CHECK(qcclCodecCreate("qsgd:bits=4,bucket=128", &q4));
+    if (q4 == NULL) FAIL("qcclCodecCreate returned NULL");
+    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, c2, NULL), qcclInvalidUsage, c2, "not a live codec");
     ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, NULL, 7, c2, NULL), qcclInvalidArgument, c2, "codec is NULL");
-    ERR(qcclAllReduceCompressed(NULL, r, 4, qcclFloat32, qcclSum, fake, 7, c2, NULL), qcclInvalidArgument, c2, "sendbuff is NULL");
-    ERR(qcclAllReduceCompressed(s, r, 4, (qcclDataType_t)33, qcclSum, fake, 7, c2, NULL), qcclInvalidArgument, c2, "unknown datatype 33");
-    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, NULL, NULL), qcclInvalidArgument, NULL, "comm is NULL");
-    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, c2, stream), qcclUnsupported, c2, "without CUDA");
+    ERR(qcclAllReduceCompressed(NULL, r, 4, qcclFloat32, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "sendbuff is NULL");
+    ERR(qcclAllReduceCompressed(s, r, 4, (qcclDataType_t)33, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "unknown datatype 33");
+    ERR(qcclAllReduceCompressed(s, r, 4, qcclInt32, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "compresses floating-point data, not int32");
+    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclMax, q4, 7, c2, NULL), qcclInvalidArgument, c2, "only sum and avg");
+    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, q4, 7, NULL, NULL), qcclInvalidArgument, NULL, "comm is NULL");
+    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, q4, 7, c2, stream), qcclUnsupported, c2, "without CUDA");
+    ERR(qcclAllReduceCompressed(a, a + 1, 4, qcclFloat32, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "overlap");
     req = (qcclRequest_t)&req;
-    ERR(qcclIAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, c2, &req), qcclUnsupported, c2, "compression codecs are not built yet");
+    ERR(qcclIAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, c2, &req), qcclInvalidUsage, c2, "not a live codec");
     if (req != NULL) FAIL("qcclIAllReduceCompressed left *request set");
-    ERR(qcclIAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, c2, NULL), qcclInvalidArgument, c2, "request is NULL");
+    ERR(qcclIAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "request is NULL");
+    CHECK(qcclCodecDestroy(q4));
+    ERR(qcclCodecDestroy(q4), qcclInvalidUsage, NULL, "not a live codec");
+    /* HiTopK: signature final, not built yet. */
     ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 0.01f, 7, c2, NULL), qcclUnsupported, c2, "HiTopKComm is not built yet");
     ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 1.5f, 7, c2, NULL), qcclInvalidArgument, c2, "density 1.5");
     ERR(qcclHiTopKAllReduce(s, NULL, 4, qcclFloat32, 0.1f, 7, c2, NULL), qcclInvalidArgument, c2, "recvbuff is NULL");
@@ -217,13 +228,14 @@ static void argument_errors(qcclComm_t c2) {
     const char* names[2] = {"conv1.weight", "conv1.bias"};
     const char* bad_names[2] = {"conv1.weight", NULL};
     size_t counts[2] = {4, 4};
-    ERR(qcclCommSetLayout(c2, 2, names, counts), qcclUnsupported, c2, "compression codecs are not built yet");
+    CHECK(qcclCommSetLayout(c2, 2, names, counts));
+    CHECK(qcclCommSetLayout(c2, 0, NULL, NULL));
     ERR(qcclCommSetLayout(c2, 2, NULL, counts), qcclInvalidArgument, c2, "names is NULL");
     ERR(qcclCommSetLayout(c2, 2, names, NULL), qcclInvalidArgument, c2, "counts is NULL");
     ERR(qcclCommSetLayout(c2, 2, bad_names, counts), qcclInvalidArgument, c2, "names[1] is NULL");
     ERR(qcclCommSetLayout(c2, -1, names, counts), qcclInvalidArgument, c2, "nlayers is -1");
     ERR(qcclCommSetLayout(NULL, 2, names, counts), qcclInvalidArgument, NULL, "comm is NULL");
-    ERR(qcclCommExcludeLayers(c2, "bias|norm"), qcclUnsupported, c2, "compression codecs are not built yet");
+    CHECK(qcclCommExcludeLayers(c2, "bias|norm"));
     ERR(qcclCommExcludeLayers(c2, NULL), qcclInvalidArgument, c2, "pattern is NULL");
 
     /* Every error above was an argument error: the comm is not failed. */
