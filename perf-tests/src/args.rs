@@ -4,7 +4,7 @@
 //! and getopt lets a value stick to its flag (`-b1K`); clap can express neither.
 
 use crate::coll::Coll;
-use qccl::{Algo, DType, ReduceOp};
+use qccl::{Algo, CodecSpec, DType, ReduceOp};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -72,6 +72,8 @@ pub struct Args {
     pub coll: Coll,
     /// `-A`: all-reduce algorithm.
     pub algo: Algo,
+    /// `-Z`: compress the all-reduce with this codec (all_reduce, float types, sum/avg only).
+    pub codec: Option<CodecSpec>,
     /// `-a`: how the ranks' times combine.
     pub time_stat: TimeStat,
     /// `-J`: JSON output file (written by rank 0).
@@ -113,7 +115,19 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
                              uint32 | int64 | uint64 | all  (also float32, float16, bf16,
                              fp16, fp32, fp64, int, char, ...)                         [float]
   -r, --root <rank>          root of broadcast, reduce, gather, scatter                [0]
-  -A, --algo <algo>          all-reduce algorithm: auto | ring | tree | sra            [auto]
+  -A, --algo <algo>          all-reduce algorithm: auto | ring | tree | sra | hier |
+                             allgather (allgather: with -Z only)                       [auto]
+  -Z, --codec <spec>         compress the all-reduce with a codec: none | fp16 | bf16 |
+                             qsgd:bits=4,bucket=128 | topk:density=0.01 | efsign | ...
+                             (allreduce only; float -d; sum or avg -o). busbw stays on
+                             the uncompressed size; extra columns: wire(B) bytes sent
+                             per rank per call (max over ranks), ratio = dense
+                             all-reduce bytes 2(n-1)/n*size over wire(B), relerr =
+                             |out - exact|_2 / |exact|_2 (float64 reference, fresh
+                             inputs, worst of both modes). #wrong counts non-finite
+                             outputs, and when the codec bounds one encode's relative
+                             error by e, elements off by more than
+                             (n+1)*e*max|exact| + the type's own tolerance             [off]
   -a, --average <0/1/2/3>    reported time: 0 rank 0, 1 mean, 2 min, 3 max over ranks [3]
   -z, --blocking <0/1>       accepted; qccl's host collectives always block
   -t, -g, -m <1>             nccl-tests' threads, GPUs, aggregation: only 1
@@ -207,6 +221,7 @@ const OPTS: &[(&str, &str)] = &[
     ("z", "blocking"),
     ("C", "coll"),
     ("A", "algo"),
+    ("Z", "codec"),
     ("a", "average"),
     ("J", "json"),
     ("T", "timeout"),
@@ -299,6 +314,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         blocking: false,
         coll: coll_from_argv0(argv0).unwrap_or(Coll::AllReduce),
         algo: Algo::Auto,
+        codec: None,
         time_stat: TimeStat::Max,
         json: None,
         np: None,
@@ -336,6 +352,8 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
             "z" => a.blocking = flag01(f, &v)?,
             "C" => a.coll = Coll::parse(&v).map_err(|e| format!("{f}: {e}"))?,
             "A" => a.algo = Algo::parse(&v).map_err(|e| format!("{f}: {e}"))?,
+            // CodecSpec's message quotes the spec and names the bad field.
+            "Z" => a.codec = Some(CodecSpec::parse(&v).map_err(|e| format!("{f}: {e}"))?),
             "a" => {
                 a.time_stat = match num::<u32>(f, &v)? {
                     0 => TimeStat::Rank0,
@@ -400,12 +418,59 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
             .check_dtype(a.dtypes[0])
             .map_err(|e| format!("-o {} -d {}: {e}", a.ops[0], a.dtypes[0]))?;
     }
+    check_codec(&a)?;
     if let Some(np) = a.np {
         if a.coll.rooted() && a.root >= np {
             return Err(format!("-r {}: the root must be below -np {np}", a.root));
         }
     }
     Ok(Parsed::Run(Box::new(a)))
+}
+
+/// Rejects `-Z` combinations the compressed all-reduce would refuse at the first call (and
+/// `-A allgather`, a compressed-only schedule, without `-Z`), so that a bad command line
+/// fails before any rank starts.
+fn check_codec(a: &Args) -> Result<(), String> {
+    let Some(codec) = &a.codec else {
+        if a.algo == Algo::AllGather {
+            return Err(
+                "-A allgather: the all-gather schedule is for compressed all-reduce only (add -Z <codec>)"
+                    .into(),
+            );
+        }
+        return Ok(());
+    };
+    if a.coll != Coll::AllReduce {
+        return Err(format!(
+            "-Z {codec}: codecs apply to all_reduce only, not -C {}",
+            a.coll.name()
+        ));
+    }
+    if let Some(d) = a.dtypes.iter().find(|d| !d.is_float()) {
+        let hint = if a.dtypes.len() > 1 {
+            " (-d all includes integer types; pick float, half, bfloat16 or double)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "-Z {codec} -d {d}: codecs compress floating-point data only{hint}"
+        ));
+    }
+    if let Some(o) = a
+        .ops
+        .iter()
+        .find(|o| !matches!(o, ReduceOp::Sum | ReduceOp::Avg))
+    {
+        let hint = if a.ops.len() > 1 {
+            " (-o all includes prod, min and max)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "-Z {codec} -o {o}: compressed all-reduce supports only sum and avg{hint}"
+        ));
+    }
+    Ok(())
 }
 
 impl Args {
@@ -496,5 +561,46 @@ mod tests {
         assert!(bad("-t 2"));
         assert!(!bad("-o avg -d all"));
         assert_eq!(args("-b 0 -e 8 -f 2").sizes(), vec![0]);
+    }
+
+    #[test]
+    fn codec_flag() {
+        let a = args("-np 2 -Z fp16 -o avg -d half -A allgather");
+        assert_eq!(a.codec.as_ref().map(|c| c.to_string()), Some("fp16".into()));
+        assert_eq!(a.algo, Algo::AllGather);
+        // -np's children get -Z too.
+        assert_eq!(a.passthrough[..2], ["-Z", "fp16"]);
+        let a = args("--codec=bf16:ef=1 -A hier");
+        assert_eq!(a.codec.map(|c| c.to_string()), Some("bf16:ef=1".into()));
+        assert_eq!(a.algo, Algo::Hier);
+        assert!(args("-d all").codec.is_none());
+        let err = |s: &str| {
+            let raw: Vec<String> = s.split_whitespace().map(String::from).collect();
+            parse("qccl-perf", &raw)
+                .err()
+                .unwrap_or_else(|| panic!("{s} parsed"))
+        };
+        for (cmd, needles) in [
+            ("-Z bogus", &["-Z", "unknown codec \"bogus\""][..]),
+            ("-Z fp16:level=1", &["-Z", "unknown field \"level\""]),
+            (
+                "-Z fp16 -C broadcast",
+                &["-Z fp16", "all_reduce only", "-C broadcast"],
+            ),
+            (
+                "-C reduce_scatter -Z bf16",
+                &["-Z bf16", "-C reduce_scatter"],
+            ),
+            ("-Z fp16 -d int32", &["-Z fp16 -d int32", "floating-point"]),
+            ("-Z fp16 -d all", &["-d all includes integer types"]),
+            ("-Z fp16 -o max", &["-Z fp16 -o max", "sum and avg"]),
+            ("-Z fp16 -o all -d half", &["-o all includes"]),
+            ("-A allgather", &["-A allgather", "-Z"]),
+        ] {
+            let e = err(cmd);
+            for n in needles {
+                assert!(e.contains(n), "{cmd}: {e}");
+            }
+        }
     }
 }

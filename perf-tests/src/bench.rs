@@ -1,12 +1,17 @@
 //! The measurement loop: for each type, op and size, time the out-of-place and in-place runs,
 //! then check one freshly filled run of each.
+//!
+//! With a codec (`-Z`) the all-reduce runs compressed, keyed per (type, op, size) so that error
+//! feedback keeps one residual per tensor as training would; each mode also records the wire
+//! bytes of its last timed call and, from one call on fresh inputs (run even without `-c 1`),
+//! the relative error against the float64 reference.
 
 use crate::args::{Args, TimeStat};
 use crate::coll::{self, Ctx, Shape};
 use crate::elem::{Elem, Filler};
-use crate::report::{self, Measure, Row};
+use crate::report::{self, CodecCols, Measure, Row};
 use half::{bf16, f16};
-use qccl::{Algo, Comm, DType, ReduceOp, Result};
+use qccl::{Algo, Comm, Compression, DType, ReduceOp, Result, Wire};
 use std::io::Write;
 use std::time::Instant;
 
@@ -68,24 +73,44 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
     let zero = T::from_bits(0);
     let mut send = vec![zero; shapes.iter().map(|s| s.send).max().unwrap_or(0)];
     let mut recv = vec![zero; shapes.iter().map(|s| s.recv).max().unwrap_or(0)];
-    let ctx = Ctx {
+    let lossy = a.codec.is_some();
+    let mut ctx = Ctx {
         comm,
         rank: comm.rank(),
         n,
         root: a.root,
         op,
         algo: a.algo,
-        fill: Filler { op, n },
+        fill: Filler { op, n, lossy },
+        compression: None,
     };
+    if lossy {
+        // Codecs' speed can depend on the data (a sparsifier's selection, a quantizer's
+        // scales): time them on the same kind of values they are checked on, not on zeros.
+        ctx.fill.fill(&mut send, ctx.rank, 0);
+        ctx.fill.fill(&mut recv, ctx.rank, 0);
+    }
     let mut wrong = 0;
     for sh in shapes {
+        let bytes = sh.bytes(es);
+        ctx.compression = a.codec.as_ref().map(|z| {
+            // One key per tensor shape: the residual of error feedback has the call's length,
+            // so the type is part of the key (one size is a different count per type).
+            let key = format!("qccl-perf-{}-{}-{bytes}", T::DTYPE.name(), op.name());
+            Compression::new(z.clone()).key(key).algo(a.algo)
+        });
         let (s, r) = (&mut send[..sh.send], &mut recv[..sh.recv]);
-        let (oop, algo) = measure(&ctx, a, sh, false, s, r)?;
+        let oop = measure(&ctx, a, sh, false, s, r)?;
         let ip = if a.coll.has_in_place() {
-            Some(measure(&ctx, a, sh, true, s, r)?.0)
+            Some(measure(&ctx, a, sh, true, s, r)?)
         } else {
             None
         };
+        let codec = oop.codec.map(|(wire, oop_err)| {
+            let ip_err = ip.as_ref().and_then(|m| m.codec).map_or(0.0, |c| c.1);
+            CodecCols::new(bytes, n, wire, worst(oop_err, ip_err))
+        });
+        let (algo, oop, ip) = (oop.algo, oop.m, ip.map(|m| m.m));
         let row = Row {
             size: sh.bytes(es),
             count: sh.count,
@@ -95,6 +120,7 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
             oop,
             ip,
             algo,
+            codec,
         };
         wrong += row.wrong().unwrap_or(0);
         sink.push(row);
@@ -102,7 +128,28 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
     Ok(wrong)
 }
 
-/// Warmup, barrier, `iters` timed calls; then, with `-c 1`, one checked call on fresh inputs.
+/// The larger relative error, NaN-proof (either being NaN gives NaN).
+fn worst(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// One mode (out of place or in place) of one size.
+struct Mode {
+    /// Timing and #wrong.
+    m: Measure,
+    /// The all-reduce algorithm of the timed calls.
+    algo: Option<Algo>,
+    /// With a codec: the last timed call's wire bytes (max over ranks) and the relative error
+    /// of the call on fresh inputs.
+    codec: Option<(Wire, f64)>,
+}
+
+/// Warmup, barrier, `iters` timed calls; then, with `-c 1` (or a codec), one call on fresh
+/// inputs, checked.
 fn measure<T: Elem>(
     ctx: &Ctx<'_>,
     a: &Args,
@@ -110,7 +157,7 @@ fn measure<T: Elem>(
     in_place: bool,
     send: &mut [T],
     recv: &mut [T],
-) -> Result<(Measure, Option<Algo>)> {
+) -> Result<Mode> {
     let coll = a.coll;
     for _ in 0..a.warmup {
         coll::run(ctx, coll, in_place, send, recv)?;
@@ -128,13 +175,41 @@ fn measure<T: Elem>(
     };
     ctx.comm.barrier()?;
     let t0 = Instant::now();
-    let mut algo = None;
+    let mut ran = coll::Ran::default();
     for _ in 0..iters {
-        algo = coll::run(ctx, coll, in_place, send, recv)?;
+        ran = coll::run(ctx, coll, in_place, send, recv)?;
     }
     let mine = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     let time_us = combine_time(ctx.comm, a.time_stat, mine)?;
-    let wrong = if a.check {
+    let mut codec = None;
+    let wrong = if let (Some(z), Some(wire)) = (&ctx.compression, ran.wire) {
+        // Fresh residual: the checked call measures one compressed all-reduce of these
+        // inputs, not the inputs plus what error feedback carried over from the timed calls
+        // (on other data), which no error bound covers.
+        if let Some(key) = &z.key {
+            ctx.comm.forget_residual(key)?;
+        }
+        coll::init(ctx, coll, sh, in_place, send, recv);
+        coll::run(ctx, coll, in_place, send, recv)?;
+        let acc = coll::accuracy(ctx, recv, z.codec.codec().error_bound());
+        // Every rank holds the whole (bit-identical) result and should report the same;
+        // the max makes the table hold even if not. Byte counts < 2^53 are exact in f64.
+        let mut v = [acc.rel_err, wire.sent as f64, wire.received as f64];
+        ctx.comm.all_reduce_in_place(&mut v, ReduceOp::Max)?;
+        let wire = Wire {
+            sent: v[1] as u64,
+            received: v[2] as u64,
+        };
+        codec = Some((wire, v[0]));
+        if a.check {
+            let mut total = [0u64];
+            ctx.comm
+                .all_reduce(&[acc.wrong], &mut total, ReduceOp::Sum)?;
+            Some(total[0])
+        } else {
+            None
+        }
+    } else if a.check {
         coll::init(ctx, coll, sh, in_place, send, recv);
         coll::run(ctx, coll, in_place, send, recv)?;
         let local = coll::check(ctx, coll, sh, in_place, send, recv);
@@ -150,15 +225,18 @@ fn measure<T: Elem>(
     } else {
         0.0
     };
-    Ok((
-        Measure {
+    Ok(Mode {
+        // busbw on the uncompressed size even with a codec: comparable with NCCL's numbers
+        // (how fast the user's data got all-reduced); wire(B) and ratio say what moved.
+        m: Measure {
             time_us,
             algbw,
             busbw: algbw * coll.busbw_factor(ctx.n),
             wrong,
         },
-        algo,
-    ))
+        algo: ran.algo,
+        codec,
+    })
 }
 
 /// Combines the ranks' mean times as `-a` says (every rank gets the result).

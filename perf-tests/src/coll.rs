@@ -2,7 +2,7 @@
 //! factors, and for each one how to run it, fill its inputs and check its outputs.
 
 use crate::elem::{Elem, Filler, Want};
-use qccl::{Algo, Comm, ReduceOp, Result};
+use qccl::{Algo, Comm, Compression, ReduceOp, Result, Wire};
 
 /// A collective the benchmark can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +186,17 @@ pub struct Ctx<'a> {
     pub algo: Algo,
     /// Deterministic inputs.
     pub fill: Filler,
+    /// `-Z`: the all-reduce runs compressed with this (keyed per size); None: plain.
+    pub compression: Option<Compression>,
+}
+
+/// What one call reports back.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ran {
+    /// The all-reduce algorithm (schedule) the call resolved to; None for other collectives.
+    pub algo: Option<Algo>,
+    /// Payload bytes this rank moved, for compressed calls.
+    pub wire: Option<Wire>,
 }
 
 /// Ring shift with qccl's blocking, separate send and recv: even ranks send to r+1 then
@@ -213,21 +224,56 @@ fn sendrecv<T: Elem>(ctx: &Ctx<'_>, send: &[T], recv: &mut [T]) -> Result<()> {
 
 /// Runs `coll` once on the shape's leading parts of `send` and `recv`. In place, the data
 /// lives in `send` for reduce_scatter (the n·count buffer) and in `recv` otherwise. Returns the
-/// all-reduce algorithm used, for all_reduce.
+/// all-reduce algorithm used, for all_reduce, and the wire bytes of a compressed all_reduce.
 pub fn run<T: Elem>(
     ctx: &Ctx<'_>,
     coll: Coll,
     in_place: bool,
     send: &mut [T],
     recv: &mut [T],
-) -> Result<Option<Algo>> {
+) -> Result<Ran> {
+    let (c, op) = (ctx.comm, ctx.op);
+    if let (Coll::AllReduce, Some(z)) = (coll, &ctx.compression) {
+        // Out of place as a copy then the in-place call: the typed API is in place only and
+        // the raw one wants bytes, which this crate cannot view its buffers as without unsafe
+        // or a bytemuck dependency. For float, the default, this is exactly what qccl does
+        // with a send buffer (copy, then encode in place); for the 2- and 8-byte types it adds
+        // one memcpy to a call that converts the whole buffer to f32 and back anyway.
+        if !in_place {
+            recv.copy_from_slice(send);
+        }
+        let rep = c.all_reduce_compressed(recv, op, z)?;
+        return Ok(Ran {
+            algo: Some(rep.algo),
+            wire: Some(rep.wire),
+        });
+    }
+    let algo = match (coll, in_place) {
+        (Coll::AllReduce, false) => c.all_reduce_with(Some(send), recv, op, ctx.algo)?,
+        (Coll::AllReduce, true) => c.all_reduce_with(None, recv, op, ctx.algo)?,
+        _ => {
+            other(ctx, coll, in_place, send, recv)?;
+            return Ok(Ran::default());
+        }
+    };
+    Ok(Ran {
+        algo: Some(algo),
+        wire: None,
+    })
+}
+
+/// Every collective but all_reduce.
+fn other<T: Elem>(
+    ctx: &Ctx<'_>,
+    coll: Coll,
+    in_place: bool,
+    send: &mut [T],
+    recv: &mut [T],
+) -> Result<()> {
     let c = ctx.comm;
     let (root, op) = (ctx.root, ctx.op);
     match (coll, in_place) {
-        (Coll::AllReduce, false) => {
-            return c.all_reduce_with(Some(send), recv, op, ctx.algo).map(Some)
-        }
-        (Coll::AllReduce, true) => return c.all_reduce_with(None, recv, op, ctx.algo).map(Some),
+        (Coll::AllReduce, _) => unreachable!("all_reduce runs in run()"),
         (Coll::ReduceScatter, false) => c.reduce_scatter(send, recv, op)?,
         (Coll::ReduceScatter, true) => c.reduce_scatter_in_place(send, op)?,
         (Coll::AllGather, false) => c.all_gather(send, recv)?,
@@ -242,7 +288,7 @@ pub fn run<T: Elem>(
         (Coll::Scatter, false) => c.scatter(send, recv, root)?,
         (_, true) => unreachable!("{} has no in-place form", coll.name()),
     }
-    Ok(None)
+    Ok(())
 }
 
 /// Fills the inputs of one checked run (outputs get garbage that cannot pass the check).
@@ -305,6 +351,68 @@ pub fn check<T: Elem>(
     }
 }
 
+/// How close one compressed all_reduce that [`init`] prepared came to the exact result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Accuracy {
+    /// Elements that are not finite, or off by more than the tolerance of [`accuracy`].
+    pub wrong: u64,
+    /// ‖out − exact‖₂ / ‖exact‖₂ over the whole buffer (inf if an output is not finite).
+    pub rel_err: f64,
+}
+
+/// Compares this rank's all_reduce output with the float64 reduction of every rank's input
+/// (every rank holds the whole result, so this rank's view is the whole answer).
+///
+/// `bound` is the codec's relative error of one encode. A value passes when it is finite and,
+/// if there is a bound, within (n+1)·bound·max|exact| of the exact value, plus the type's own
+/// tolerance (ε·n·|exact|, for the rounding back to a 16-bit type): along any schedule an
+/// element is encoded at most n+1 times (n−1 partial sums, the reduced chunk, and once more
+/// where a schedule re-encodes), each time with an error of at most bound·|what it encodes|,
+/// and partial sums stay within about max|exact| for these inputs. Codecs without a bound
+/// (sparsifiers drop most elements by design) are only held to finite outputs; their
+/// `relerr` is the measure.
+pub fn accuracy<T: Elem>(ctx: &Ctx<'_>, recv: &[T], bound: Option<f64>) -> Accuracy {
+    let f = &ctx.fill;
+    let exact = |i: usize| match f.reduced::<T>(ctx.op, ctx.n, i) {
+        Want::Near(e, tol) => (e, tol),
+        Want::Exact(x) => (x.to_f64(), 0.0),
+    };
+    let (mut err2, mut norm2, mut max_abs) = (0f64, 0f64, 0f64);
+    for (i, g) in recv.iter().enumerate() {
+        let e = exact(i).0;
+        let d = g.to_f64() - e;
+        err2 += d * d;
+        norm2 += e * e;
+        max_abs = max_abs.max(e.abs());
+    }
+    let rel_err = if !err2.is_finite() {
+        // A non-finite output: inf rather than NaN, so that a max over ranks keeps it.
+        f64::INFINITY
+    } else if norm2 > 0.0 {
+        (err2 / norm2).sqrt()
+    } else if err2 == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    };
+    let slack = bound.map(|b| (ctx.n as f64 + 1.0) * b * max_abs);
+    let wrong = recv
+        .iter()
+        .enumerate()
+        .filter(|&(i, g)| {
+            let x = g.to_f64();
+            if !x.is_finite() {
+                return true;
+            }
+            slack.is_some_and(|s| {
+                let (e, tol) = exact(i);
+                (x - e).abs() > s + tol
+            })
+        })
+        .count() as u64;
+    Accuracy { wrong, rel_err }
+}
+
 fn count<T: Elem>(got: &[T], want: impl Fn(usize) -> Want<T>) -> u64 {
     got.iter()
         .enumerate()
@@ -332,5 +440,51 @@ mod tests {
         }
         assert_eq!(Coll::parse("AllReduce"), Ok(Coll::AllReduce));
         assert!(Coll::parse("allreduce2").is_err());
+    }
+
+    #[test]
+    fn accuracy_counts_outside_the_bound_and_non_finite() {
+        let comm = Comm::init_threads(1, qccl::Config::default())
+            .unwrap()
+            .pop()
+            .unwrap();
+        // accuracy() only reads the filler, op and n: pretend to be rank 0 of 4.
+        let ctx = Ctx {
+            comm: &comm,
+            rank: 0,
+            n: 4,
+            root: 0,
+            op: ReduceOp::Sum,
+            algo: Algo::Auto,
+            fill: Filler {
+                op: ReduceOp::Sum,
+                n: 4,
+                lossy: true,
+            },
+            compression: None,
+        };
+        let exact: Vec<f64> = (0..1000)
+            .map(|i| match ctx.fill.reduced::<f32>(ReduceOp::Sum, 4, i) {
+                Want::Near(e, _) => e,
+                Want::Exact(_) => unreachable!(),
+            })
+            .collect();
+        let max = exact.iter().fold(0f64, |m, e| m.max(e.abs()));
+        let mut out: Vec<f32> = exact.iter().map(|&e| e as f32).collect();
+        let a = accuracy(&ctx, &out, Some(1e-3));
+        assert_eq!(a.wrong, 0);
+        assert!(a.rel_err < 1e-6, "{a:?}");
+        // Within (n+1)·bound·max|exact| passes, twice that fails; NaN always fails.
+        out[3] = (exact[3] + 4.0 * 1e-3 * max) as f32;
+        out[5] = (exact[5] + 10.0 * 1e-3 * max) as f32;
+        let a = accuracy(&ctx, &out, Some(1e-3));
+        assert_eq!(a.wrong, 1, "{a:?}");
+        assert!(a.rel_err > 1e-4 && a.rel_err.is_finite(), "{a:?}");
+        // No bound: only non-finite outputs count.
+        assert_eq!(accuracy(&ctx, &out, None).wrong, 0);
+        out[7] = f32::NAN;
+        let a = accuracy(&ctx, &out, None);
+        assert_eq!(a.wrong, 1);
+        assert_eq!(a.rel_err, f64::INFINITY);
     }
 }

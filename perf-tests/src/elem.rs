@@ -7,6 +7,12 @@
 //! result, in any order, is exactly representable even in half and bfloat16; the expected
 //! value is computed in f64 and compared with a tolerance of ε·n·|expected| (ε the type's
 //! machine epsilon, n the rank count), which only avg (one rounding of sum/n) needs.
+//!
+//! With a codec (`-Z`) the float inputs are instead uniform in [-1, 1) (rounded to the type):
+//! the small-integer inputs would overflow fp16 in float and double (up to ±2^20), and would
+//! make lossless-looking results out of codecs that round (integers are exact in fp16), so the
+//! error column would say nothing. Gradients, the data codecs are made for, look more like
+//! this.
 
 use half::{bf16, f16};
 use qccl::{Element, ReduceOp};
@@ -113,6 +119,8 @@ pub struct Filler {
     pub op: ReduceOp,
     /// Ranks whose values are combined.
     pub n: usize,
+    /// A codec will encode the data: float inputs uniform in [-1, 1) instead of integers.
+    pub lossy: bool,
 }
 
 const SEED: u64 = 0x5143_434C_5045_5246; // "QCCLPERF"
@@ -135,6 +143,10 @@ impl Filler {
             let sign = if h & 1 == 0 { 1.0 } else { -1.0 };
             let e = if self.n <= 14 { (h >> 1) % 3 } else { 1 } as i32 - 1;
             return T::from_f64(sign * 2f64.powi(e));
+        }
+        if self.lossy {
+            // 53 random bits scaled to [0, 2), shifted to [-1, 1).
+            return T::from_f64((h >> 11) as f64 / (1u64 << 52) as f64 - 1.0);
         }
         // Integers in [-m, m] with n·m ≤ EXACT: every partial sum is exact.
         let m = ((T::EXACT / self.n as f64).floor() as u64).clamp(1, 1 << 20);
@@ -193,7 +205,11 @@ mod tests {
 
     /// Reducing in the dtype itself, in any order, gives exactly the f64 answer.
     fn exact_in_dtype<T: Elem>(op: ReduceOp, n: usize) {
-        let f = Filler { op, n };
+        let f = Filler {
+            op,
+            n,
+            lossy: false,
+        };
         for i in 0..2000 {
             let fwd = (1..n).fold(f.value::<T>(0, i), |a, q| T::combine(a, f.value(q, i), op));
             let rev = (0..n - 1).rev().fold(f.value::<T>(n - 1, i), |a, q| {
@@ -219,10 +235,26 @@ mod tests {
     }
 
     #[test]
+    fn lossy_fill_is_spread_in_unit_interval() {
+        let f = Filler {
+            op: ReduceOp::Sum,
+            n: 3,
+            lossy: true,
+        };
+        let v: Vec<f64> = (0..4000).map(|i| f.value::<f32>(1, i).to_f64()).collect();
+        assert!(v.iter().all(|x| (-1.0..1.0).contains(x)));
+        // Not integers (a rounding codec must show an error) and both signs.
+        assert!(v.iter().filter(|x| x.fract() != 0.0).count() > 3900);
+        assert!(v.iter().any(|x| *x < -0.5) && v.iter().any(|x| *x > 0.5));
+        assert_eq!(f.value::<f32>(1, 7), f.value::<f32>(1, 7));
+    }
+
+    #[test]
     fn wrong_values_are_caught() {
         let f = Filler {
             op: ReduceOp::Sum,
             n: 4,
+            lossy: false,
         };
         let w = f.reduced::<bf16>(ReduceOp::Sum, 4, 7);
         let Want::Near(e, tol) = w else {

@@ -3,6 +3,7 @@
 //! ```text
 //! qccl-perf -np 4 -b 4K -e 256M -f 4 -C allreduce      # 4 local ranks over 127.0.0.1
 //! mpirun -np 4 qccl-perf -b 8 -e 128M -f 2 -d half     # or any launcher qccl::Comm::from_env reads
+//! qccl-perf -np 2 -b 64K -e 4M -f 4 -Z bf16            # compressed all_reduce (wire, ratio, relerr)
 //! ln -s qccl-perf all_gather_perf; ./all_gather_perf -np 2
 //! ```
 //!

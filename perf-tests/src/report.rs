@@ -1,7 +1,7 @@
 //! Output: nccl-tests' header, table and footer on stdout (rank 0), and the JSON file.
 
 use crate::args::{Args, Step};
-use qccl::{Algo, DType, ReduceOp};
+use qccl::{Algo, DType, ReduceOp, Wire};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
@@ -38,7 +38,41 @@ pub struct Row {
     pub ip: Option<Measure>,
     /// All-reduce algorithm the call resolved to.
     pub algo: Option<Algo>,
+    /// With a codec (`-Z`): the compression columns.
+    pub codec: Option<CodecCols>,
 }
+
+/// The three columns a codec adds to a line.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CodecCols {
+    /// Payload bytes one rank sent in one call (the last timed out-of-place call; max over
+    /// ranks, which is every rank's count for the symmetric schedules).
+    pub wire_sent: u64,
+    /// Payload bytes one rank received in that call (max over ranks).
+    pub wire_received: u64,
+    /// Bytes an uncompressed bandwidth-optimal all-reduce sends per rank, size·2(n−1)/n, over
+    /// `wire_sent`; None when nothing was sent (one rank, empty buffer).
+    pub ratio: Option<f64>,
+    /// ‖out − exact‖₂ / ‖exact‖₂ of one call on fresh inputs, the worse of the two modes.
+    pub rel_err: f64,
+}
+
+impl CodecCols {
+    /// The columns of a `size`-byte all-reduce on `n` ranks.
+    pub fn new(size: u64, n: usize, wire: Wire, rel_err: f64) -> CodecCols {
+        let dense = size as f64 * 2.0 * (n as f64 - 1.0) / n as f64;
+        CodecCols {
+            wire_sent: wire.sent,
+            wire_received: wire.received,
+            ratio: (wire.sent > 0 && dense > 0.0).then(|| dense / wire.sent as f64),
+            rel_err,
+        }
+    }
+}
+
+/// How `#wrong` is counted with a codec (the header and the JSON say it).
+pub const CODEC_WRONG_RULE: &str = "non-finite outputs, plus (codecs with an error bound e per \
+    encode) elements with |out - exact| > (n+1)*e*max|exact| + the type's tolerance";
 
 impl Row {
     /// Wrong elements of both modes; None when not checked.
@@ -76,6 +110,21 @@ pub fn fmt_g(x: f64) -> String {
     }
 }
 
+/// C's `%.1e` (`3.1e-02`: two-digit exponent, which Rust's `{:.1e}` does not pad).
+pub fn fmt_e(x: f64) -> String {
+    if !x.is_finite() {
+        return format!("{x}");
+    }
+    let s = format!("{x:.1e}");
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
+            format!("{m}e{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
 /// The header: nccl-tests' parameter line, qccl's run line, the ranks, the table head.
 /// `ranks` holds (pid, host) per rank.
 pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
@@ -99,6 +148,16 @@ pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
         a.time_stat.name(),
         if a.blocking { " (-z 1 is the only mode)" } else { " (-z ignored)" }
     );
+    if let Some(z) = &a.codec {
+        let bound = z.codec().error_bound().map_or("none".into(), fmt_e);
+        let _ = writeln!(
+            s,
+            "# codec {z}: all_reduce compressed (error bound per encode {bound}); busbw on the \
+             uncompressed size; wire(B) = payload bytes sent per rank per call (max over ranks); \
+             ratio = size*2(n-1)/n / wire(B); relerr = |out-exact|_2/|exact|_2 vs float64, fresh \
+             inputs, worse mode; #wrong: {CODEC_WRONG_RULE}"
+        );
+    }
     let _ = writeln!(s, "#");
     let _ = writeln!(s, "# Using devices");
     for (r, (pid, host)) in ranks.iter().enumerate() {
@@ -109,16 +168,27 @@ pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
         );
     }
     let _ = writeln!(s, "#");
+    // The codec's columns go after nccl-tests' own, so tools that read those by position
+    // still find them.
+    let z = a.codec.is_some();
+    let extra = |cols: [&str; 3]| {
+        if z {
+            format!("  {:>10}  {:>6}  {:>8}", cols[0], cols[1], cols[2])
+        } else {
+            String::new()
+        }
+    };
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
-        "", "", "", "", ""
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          {}",
+        "", "", "", "", "",
+        if z { "       compression" } else { "" }
     );
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}",
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}{}",
         "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-        "#wrong"
+        "#wrong", extra(["wire(B)", "ratio", "relerr"])
     );
     let _ = writeln!(
         s,
@@ -144,10 +214,18 @@ fn measure_str(m: Option<&Measure>) -> String {
     }
 }
 
-/// One table line, as all_reduce_perf prints it.
+/// One table line, as all_reduce_perf prints it (plus the codec's columns with `-Z`).
 pub fn row(r: &Row) -> String {
+    let codec = r.codec.map_or(String::new(), |c| {
+        format!(
+            "  {:>10}  {:>6}  {:>8}",
+            c.wire_sent,
+            c.ratio.map_or("N/A".into(), |x| format!("{x:.1}")),
+            fmt_e(c.rel_err)
+        )
+    });
     format!(
-        "{:12}  {:12}  {:>8}  {:>6}  {:6}{}{}",
+        "{:12}  {:12}  {:>8}  {:>6}  {:6}{}{}{codec}",
         r.size,
         r.count,
         r.dtype.name(),
@@ -232,6 +310,12 @@ pub fn json(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> String {
     let _ = writeln!(s, "  \"op\": {},", string(&op));
     let _ = writeln!(s, "  \"nranks\": {nranks},");
     let _ = writeln!(s, "  \"algo\": {},", string(a.algo.name()));
+    if let Some(z) = &a.codec {
+        let _ = writeln!(s, "  \"codec\": {},", string(&z.to_string()));
+        let bound = z.codec().error_bound();
+        let _ = writeln!(s, "  \"codec_error_bound\": {},", opt(bound, num));
+        let _ = writeln!(s, "  \"codec_wrong_rule\": {},", string(CODEC_WRONG_RULE));
+    }
     let _ = writeln!(s, "  \"root\": {},", a.root);
     let _ = writeln!(s, "  \"iters\": {},", a.iters);
     let _ = writeln!(s, "  \"warmup\": {},", a.warmup);
@@ -262,6 +346,19 @@ pub fn json(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> String {
             opt(ip, |m| num(m.busbw)),
             opt(r.wrong(), |w| w.to_string()),
         );
+        if let Some(c) = &r.codec {
+            // Spliced in before the closing brace, after every field a reader without -Z
+            // knows.
+            s.pop();
+            let _ = write!(
+                s,
+                ", \"wire_sent\": {}, \"wire_received\": {}, \"ratio\": {}, \"rel_err\": {}}}",
+                c.wire_sent,
+                c.wire_received,
+                opt(c.ratio, num),
+                num(c.rel_err)
+            );
+        }
     }
     s.push_str("\n  ]\n}\n");
     s
@@ -300,11 +397,32 @@ mod tests {
             },
             ip: None,
             algo: None,
+            codec: None,
         };
         let line = row(&r);
         let f: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(f.len(), 13, "{line}");
         assert_eq!(&f[..6], ["4096", "1024", "float", "sum", "-1", "23.26"]);
         assert_eq!(f[12], "N/A");
+        assert_eq!(fmt_e(0.031), "3.1e-02");
+        assert_eq!(fmt_e(0.0), "0.0e+00");
+        assert_eq!(fmt_e(1234.0), "1.2e+03");
+        assert_eq!(fmt_e(f64::INFINITY), "inf");
+        // fp16 halves a 4096-byte all-reduce on 4 ranks: 6144 dense bytes per rank.
+        let wire = Wire {
+            sent: 3072,
+            received: 3072,
+        };
+        let c = CodecCols::new(4096, 4, wire, 2.5e-4);
+        assert_eq!(c.ratio, Some(2.0));
+        assert_eq!(CodecCols::new(4096, 1, Wire::default(), 0.0).ratio, None);
+        let r = Row {
+            codec: Some(c),
+            ..r
+        };
+        let line = row(&r);
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 16, "{line}");
+        assert_eq!(&f[13..], ["3072", "2.0", "2.5e-04"]);
     }
 }

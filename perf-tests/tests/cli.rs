@@ -1,5 +1,6 @@
 //! Runs the built qccl-perf binary as a user would: `-np 2` and `-np 3` for every collective,
-//! every datatype, JSON output, program names and failure exit codes.
+//! every datatype, JSON output, program names and failure exit codes, and compressed
+//! all-reduce (`-Z`) with its extra columns.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
@@ -53,6 +54,12 @@ fn mode(f: &[&str], line: &str) -> Option<(f64, f64, f64, u64)> {
 
 /// The table lines of a successful run, after checking header and footer.
 fn table(out: &str) -> Vec<Line> {
+    rows(out, 0).into_iter().map(|(l, _)| l).collect()
+}
+
+/// The table lines of a successful run with `extra` columns after nccl-tests' 13 (and those
+/// columns' fields), after checking header and footer.
+fn rows(out: &str, extra: usize) -> Vec<(Line, Vec<String>)> {
     assert!(
         out.starts_with("# nThread 1 nGpus 1 minBytes "),
         "header missing:\n{out}"
@@ -71,7 +78,7 @@ fn table(out: &str) -> Vec<Line> {
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            assert_eq!(f.len(), 13, "not 13 columns: {line}");
+            assert_eq!(f.len(), 13 + extra, "not {} columns: {line}", 13 + extra);
             let l = Line {
                 size: f[0].parse().unwrap_or_else(|_| panic!("bad size: {line}")),
                 count: f[1].parse().unwrap_or_else(|_| panic!("bad count: {line}")),
@@ -86,7 +93,7 @@ fn table(out: &str) -> Vec<Line> {
                 assert!(m.0 > 0.0, "time must be positive: {line}");
                 assert_eq!(m.3, 0, "wrong elements: {line}");
             }
-            l
+            (l, f[13..].iter().map(|x| x.to_string()).collect())
         })
         .collect()
 }
@@ -214,6 +221,12 @@ fn json_output() {
     quick(2, &["-J", p]);
     let json = std::fs::read_to_string(&path).expect("JSON file written");
     let _ = std::fs::remove_file(&path);
+    let doc = parse_json(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"));
+    assert!(
+        doc.get("codec").is_none(),
+        "no codec fields without -Z: {json}"
+    );
+    assert!(!json.contains("wire_sent"), "{json}");
     assert!(json.contains("\"results\""), "{json}");
     assert!(json.contains("\"nranks\": 2"), "{json}");
     assert!(json.contains("\"collective\": \"all_reduce\""), "{json}");
@@ -299,4 +312,292 @@ fn time_targeted_iterations_still_check_every_size() {
     }
     let o = run(&["-np", "2", "-S", "0", "-b", "1K", "-e", "1K"]);
     assert_eq!(o.status.code(), Some(2), "a zero target is refused");
+}
+
+/// A JSON value, from the minimal parser below (the crate has no JSON dependency; this checks
+/// that the file is well-formed JSON, not just that it contains the right substrings).
+#[derive(Debug, Clone, PartialEq)]
+enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Obj(m) => m.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+    fn num(&self, key: &str) -> f64 {
+        match self.get(key) {
+            Some(Json::Num(x)) => *x,
+            other => panic!("{key}: not a number: {other:?}"),
+        }
+    }
+}
+
+/// Parses a whole JSON document (RFC 8259; \u escapes kept as-is).
+fn parse_json(text: &str) -> Result<Json, String> {
+    struct P<'a>(&'a [u8], usize);
+    impl P<'_> {
+        fn ws(&mut self) {
+            while self.1 < self.0.len() && self.0[self.1].is_ascii_whitespace() {
+                self.1 += 1;
+            }
+        }
+        fn eat(&mut self, c: u8) -> Result<(), String> {
+            self.ws();
+            if self.0.get(self.1) == Some(&c) {
+                self.1 += 1;
+                Ok(())
+            } else {
+                Err(format!("expected '{}' at byte {}", c as char, self.1))
+            }
+        }
+        fn string(&mut self) -> Result<String, String> {
+            self.eat(b'"')?;
+            let mut out = Vec::new();
+            loop {
+                match *self.0.get(self.1).ok_or("unterminated string")? {
+                    b'"' => break,
+                    b'\\' => {
+                        out.push(b'\\');
+                        self.1 += 1;
+                        let e = *self.0.get(self.1).ok_or("bad escape")?;
+                        if !b"\"\\/bfnrtu".contains(&e) {
+                            return Err(format!("bad escape at byte {}", self.1));
+                        }
+                        out.push(e);
+                    }
+                    c if c < 0x20 => return Err(format!("control character at byte {}", self.1)),
+                    c => out.push(c),
+                }
+                self.1 += 1;
+            }
+            self.1 += 1;
+            String::from_utf8(out).map_err(|e| e.to_string())
+        }
+        fn value(&mut self) -> Result<Json, String> {
+            self.ws();
+            let rest = &self.0[self.1..];
+            for (word, v) in [
+                ("null", Json::Null),
+                ("true", Json::Bool(true)),
+                ("false", Json::Bool(false)),
+            ] {
+                if rest.starts_with(word.as_bytes()) {
+                    self.1 += word.len();
+                    return Ok(v);
+                }
+            }
+            match rest.first() {
+                Some(b'"') => self.string().map(Json::Str),
+                Some(b'[') => {
+                    self.1 += 1;
+                    let mut v = Vec::new();
+                    self.ws();
+                    if self.0.get(self.1) == Some(&b']') {
+                        self.1 += 1;
+                        return Ok(Json::Arr(v));
+                    }
+                    loop {
+                        v.push(self.value()?);
+                        self.ws();
+                        if self.eat(b',').is_err() {
+                            self.eat(b']')?;
+                            return Ok(Json::Arr(v));
+                        }
+                    }
+                }
+                Some(b'{') => {
+                    self.1 += 1;
+                    let mut m = Vec::new();
+                    self.ws();
+                    if self.0.get(self.1) == Some(&b'}') {
+                        self.1 += 1;
+                        return Ok(Json::Obj(m));
+                    }
+                    loop {
+                        self.ws();
+                        let k = self.string()?;
+                        self.eat(b':')?;
+                        m.push((k, self.value()?));
+                        if self.eat(b',').is_err() {
+                            self.eat(b'}')?;
+                            return Ok(Json::Obj(m));
+                        }
+                    }
+                }
+                Some(c) if *c == b'-' || c.is_ascii_digit() => {
+                    let n = rest
+                        .iter()
+                        .take_while(|c| c.is_ascii_digit() || b"+-.eE".contains(c))
+                        .count();
+                    let t = std::str::from_utf8(&rest[..n]).map_err(|e| e.to_string())?;
+                    self.1 += n;
+                    t.parse()
+                        .map(Json::Num)
+                        .map_err(|_| format!("bad number '{t}'"))
+                }
+                _ => Err(format!("unexpected input at byte {}", self.1)),
+            }
+        }
+    }
+    let mut p = P(text.as_bytes(), 0);
+    let v = p.value()?;
+    p.ws();
+    if p.1 != text.len() {
+        return Err(format!("trailing input at byte {}", p.1));
+    }
+    Ok(v)
+}
+
+#[test]
+fn json_parser_rejects_malformed() {
+    assert!(parse_json(r#"{"a": [1, -2.5e-3, null, true], "b": "x\"y"}"#).is_ok());
+    for bad in [
+        r#"{"a": 1,}"#,
+        r#"{"a" 1}"#,
+        "[1 2]",
+        r#"{"a": nan}"#,
+        "{} x",
+    ] {
+        assert!(parse_json(bad).is_err(), "{bad}");
+    }
+}
+
+/// `-Z` run on `np` ranks over 4K 16K 64K, checked, with JSON: exits 0 with #wrong 0; returns
+/// each line's (nccl-tests columns, wire bytes, ratio, relerr) and the parsed JSON.
+fn codec_run(np: usize, args: &[&str]) -> (Vec<(Line, u64, f64, f64)>, Json) {
+    let path = std::env::temp_dir().join(format!(
+        "qccl-perf-codec-{}-{np}-{}.json",
+        std::process::id(),
+        args.join("_").replace([':', '=', ','], "-")
+    ));
+    let np_s = np.to_string();
+    let mut all = vec!["-np", &np_s];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "-c", "1", "-T", "120", "-J",
+    ]);
+    all.push(path.to_str().unwrap());
+    let o = run(&all);
+    let (out, err) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "qccl-perf {all:?} failed\nstdout:\n{out}\nstderr:\n{err}"
+    );
+    assert!(
+        out.contains("wire(B)   ratio    relerr"),
+        "codec columns missing:\n{out}"
+    );
+    let lines: Vec<_> = rows(&out, 3)
+        .into_iter()
+        .map(|(l, x)| {
+            let wire = x[0].parse().unwrap_or_else(|_| panic!("wire(B) {x:?}"));
+            let ratio = x[1].parse().unwrap_or_else(|_| panic!("ratio {x:?}"));
+            let relerr = x[2].parse().unwrap_or_else(|_| panic!("relerr {x:?}"));
+            (l, wire, ratio, relerr)
+        })
+        .collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    let json = std::fs::read_to_string(&path).expect("JSON file written");
+    let _ = std::fs::remove_file(&path);
+    let doc = parse_json(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"));
+    assert_eq!(doc.num("wrong"), 0.0, "{json}");
+    (lines, doc)
+}
+
+#[test]
+fn codec_fp16_checked_on_2_and_3_ranks() {
+    for np in [2, 3] {
+        let (lines, doc) = codec_run(np, &["-Z", "fp16"]);
+        for (l, wire, ratio, relerr) in &lines {
+            let dbg = format!("np {np}: {l:?} wire {wire} ratio {ratio} relerr {relerr}");
+            assert_eq!(
+                (l.dtype.as_str(), l.redop.as_str()),
+                ("float", "sum"),
+                "{dbg}"
+            );
+            // fp16 halves float's bytes; each chunk's header costs a little at 4K.
+            assert!(*ratio > 1.8 && *ratio <= 2.0, "{dbg}");
+            let dense = l.size as f64 * 2.0 * (np as f64 - 1.0) / np as f64;
+            assert!((dense / *wire as f64 - ratio).abs() < 0.05, "{dbg}");
+            // The inputs are not integers, so fp16 rounds: an error, but a small one.
+            assert!(*relerr > 0.0 && *relerr < 1e-2, "{dbg}");
+        }
+        assert_eq!(doc.get("codec"), Some(&Json::Str("fp16".into())));
+        assert_eq!(doc.num("codec_error_bound"), 1.0 / 2048.0);
+        assert!(matches!(doc.get("codec_wrong_rule"), Some(Json::Str(_))));
+        let Some(Json::Arr(results)) = doc.get("results") else {
+            panic!("no results: {doc:?}")
+        };
+        assert_eq!(results.len(), 3);
+        for (r, (l, wire, ratio, relerr)) in results.iter().zip(&lines) {
+            assert_eq!(r.num("size"), l.size as f64);
+            assert_eq!(r.num("wrong"), 0.0);
+            assert_eq!(r.num("wire_sent"), *wire as f64);
+            // Symmetric schedule: every rank receives what it sends.
+            assert_eq!(r.num("wire_received"), *wire as f64);
+            assert!((r.num("ratio") - ratio).abs() < 0.051, "{r:?}");
+            assert!((r.num("rel_err") / relerr - 1.0).abs() < 0.06, "{r:?}");
+            assert!(
+                matches!(r.get("algo"), Some(Json::Str(a)) if a == "sra"),
+                "auto is SRA for a dense codec: {r:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn codec_bf16_avg_half_and_forced_schedules() {
+    // 16-bit data through a 16-bit codec moves as many bytes as plain half.
+    let (lines, doc) = codec_run(3, &["-Z", "bf16", "-o", "avg", "-d", "half", "-A", "ring"]);
+    for (l, _, ratio, relerr) in &lines {
+        assert_eq!((l.dtype.as_str(), l.redop.as_str()), ("half", "avg"));
+        assert!(*ratio > 0.9 && *ratio <= 1.0, "{l:?} {ratio}");
+        assert!(*relerr > 0.0 && *relerr < 2e-2, "{l:?} {relerr}");
+    }
+    let Some(Json::Arr(results)) = doc.get("results") else {
+        panic!("no results: {doc:?}")
+    };
+    assert!(results
+        .iter()
+        .all(|r| r.get("algo") == Some(&Json::Str("ring".into()))));
+    codec_run(2, &["-Z", "fp16", "-A", "allgather"]);
+}
+
+#[test]
+fn codec_errors_exit_2_naming_the_problem() {
+    for (args, needles) in [
+        (&["-Z", "bogus"][..], &["-Z", "unknown codec \"bogus\""][..]),
+        (&["-Z", "fp16:level=3"], &["-Z", "level"]),
+        (
+            &["-Z", "fp16", "-C", "broadcast"],
+            &["-Z fp16", "-C broadcast"],
+        ),
+        (
+            &["-Z", "fp16", "-d", "int32"],
+            &["-Z fp16 -d int32", "floating-point"],
+        ),
+        (&["-Z", "fp16", "-o", "min"], &["-o min", "sum and avg"]),
+        (&["-A", "allgather"], &["-A allgather", "-Z"]),
+    ] {
+        let mut all = vec!["-np", "2"];
+        all.extend_from_slice(args);
+        let o = run(&all);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}\n{out}\n{err}");
+        let first = err.lines().next().unwrap_or("");
+        assert!(first.starts_with("qccl-perf: "), "{err}");
+        for n in needles {
+            assert!(first.contains(n), "{args:?}: {first}");
+        }
+    }
 }
