@@ -440,3 +440,20 @@ fn torchrun_variables_are_enough_to_join() {
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     }
 }
+
+#[test]
+fn compressed_on_2_emulated_hosts_x_2_ranks() {
+    // Auto resolves to the hierarchical schedule here: the inter-host level (tcp) compressed,
+    // the intra-host levels (shm) dense; every other schedule runs flat over tcp+shm.
+    let job = Job::new(4);
+    let children: Vec<Child> = (0..4)
+        .map(|r| {
+            let host = if r % 2 == 0 { "host-a" } else { "host-b" };
+            job.spawn(r, "compressed", &[("QCCL_HOSTID", host)])
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(600));
+        assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
+    }
+}
