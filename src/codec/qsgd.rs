@@ -330,6 +330,17 @@ fn bucket_bounds(scale: Scale, xs: &[f32]) -> (f32, f32) {
     }
 }
 
+/// floor(t) for t in [0, 255], without a float-to-int conversion (Rust's saturating `as`
+/// does not vectorize, and f32::floor is a libm call without SSE4.1): adding 2^23 rounds t to
+/// the nearest integer k, which lands in the low mantissa bits; k − 1 if that rounded up.
+#[inline(always)]
+fn floor_small(t: f32) -> u8 {
+    const MAGIC: f32 = (1u32 << 23) as f32;
+    let m = t + MAGIC;
+    let up = (m - MAGIC > t) as u32;
+    m.to_bits().wrapping_sub(up) as u8
+}
+
 /// The encoder's kernel (dispatched in `Qsgd::encode_with`): `out` is the whole payload.
 #[inline(always)]
 pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
@@ -349,6 +360,8 @@ pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u
     while t0 < n {
         let len = TILE.min(n - t0);
         let padded = len.next_multiple_of(8);
+        let ahead = (t0 + len + TILE).min(n);
+        bits::prefetch(&input[t0 + len..ahead]);
         if let Some(g) = &mut lanes {
             g.fill(&mut u[..padded]);
         }
@@ -380,11 +393,10 @@ pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u
             );
             for ((l, &x), &r) in ls.iter_mut().zip(xs).zip(us) {
                 let t = (x * 0.5 - lo2) * inv + r;
-                // Clamped to [0, L] (the first comparison also maps NaN to 0), so the
-                // truncating conversion is a floor and cannot saturate.
+                // Clamped to [0, L] (the first comparison also maps NaN to 0).
                 let t = if t > 0.0 { t } else { 0.0 };
                 let t = if t < top { t } else { top };
-                *l = t as i32 as u8;
+                *l = floor_small(t);
             }
             p = end;
         }
