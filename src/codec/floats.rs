@@ -3,7 +3,7 @@
 
 use super::{Codec, CodecId, Rng};
 use crate::error::Result;
-use half::{bf16, f16};
+use half::f16;
 
 /// `none`: f32 little endian, bit-exact. Used for layers excluded from compression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +175,7 @@ impl Codec for Half16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
 
     /// Every path gives `half`'s bits, for ordinary values and for special bit patterns.
     #[test]

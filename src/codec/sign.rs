@@ -7,8 +7,8 @@
 //!   elements and the mean of the negative ones (two f32, all buckets' first), then one bit per
 //!   element choosing between them.
 //!
-//! Bits are dense, element k at bit k mod 8 of byte k / 8. NaN has its bit clear (it is not
-//! >= 0). A scale computed from non-finite input is sent as NaN and decodes to NaN; a negative
+//! Bits are dense, element k at bit k mod 8 of byte k / 8. NaN has its bit clear (NaN >= 0 is
+//! false). A scale computed from non-finite input is sent as NaN and decodes to NaN; a negative
 //! or infinite scale is rejected by the decoder.
 
 use super::bits;
