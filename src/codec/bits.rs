@@ -158,6 +158,21 @@ pub(super) fn decode_signs<const ADD: bool>(
     }
 }
 
+/// Asks for the cache lines of `xs` ahead of use, so that DRAM reads of the next tile overlap
+/// the computation on this one (the hardware prefetcher alone leaves them mostly serialized).
+#[inline(always)]
+pub(super) fn prefetch(xs: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in xs.chunks(16) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is only a hint: it never faults nor changes memory, whatever the
+        // address. SSE, which it needs, is part of the x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = xs;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

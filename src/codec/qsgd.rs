@@ -4,9 +4,9 @@
 //!
 //! Payload of n elements: the scales of all ⌈n / bucket⌉ buckets (maxmin: min and max as f32;
 //! maxabs: one f32 m, levels spread over [−m, m]), then the levels as one dense B-bit stream
-//! ([`super::bits`]), ⌈n·B / 8⌉ bytes. A bucket holding a non-finite value is sent with NaN scales
-//! and decodes to NaN (as an uncompressed sum would be non-finite); any other non-finite or
-//! inverted scale is rejected by the decoder.
+//! (least significant bit first), ⌈n·B / 8⌉ bytes. A bucket holding a non-finite value is sent
+//! with NaN scales and decodes to NaN (as an uncompressed sum would be non-finite); any other
+//! non-finite or inverted scale is rejected by the decoder.
 //!
 //! Stochastic rounding draws one uniform per element from an 8-lane xoshiro128+ generator seeded
 //! from the encode site's [`Rng`], so the loops vectorize; element i always takes lane i mod 8
@@ -243,15 +243,18 @@ struct Lanes {
 
 impl Lanes {
     fn new(rng: &mut Rng) -> Lanes {
-        let mut s = [[0u32; 8]; 4];
+        // Lane j's four words are draws 2j and 2j + 1, split in halves.
+        let mut words = [0u32; 32];
+        for w in words.chunks_exact_mut(2) {
+            let d = rng.next_u64();
+            w[0] = d as u32;
+            w[1] = (d >> 32) as u32;
+        }
+        let mut s: [[u32; 8]; 4] =
+            std::array::from_fn(|k| std::array::from_fn(|j| words[4 * j + k]));
+        // The all-zero state is xoshiro's one fixed point.
         for j in 0..8 {
-            for pair in 0..2 {
-                let w = rng.next_u64();
-                s[2 * pair][j] = w as u32;
-                s[2 * pair + 1][j] = (w >> 32) as u32;
-            }
-            // The all-zero state is xoshiro's one fixed point.
-            if (0..4).all(|k| s[k][j] == 0) {
+            if s.iter().all(|w| w[j] == 0) {
                 s[0][j] = 1;
             }
         }
@@ -304,8 +307,8 @@ fn bucket_bounds(scale: Scale, xs: &[f32]) -> (f32, f32) {
         bad[j] += x * 0.0;
     };
     for c in chunks {
-        for j in 0..8 {
-            step(&mut lo, &mut hi, &mut bad, j, c[j]);
+        for (j, &x) in c.iter().enumerate() {
+            step(&mut lo, &mut hi, &mut bad, j, x);
         }
     }
     for (j, &x) in rest.iter().enumerate() {
@@ -330,6 +333,17 @@ fn bucket_bounds(scale: Scale, xs: &[f32]) -> (f32, f32) {
     }
 }
 
+/// floor(t) for t in [0, 255], without a float-to-int conversion (Rust's saturating `as`
+/// does not vectorize, and f32::floor is a libm call without SSE4.1): adding 2^23 rounds t to
+/// the nearest integer k, which lands in the low mantissa bits; k − 1 if that rounded up.
+#[inline(always)]
+fn floor_small(t: f32) -> u8 {
+    const MAGIC: f32 = (1u32 << 23) as f32;
+    let m = t + MAGIC;
+    let up = (m - MAGIC > t) as u32;
+    m.to_bits().wrapping_sub(up) as u8
+}
+
 /// The encoder's kernel (dispatched in `Qsgd::encode_with`): `out` is the whole payload.
 #[inline(always)]
 pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
@@ -349,6 +363,8 @@ pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u
     while t0 < n {
         let len = TILE.min(n - t0);
         let padded = len.next_multiple_of(8);
+        let ahead = (t0 + len + TILE).min(n);
+        bits::prefetch(&input[t0 + len..ahead]);
         if let Some(g) = &mut lanes {
             g.fill(&mut u[..padded]);
         }
@@ -380,11 +396,10 @@ pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u
             );
             for ((l, &x), &r) in ls.iter_mut().zip(xs).zip(us) {
                 let t = (x * 0.5 - lo2) * inv + r;
-                // Clamped to [0, L] (the first comparison also maps NaN to 0), so the
-                // truncating conversion is a floor and cannot saturate.
+                // Clamped to [0, L] (the first comparison also maps NaN to 0).
                 let t = if t > 0.0 { t } else { 0.0 };
                 let t = if t < top { t } else { top };
-                *l = t as i32 as u8;
+                *l = floor_small(t);
             }
             p = end;
         }

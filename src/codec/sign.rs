@@ -7,8 +7,8 @@
 //!   elements and the mean of the negative ones (two f32, all buckets' first), then one bit per
 //!   element choosing between them.
 //!
-//! Bits are dense, element k at bit k mod 8 of byte k / 8. NaN has its bit clear (it is not
-//! >= 0). A scale computed from non-finite input is sent as NaN and decodes to NaN; a negative
+//! Bits are dense, element k at bit k mod 8 of byte k / 8. NaN has its bit clear (NaN >= 0 is
+//! false). A scale computed from non-finite input is sent as NaN and decodes to NaN; a negative
 //! or infinite scale is rejected by the decoder.
 
 use super::bits;
@@ -49,43 +49,35 @@ fn abs_sum(xs: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
-/// Per-sign sums and counts, plus a NaN detector, over a slice in eight f32 lanes.
+/// The sum of the non-negative elements, their count and the sum of all, over a slice in eight
+/// f32 lanes (the count is exact: slices are at most a tile long). One comparison per element
+/// keeps the loop vectorized; the negatives' sum and count follow by difference, and a
+/// non-finite total reveals NaN or infinite input.
 #[inline(always)]
-fn sign_sums(xs: &[f32]) -> (f32, u32, f32, u32, f32) {
+fn sign_sums(xs: &[f32]) -> (f32, f32, f32) {
     let mut ps = [0.0f32; 8];
-    let mut pc = [0u32; 8];
-    let mut ns = [0.0f32; 8];
-    let mut bad = [0.0f32; 8];
-    let step = |ps: &mut [f32; 8],
-                pc: &mut [u32; 8],
-                ns: &mut [f32; 8],
-                bad: &mut [f32; 8],
-                j: usize,
-                x: f32| {
-        let pos = x >= 0.0;
-        ps[j] += if pos { x } else { 0.0 };
-        pc[j] += pos as u32;
-        ns[j] += if x < 0.0 { x } else { 0.0 };
-        bad[j] += x * 0.0;
-    };
+    let mut pc = [0.0f32; 8];
+    let mut tot = [0.0f32; 8];
     let chunks = xs.chunks_exact(8);
     let rest = chunks.remainder();
     for c in chunks {
+        let c: &[f32; 8] = c.try_into().expect("8 lanes");
         for j in 0..8 {
-            step(&mut ps, &mut pc, &mut ns, &mut bad, j, c[j]);
+            let x = c[j];
+            let p = x >= 0.0;
+            ps[j] += if p { x } else { 0.0 };
+            pc[j] += if p { 1.0 } else { 0.0 };
+            tot[j] += x;
         }
     }
     for (j, &x) in rest.iter().enumerate() {
-        step(&mut ps, &mut pc, &mut ns, &mut bad, j, x);
+        let p = x >= 0.0;
+        ps[j] += if p { x } else { 0.0 };
+        pc[j] += if p { 1.0 } else { 0.0 };
+        tot[j] += x;
     }
-    let pcount: u32 = pc.iter().sum();
-    (
-        ps.iter().sum(),
-        pcount,
-        ns.iter().sum(),
-        xs.len() as u32 - pcount,
-        bad.iter().sum(),
-    )
+    let sum = |a: [f32; 8]| a.iter().sum::<f32>();
+    (sum(ps), sum(pc), sum(tot))
 }
 
 /// efsign's encoder kernel: `out` is the whole payload.
@@ -115,7 +107,7 @@ pub(super) fn onebit_encode_kernel(c: &OneBit, input: &[f32], out: &mut [u8]) {
     let b = c.bucket as usize;
     let (meta, stream) = out.split_at_mut(n.div_ceil(b) * 8);
     // Running sums of the current bucket (f64 across tiles).
-    let (mut ps, mut pc, mut ns, mut nc, mut bad) = (0.0f64, 0u64, 0.0f64, 0u64, 0.0f32);
+    let (mut ps, mut pc, mut tot) = (0.0f64, 0.0f64, 0.0f64);
     let mut t0 = 0;
     while t0 < n {
         let len = TILE.min(n - t0);
@@ -127,20 +119,20 @@ pub(super) fn onebit_encode_kernel(c: &OneBit, input: &[f32], out: &mut [u8]) {
             let bi = p / b;
             let bend = ((bi + 1) * b).min(n);
             let end = bend.min(t0 + len);
-            let (a, k, m, l, z) = sign_sums(&input[p..end]);
+            let (a, k, t) = sign_sums(&input[p..end]);
             ps += a as f64;
-            pc += k as u64;
-            ns += m as f64;
-            nc += l as u64;
-            bad += z;
+            pc += k as f64;
+            tot += t as f64;
             if end == bend {
-                let mean = |s: f64, c: u64| if c == 0 { 0.0 } else { (s / c as f64) as f32 };
-                let (pos, neg) = (mean(ps, pc), mean(ns, nc));
-                let ok = !bad.is_nan() && pos.is_finite() && neg.is_finite();
+                let nc = (bend - bi * b) as f64 - pc;
+                let mean = |s: f64, c: f64| if c == 0.0 { 0.0 } else { (s / c) as f32 };
+                // The negatives' mean is at most 0 even after rounding of the difference.
+                let (pos, neg) = (mean(ps, pc), mean(tot - ps, nc).min(0.0));
+                let ok = tot.is_finite() && pos.is_finite() && neg.is_finite();
                 let (pos, neg) = if ok { (pos, neg) } else { (f32::NAN, f32::NAN) };
                 meta[8 * bi..8 * bi + 4].copy_from_slice(&pos.to_le_bytes());
                 meta[8 * bi + 4..8 * bi + 8].copy_from_slice(&neg.to_le_bytes());
-                (ps, pc, ns, nc, bad) = (0.0, 0, 0.0, 0, 0.0);
+                (ps, pc, tot) = (0.0, 0.0, 0.0);
             }
             p = end;
         }

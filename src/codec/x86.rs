@@ -3,12 +3,19 @@
 //! the portable path: the kernels use only IEEE basic operations (no fused multiply-add is
 //! written, and Rust never contracts on its own) and integer operations.
 //!
+//! fp16 uses the F16C conversion instructions (same bits as `half`'s software conversion).
+//!
 //! Soundness rests on one token, [`Avx2`]: only [`Avx2::detect`] makes one, after the CPU said
-//! it has AVX2 and FMA.
+//! it has AVX2, FMA and F16C.
 
+use super::floats::{bf16_bits, bf16_value, decode16, encode16};
 use super::qsgd::{self, Qsgd};
 use super::sign::{self, OneBit};
 use super::Rng;
+use std::arch::x86_64::{
+    __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps, _mm_loadu_si128,
+    _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
+};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 const UNKNOWN: u8 = 0;
@@ -16,37 +23,40 @@ const ABSENT: u8 = 1;
 const PRESENT: u8 = 2;
 
 /// What the CPU has, probed once.
-static AVX2_FMA: AtomicU8 = AtomicU8::new(UNKNOWN);
+static AVX2_FMA_F16C: AtomicU8 = AtomicU8::new(UNKNOWN);
 
-/// Proof that this CPU has AVX2 and FMA (and so AVX).
+/// Proof that this CPU has AVX2, FMA and F16C (and so AVX).
 #[derive(Clone, Copy)]
 pub(crate) struct Avx2(());
 
 impl Avx2 {
-    /// The token, if the CPU has AVX2 and FMA. Probes once, then costs one atomic load.
+    /// The token, if the CPU has AVX2, FMA and F16C. Probes once, then costs one atomic load.
     #[inline]
     pub(crate) fn detect() -> Option<Avx2> {
-        let mut state = AVX2_FMA.load(Ordering::Relaxed);
+        let mut state = AVX2_FMA_F16C.load(Ordering::Relaxed);
         if state == UNKNOWN {
-            state = if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            state = if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
                 PRESENT
             } else {
                 ABSENT
             };
-            AVX2_FMA.store(state, Ordering::Relaxed);
+            AVX2_FMA_F16C.store(state, Ordering::Relaxed);
         }
         (state == PRESENT).then_some(Avx2(()))
     }
 
     /// [`qsgd::encode_kernel`], compiled for AVX2.
     pub(crate) fn qsgd_encode(self, q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
-        // SAFETY: `self` exists only if the CPU has AVX2 and FMA (see `detect`).
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
         unsafe { qsgd_encode_avx2(q, input, rng, out) }
     }
 
     /// [`qsgd::decode_kernel`], compiled for AVX2.
     pub(crate) fn qsgd_decode(self, q: &Qsgd, payload: &[u8], out: &mut [f32], add: bool) {
-        // SAFETY: `self` exists only if the CPU has AVX2 and FMA (see `detect`).
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
         unsafe {
             if add {
                 qsgd_decode_avx2::<true>(q, payload, out)
@@ -56,15 +66,51 @@ impl Avx2 {
         }
     }
 
+    /// fp16 encode with F16C.
+    pub(crate) fn f16_encode(self, input: &[f32], out: &mut [u8]) {
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
+        unsafe { f16_encode_f16c(input, out) }
+    }
+
+    /// fp16 decode with F16C.
+    pub(crate) fn f16_decode(self, payload: &[u8], out: &mut [f32], add: bool) {
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
+        unsafe {
+            if add {
+                f16_decode_f16c::<true>(payload, out)
+            } else {
+                f16_decode_f16c::<false>(payload, out)
+            }
+        }
+    }
+
+    /// bf16 encode, compiled for AVX2.
+    pub(crate) fn bf16_encode(self, input: &[f32], out: &mut [u8]) {
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
+        unsafe { bf16_encode_avx2(input, out) }
+    }
+
+    /// bf16 decode, compiled for AVX2.
+    pub(crate) fn bf16_decode(self, payload: &[u8], out: &mut [f32], add: bool) {
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
+        unsafe {
+            if add {
+                bf16_decode_avx2::<true>(payload, out)
+            } else {
+                bf16_decode_avx2::<false>(payload, out)
+            }
+        }
+    }
+
     /// [`sign::efsign_encode_kernel`], compiled for AVX2.
     pub(crate) fn efsign_encode(self, input: &[f32], out: &mut [u8]) {
-        // SAFETY: `self` exists only if the CPU has AVX2 and FMA (see `detect`).
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
         unsafe { efsign_encode_avx2(input, out) }
     }
 
     /// [`sign::onebit_encode_kernel`], compiled for AVX2.
     pub(crate) fn onebit_encode(self, c: &OneBit, input: &[f32], out: &mut [u8]) {
-        // SAFETY: `self` exists only if the CPU has AVX2 and FMA (see `detect`).
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
         unsafe { onebit_encode_avx2(c, input, out) }
     }
 
@@ -77,7 +123,7 @@ impl Avx2 {
         out: &mut [f32],
         add: bool,
     ) {
-        // SAFETY: `self` exists only if the CPU has AVX2 and FMA (see `detect`).
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
         unsafe {
             if add {
                 signs_decode_avx2::<true>(bucket, values, bits, out)
@@ -88,27 +134,27 @@ impl Avx2 {
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qsgd_encode_avx2(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
     qsgd::encode_kernel(q, input, rng, out)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qsgd_decode_avx2<const ADD: bool>(q: &Qsgd, payload: &[u8], out: &mut [f32]) {
     qsgd::decode_kernel::<ADD>(q, payload, out)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn efsign_encode_avx2(input: &[f32], out: &mut [u8]) {
     sign::efsign_encode_kernel(input, out)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn onebit_encode_avx2(c: &OneBit, input: &[f32], out: &mut [u8]) {
     sign::onebit_encode_kernel(c, input, out)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn signs_decode_avx2<const ADD: bool>(
     bucket: usize,
     values: &[(f32, f32)],
@@ -116,4 +162,55 @@ unsafe fn signs_decode_avx2<const ADD: bool>(
     out: &mut [f32],
 ) {
     sign::signs_decode_kernel::<ADD>(bucket, values, bits, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bf16_encode_avx2(input: &[f32], out: &mut [u8]) {
+    encode16(input, out, bf16_bits)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bf16_decode_avx2<const ADD: bool>(payload: &[u8], out: &mut [f32]) {
+    decode16::<ADD>(payload, out, bf16_value)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_encode_f16c(input: &[f32], out: &mut [u8]) {
+    let chunks = input.chunks_exact(8);
+    let rest = chunks.remainder();
+    let mut outs = out.chunks_exact_mut(16);
+    for (x, o) in chunks.zip(&mut outs) {
+        // SAFETY: `x` is 8 f32 = 32 readable bytes and `o` 16 writable bytes; loadu/storeu
+        // accept any alignment. The caller guarantees AVX and F16C.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr()));
+            _mm_storeu_si128(o.as_mut_ptr().cast::<__m128i>(), h);
+        }
+    }
+    for (o, &x) in outs.into_remainder().chunks_exact_mut(2).zip(rest) {
+        o.copy_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes());
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_decode_f16c<const ADD: bool>(payload: &[u8], out: &mut [f32]) {
+    let mut outs = out.chunks_exact_mut(8);
+    let ins = payload.chunks_exact(16);
+    let rest = ins.remainder();
+    for (o, b) in (&mut outs).zip(ins) {
+        let mut v = [0.0f32; 8];
+        // SAFETY: `b` is 16 readable bytes and `v` 32 writable bytes; loadu/storeu accept any
+        // alignment. The caller guarantees AVX and F16C.
+        unsafe {
+            let h = _mm_loadu_si128(b.as_ptr().cast::<__m128i>());
+            _mm256_storeu_ps(v.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+        for j in 0..8 {
+            o[j] = if ADD { o[j] + v[j] } else { v[j] };
+        }
+    }
+    for (o, b) in outs.into_remainder().iter_mut().zip(rest.chunks_exact(2)) {
+        let v = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+        *o = if ADD { *o + v } else { v };
+    }
 }

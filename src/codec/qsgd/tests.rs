@@ -387,3 +387,20 @@ fn specs_parse_with_defaults_and_round_trip() {
         assert!(e.contains(needle), "{text}: {e}");
     }
 }
+
+#[test]
+fn floor_small_is_floor() {
+    let mut r = Rng::from_u64(8);
+    for _ in 0..100_000 {
+        let t = r.next_f32() * 255.0;
+        assert_eq!(floor_small(t), t.floor() as u8, "{t}");
+    }
+    for k in 0..=255u8 {
+        let t = k as f32;
+        assert_eq!(floor_small(t), k);
+        assert_eq!(floor_small(t - t * f32::EPSILON), k.saturating_sub(1));
+        if k < 255 {
+            assert_eq!(floor_small(t + 0.5), k);
+        }
+    }
+}
