@@ -72,36 +72,47 @@ pub fn key(v: f32) -> u32 {
 
 /// Calls `f(index, key)` for every element of `x` whose [`key`] is ≥ `t`, in index order.
 ///
-/// Blocks of 32 elements are first tested with a branch-free count the compiler vectorizes;
-/// only blocks holding a hit are walked element by element. At sparsifier densities almost every
-/// block is skipped, so this runs at close to memory speed.
+/// Blocks of 32 elements are first tested with a branch-free OR-reduction the compiler
+/// vectorizes; only blocks holding a hit build a bit mask of their hits and visit its set bits.
+/// At sparsifier densities most blocks are skipped, so this runs at close to memory speed.
 #[inline]
 pub fn scan_at_least(x: &[f32], t: u32, mut f: impl FnMut(usize, u32)) {
     const B: usize = 32;
-    // Keys are at most 0x7fff_ffff, so signed compares equal unsigned ones; SSE2 has only the
-    // signed 32-bit compare.
     if t > i32::MAX as u32 {
         return; // no key reaches t
     }
-    let ti = t as i32;
+    if t == 0 {
+        for (i, &v) in x.iter().enumerate() {
+            f(i, key(v));
+        }
+        return;
+    }
+    // Keys and t are in [0, 2^31), so `t − 1 − key` cannot overflow and is negative exactly
+    // when key ≥ t: a block has a hit iff the OR of these has its sign bit set.
+    let tm1 = t as i32 - 1;
     let blocks = x.chunks_exact(B);
     let tail = blocks.remainder();
     let mut base = 0;
     for block in blocks {
-        let hits: u32 = block.iter().map(|&v| (key(v) as i32 >= ti) as u32).sum();
-        if hits != 0 {
+        let any = block
+            .iter()
+            .fold(0i32, |acc, &v| acc | (tm1 - key(v) as i32));
+        if any < 0 {
+            let mut mask = 0u32;
             for (j, &v) in block.iter().enumerate() {
-                let m = key(v);
-                if m as i32 >= ti {
-                    f(base + j, m);
-                }
+                mask |= (((tm1 - key(v) as i32) as u32) >> 31) << j;
+            }
+            while mask != 0 {
+                let j = mask.trailing_zeros() as usize;
+                f(base + j, key(block[j]));
+                mask &= mask - 1;
             }
         }
         base += B;
     }
     for (j, &v) in tail.iter().enumerate() {
         let m = key(v);
-        if m as i32 >= ti {
+        if m >= t {
             f(base + j, m);
         }
     }
