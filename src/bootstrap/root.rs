@@ -6,7 +6,9 @@
 //! - a connection with a wrong secret or a malformed hello is answered (best effort), logged at
 //!   WARN with its address and dropped; the job goes on;
 //! - a protocol-version mismatch, a rank out of range, a world-size mismatch or a rank joining
-//!   twice fails the whole init: every connected rank gets the message, the root exits;
+//!   twice fails the whole init: every joined rank gets the message, and so does every rank
+//!   whose hello (with the right secret) arrives in the next 10 s (before the deadline); then
+//!   the root exits;
 //! - all ranks joined: every rank gets the same table and a fresh random comm id; the root exits;
 //! - the deadline passed first: every connected rank gets a timeout naming the missing ranks.
 
@@ -22,6 +24,8 @@ use std::time::{Duration, Instant};
 
 /// Longest a connection may take to deliver its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a failed root keeps answering late ranks with the failure (bounded by the deadline).
+const LINGER: Duration = Duration::from_secs(10);
 /// Most connections whose hello is still incomplete; more are refused.
 const MAX_PENDING: usize = 1024;
 /// Bound on each write of a reply.
@@ -62,6 +66,7 @@ pub(crate) fn spawn_root_speaking(
         size: None,
         joined: Vec::new(),
         refused_warned: false,
+        failed: None,
     };
     std::thread::Builder::new()
         .name("qccl-root".into())
@@ -103,6 +108,9 @@ struct Root {
     /// Indexed by rank once the size is known.
     joined: Vec<Option<Joined>>,
     refused_warned: bool,
+    /// Set once the init failed: later hellos (with the right secret) get this answer until
+    /// `end`, so a rank that connects after the failure learns why instead of timing out.
+    failed: Option<(ErrorKind, String)>,
 }
 
 /// What reading one pending connection gave.
@@ -132,7 +140,9 @@ impl Root {
         loop {
             let now = Instant::now();
             if now >= self.end {
-                self.fail_deadline();
+                if self.failed.is_none() {
+                    self.fail_deadline();
+                }
                 return;
             }
             self.wait(self.end - now);
@@ -174,7 +184,8 @@ impl Root {
                             Verdict::Continue => {}
                             Verdict::Fail(msg, offender) => {
                                 self.fail(ErrorKind::Usage, &msg, Some(offender));
-                                return;
+                                // Linger (bounded) to answer ranks that are still on their way.
+                                self.end = self.end.min(Instant::now() + LINGER);
                             }
                             Verdict::Complete => {
                                 self.send_table();
@@ -284,6 +295,10 @@ impl Root {
             );
             return Verdict::Continue;
         }
+        if let Some((kind, msg)) = &self.failed {
+            send(stream, &wire::encode_error(*kind, msg));
+            return Verdict::Continue;
+        }
         let (rank, size) = (hello.rank as usize, hello.size as usize);
         if hello.version != self.version {
             return Verdict::Fail(
@@ -371,18 +386,22 @@ impl Root {
         }
     }
 
-    /// Fails the init: every connected rank (and `offender`) gets `msg`.
-    fn fail(self, kind: ErrorKind, msg: &str, offender: Option<TcpStream>) {
+    /// Fails the init: every joined rank (and `offender`) gets `msg`, and so does every later
+    /// hello.
+    fn fail(&mut self, kind: ErrorKind, msg: &str, offender: Option<TcpStream>) {
         crate::qlog!(Warn, "bootstrap root {}: init failed: {msg}", self.addr);
         let frame = wire::encode_error(kind, msg);
-        let joined = self.joined.into_iter().flatten().map(|j| j.stream);
-        let pending = self.pending.into_iter().map(|p| p.stream);
-        for s in joined.chain(offender).chain(pending) {
+        let joined = std::mem::take(&mut self.joined)
+            .into_iter()
+            .flatten()
+            .map(|j| j.stream);
+        for s in joined.chain(offender) {
             send(s, &frame);
         }
+        self.failed = Some((kind, msg.to_string()));
     }
 
-    fn fail_deadline(self) {
+    fn fail_deadline(mut self) {
         let ms = self.deadline.as_millis();
         let msg = match self.size {
             None => format!("init deadline of {ms} ms passed: no rank joined"),
@@ -395,6 +414,10 @@ impl Root {
             }
         };
         self.fail(ErrorKind::Timeout, &msg, None);
+        let frame = wire::encode_error(ErrorKind::Timeout, &msg);
+        for p in std::mem::take(&mut self.pending) {
+            send(p.stream, &frame);
+        }
     }
 }
 
