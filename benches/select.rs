@@ -1,7 +1,7 @@
 //! Selection cost of the sparsifiers on one core: exact top-k (quickselect) against MSTopK
 //! (Algorithm 1, 30 samplings) and random-k, on 16 Mi Gaussian f32 at densities 0.001 and 0.01.
 //!
-//! `cargo bench --bench select`. Prints the best of several runs in ms and ns per element.
+//! `cargo bench --bench select` (SELECT_N elements, SELECT_DIST=gaussian|uniform|ef). Prints the best of several runs in ms and ns per element.
 
 use qccl::codec::mstopk::mstopk_select;
 use qccl::codec::randk::select_randk;
@@ -40,9 +40,36 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16usize << 20);
-    let x = gaussian(n, 1);
+    // SELECT_DIST=uniform: the shape of qccl-perf's inputs, where the sampled cutoff is
+    // least informative.
+    let dist = std::env::var("SELECT_DIST").unwrap_or_else(|_| "gaussian".into());
+    let x: Vec<f32> = match dist.as_str() {
+        "uniform" => {
+            let mut r = Rng::from_u64(1);
+            (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
+        }
+        // What error feedback feeds the selector after 20 steps on the same gradient: entries
+        // not sent pile up, so magnitudes spread over a range of scales.
+        "ef" => {
+            let g = gaussian(n, 1);
+            let k = k_of(0.01, n);
+            let (mut r, mut e, mut sel) = (vec![0f32; n], vec![0f32; n], Vec::new());
+            for _ in 0..20 {
+                for ((e, r), g) in e.iter_mut().zip(&r).zip(&g) {
+                    *e = r + g;
+                }
+                select_topk(&e, k, &mut sel);
+                r.copy_from_slice(&e);
+                for &i in &sel {
+                    r[i as usize] = 0.0;
+                }
+            }
+            e
+        }
+        _ => gaussian(n, 1),
+    };
     let mut idx = Vec::new();
-    println!("{n} Gaussian f32, best of 5, one thread");
+    println!("{n} {dist} f32, best of 5, one thread");
     println!(
         "{:<10} {:>8} {:>10} {:>10}",
         "selector", "density", "ms", "ns/elem"

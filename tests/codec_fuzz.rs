@@ -127,3 +127,32 @@ fn non_finite_inputs_encode_and_decode() {
         }
     }
 }
+
+/// `decode_sub` (the error-feedback update; O(k) for sparse codecs) equals subtracting the
+/// decoded chunk, bit for bit, and rejects what decode rejects.
+#[test]
+fn decode_sub_matches_decode() {
+    for spec in codecs() {
+        let c = spec.codec();
+        for n in [0usize, 1, 9, 1000] {
+            let enc = valid(&spec, n, 3);
+            let base: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let mut dec = vec![0f32; n];
+            c.decode_into(&enc, &mut dec).unwrap();
+            let want: Vec<f32> = base.iter().zip(&dec).map(|(b, d)| b - d).collect();
+            let mut got = base.clone();
+            c.decode_sub(&enc, &mut got, &mut Vec::new()).unwrap();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{spec} n={n}"
+            );
+            if n > 0 {
+                assert!(c
+                    .decode_sub(&enc[..enc.len() - 1], &mut got, &mut Vec::new())
+                    .is_err());
+            }
+        }
+    }
+}

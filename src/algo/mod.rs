@@ -22,6 +22,8 @@ use std::ops::Range;
 pub struct Scratch {
     /// Used inside the algorithms (taken out for the duration of one).
     pub main: Buf,
+    /// Decoded chunks of the compressed schedules (lent to their `Coder`).
+    pub decoded: Vec<f32>,
 }
 
 /// One growable, 8-byte aligned byte buffer.

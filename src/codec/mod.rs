@@ -111,10 +111,22 @@ pub trait Codec: Send + Sync + std::fmt::Debug {
         let payload = checked_payload(self, bytes, out.len())?;
         self.decode_payload(payload, out, true)
     }
+
+    /// Subtracts a decoded chunk from `out` (error feedback: residual += input, then this),
+    /// using `scratch` if it needs room. Sparse codecs override it to touch only their k
+    /// entries instead of decoding a whole dense chunk.
+    fn decode_sub(&self, bytes: &[u8], out: &mut [f32], scratch: &mut Vec<f32>) -> Result<()> {
+        scratch.resize(out.len(), 0.0);
+        self.decode_into(bytes, scratch)?;
+        for (o, d) in out.iter_mut().zip(scratch.iter()) {
+            *o -= d;
+        }
+        Ok(())
+    }
 }
 
 /// The payload of `bytes` after checking its header against `codec` and `n` elements.
-fn checked_payload<'b, C: Codec + ?Sized>(
+pub(crate) fn checked_payload<'b, C: Codec + ?Sized>(
     codec: &C,
     bytes: &'b [u8],
     n: usize,

@@ -663,6 +663,10 @@ impl Codec for MsTopK {
     fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
         sparse::decode(payload, out, add)
     }
+    fn decode_sub(&self, bytes: &[u8], out: &mut [f32], _: &mut Vec<f32>) -> Result<()> {
+        let payload = super::checked_payload(self, bytes, out.len())?;
+        sparse::decode_sub(payload, out)
+    }
 }
 
 #[cfg(test)]

@@ -230,6 +230,28 @@ impl Plan {
         Ok(at)
     }
 
+    /// Subtracts the decoding of range `r` from `out` (error feedback), `scratch` as room.
+    pub fn decode_sub(
+        &self,
+        r: Range<usize>,
+        bytes: &[u8],
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) -> Result<()> {
+        let mut at = 0;
+        for (p, c) in self.pieces(r.clone()) {
+            let len = c.max_encoded_len(p.len());
+            let chunk = bytes.get(at..at + len).ok_or_else(|| {
+                Error::invalid(format!(
+                    "encoding of elements {r:?} is shorter than its pieces"
+                ))
+            })?;
+            c.decode_sub(chunk, &mut out[p.start - r.start..p.end - r.start], scratch)?;
+            at += len;
+        }
+        Ok(())
+    }
+
     /// Decodes the encoding of range `r` into `out` (`add` false) or adds it (`add` true).
     pub fn decode(&self, r: Range<usize>, bytes: &[u8], out: &mut [f32], add: bool) -> Result<()> {
         let mut at = 0;

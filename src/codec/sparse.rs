@@ -145,10 +145,18 @@ pub(crate) fn assert_len(n: usize) {
     }
 }
 
-/// Decodes a payload into `out` (`add` false: zero it, then place the values) or adds it to
-/// `out` (`add` true). Every index is checked first: on error `out` is untouched.
-pub fn decode(payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
-    let n = out.len();
+/// Subtracts a sparse payload from `out` (`out[i] -= v` for each pair), after the same checks
+/// as [`decode`]: the error-feedback update of the sparsifiers, O(k) instead of O(n).
+pub fn decode_sub(payload: &[u8], out: &mut [f32]) -> Result<()> {
+    check_indices(payload, out.len())?;
+    for (i, v) in pairs(payload) {
+        out[i] -= v;
+    }
+    Ok(())
+}
+
+/// Checks a sparse payload's shape and that its indices are in range and strictly increasing.
+fn check_indices(payload: &[u8], n: usize) -> Result<()> {
     if payload.len() % 8 != 0 {
         return Err(Error::invalid(format!(
             "sparse payload of {} bytes is not a whole number of 8-byte (index, value) pairs",
@@ -156,13 +164,11 @@ pub fn decode(payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
         )));
     }
     let k = payload.len() / 8;
-    let (ib, vb) = payload.split_at(4 * k);
-    let index = |c: &[u8]| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize;
     // The smallest index allowed next: strictly increasing indices also rule out duplicates,
     // so k > n is caught here too.
     let mut next = 0usize;
-    for (j, c) in ib.chunks_exact(4).enumerate() {
-        let i = index(c);
+    for (j, c) in payload[..4 * k].chunks_exact(4).enumerate() {
+        let i = u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize;
         if i >= n {
             return Err(Error::invalid(format!(
                 "sparse payload: index {i} (pair {j}) is out of range for a chunk of {n} elements"
@@ -176,16 +182,34 @@ pub fn decode(payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
         }
         next = i + 1;
     }
+    Ok(())
+}
+
+/// Decodes a payload into `out` (`add` false: zero it, then place the values) or adds it to
+/// `out` (`add` true). Every index is checked first: on error `out` is untouched.
+pub fn decode(payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
+    check_indices(payload, out.len())?;
     if !add {
         out.fill(0.0);
     }
-    for (c, v) in ib.chunks_exact(4).zip(vb.chunks_exact(4)) {
-        let v = f32::from_le_bytes(v.try_into().expect("4 bytes"));
+    for (i, v) in pairs(payload) {
         // In range: checked above.
-        let o = &mut out[index(c)];
+        let o = &mut out[i];
         *o = if add { *o + v } else { v };
     }
     Ok(())
+}
+
+/// The (index, value) pairs of a payload whose shape was checked.
+fn pairs(payload: &[u8]) -> impl Iterator<Item = (usize, f32)> + '_ {
+    let k = payload.len() / 8;
+    let (ib, vb) = payload.split_at(4 * k);
+    ib.chunks_exact(4).zip(vb.chunks_exact(4)).map(|(c, v)| {
+        (
+            u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize,
+            f32::from_le_bytes(v.try_into().expect("4 bytes")),
+        )
+    })
 }
 
 /// The 64 parameter bits of a sparse codec: the density rounded to f32 in the high half, a

@@ -51,20 +51,21 @@ impl Engine {
         if work.is_empty() {
             return Ok(algo);
         }
+        let scratch = std::mem::take(&mut self.scratch.decoded);
         let mut ctx = self.coded_ctx(CollKind::AllReduce, work.len(), &c, algo);
-        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual);
-        match algo {
-            Algo::Ring => coded::ring::all_reduce(&mut ctx, &mut cd, work)?,
-            Algo::Tree => coded::tree::all_reduce(&mut ctx, &mut cd, work)?,
-            Algo::AllGather => coded::gather::all_reduce(&mut ctx, &mut cd, work)?,
-            Algo::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, work)?,
-            Algo::Hier | Algo::Auto => {
-                return Err(crate::Error::Internal(
-                    "the hierarchical compressed all-reduce runs above the engine".into(),
-                ))
-            }
-        }
-        Ok(algo)
+        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual, scratch);
+        let done = match algo {
+            Algo::Ring => coded::ring::all_reduce(&mut ctx, &mut cd, work),
+            Algo::Tree => coded::tree::all_reduce(&mut ctx, &mut cd, work),
+            Algo::AllGather => coded::gather::all_reduce(&mut ctx, &mut cd, work),
+            Algo::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, work),
+            Algo::Hier | Algo::Auto => Err(crate::Error::Internal(
+                "the hierarchical compressed all-reduce runs above the engine".into(),
+            )),
+        };
+        drop(ctx);
+        self.scratch.decoded = cd.into_scratch();
+        done.map(|()| algo)
     }
 
     /// Compressed reduce-scatter (sum) in place: afterwards part `rank` of `work`
@@ -73,9 +74,13 @@ impl Engine {
         if work.is_empty() {
             return Ok(());
         }
+        let scratch = std::mem::take(&mut self.scratch.decoded);
         let mut ctx = self.coded_ctx(CollKind::ReduceScatter, work.len(), &c, Algo::Sra);
-        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual);
-        coded::sra::reduce_scatter(&mut ctx, &mut cd, work)
+        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual, scratch);
+        let done = coded::sra::reduce_scatter(&mut ctx, &mut cd, work);
+        drop(ctx);
+        self.scratch.decoded = cd.into_scratch();
+        done
     }
 
     /// Compressed all-gather in place: part `rank` of `work` is encoded once and every rank
@@ -86,13 +91,17 @@ impl Engine {
         }
         let n = self.size;
         let chunks: Vec<_> = (0..n).map(|p| coded::chunk(work.len(), n, p)).collect();
+        let scratch = std::mem::take(&mut self.scratch.decoded);
         let mut ctx = self.coded_ctx(CollKind::AllGather, work.len(), &c, Algo::Ring);
-        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual);
-        if n == 1 {
+        let mut cd = Coder::new(c.plan, c.site, c.base, c.residual, scratch);
+        let done = if n == 1 {
             // One rank still ends with the decoded value, as it would among several.
-            let mut out = Vec::new();
-            return cd.encode_own(work, chunks[0].clone(), &mut out);
-        }
-        coded::ring::all_gather(&mut ctx, &mut cd, work, &chunks, |q| q)
+            cd.encode_own(work, chunks[0].clone(), &mut Vec::new())
+        } else {
+            coded::ring::all_gather(&mut ctx, &mut cd, work, &chunks, |q| q)
+        };
+        drop(ctx);
+        self.scratch.decoded = cd.into_scratch();
+        done
     }
 }

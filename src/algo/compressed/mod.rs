@@ -33,14 +33,25 @@ pub struct Coder<'a> {
 
 impl<'a> Coder<'a> {
     /// A coder for `plan`, where `work[0]` is element `base` of the plan.
-    pub fn new(plan: &'a Plan, site: Site, base: usize, residual: Option<&'a mut [f32]>) -> Self {
+    pub fn new(
+        plan: &'a Plan,
+        site: Site,
+        base: usize,
+        residual: Option<&'a mut [f32]>,
+        decoded: Vec<f32>,
+    ) -> Self {
         Coder {
             plan,
             site,
             base,
             residual,
-            decoded: Vec::new(),
+            decoded,
         }
+    }
+
+    /// Gives back the scratch it was lent (to keep for the next call).
+    pub fn into_scratch(self) -> Vec<f32> {
+        self.decoded
     }
 
     fn at(&self, r: &Range<usize>) -> Range<usize> {
@@ -60,10 +71,14 @@ impl<'a> Coder<'a> {
     /// Encodes `work[r]` into `out` (resized to fit); records the loss for error feedback.
     pub fn encode(&mut self, work: &[f32], r: Range<usize>, out: &mut Vec<u8>) -> Result<()> {
         self.encode_inner(work, &r, out)?;
-        if self.residual.is_some() {
-            self.decode_scratch(&r, out)?;
-            let res = self.residual.as_deref_mut().expect("residual");
-            ef::record(&mut res[r.clone()], &work[r], &self.decoded);
+        let at = self.at(&r);
+        if let Some(res) = self.residual.as_deref_mut() {
+            // residual += input − decoded, as two steps so sparse codecs stay O(k).
+            let res = &mut res[r.clone()];
+            for (e, x) in res.iter_mut().zip(&work[r]) {
+                *e += x;
+            }
+            self.plan.decode_sub(at, out, res, &mut self.decoded)?;
         }
         Ok(())
     }
