@@ -63,7 +63,6 @@ impl Engine {
                 "the hierarchical compressed all-reduce runs above the engine".into(),
             )),
         };
-        drop(ctx);
         self.scratch.decoded = cd.into_scratch();
         done.map(|()| algo)
     }
@@ -78,7 +77,6 @@ impl Engine {
         let mut ctx = self.coded_ctx(CollKind::ReduceScatter, work.len(), &c, Algo::Sra);
         let mut cd = Coder::new(c.plan, c.site, c.base, c.residual, scratch);
         let done = coded::sra::reduce_scatter(&mut ctx, &mut cd, work);
-        drop(ctx);
         self.scratch.decoded = cd.into_scratch();
         done
     }
@@ -100,7 +98,6 @@ impl Engine {
         } else {
             coded::ring::all_gather(&mut ctx, &mut cd, work, &chunks, |q| q)
         };
-        drop(ctx);
         self.scratch.decoded = cd.into_scratch();
         done
     }
