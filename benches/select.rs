@@ -1,7 +1,7 @@
 //! Selection cost of the sparsifiers on one core: exact top-k (quickselect) against MSTopK
 //! (Algorithm 1, 30 samplings) and random-k, on 16 Mi Gaussian f32 at densities 0.001 and 0.01.
 //!
-//! `cargo bench --bench select` (SELECT_N elements, SELECT_DIST=gaussian|uniform|ef). Prints the best of several runs in ms and ns per element.
+//! `cargo bench --bench select` (SELECT_N elements, SELECT_DIST=gaussian|uniform|ef|ef-uniform). Prints the best of several runs in ms and ns per element.
 
 use qccl::codec::mstopk::mstopk_select;
 use qccl::codec::randk::select_randk;
@@ -50,8 +50,13 @@ fn main() {
         }
         // What error feedback feeds the selector after 20 steps on the same gradient: entries
         // not sent pile up, so magnitudes spread over a range of scales.
-        "ef" => {
-            let g = gaussian(n, 1);
+        "ef" | "ef-uniform" => {
+            let g = if dist == "ef" {
+                gaussian(n, 1)
+            } else {
+                let mut r = Rng::from_u64(1);
+                (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
+            };
             let k = k_of(0.01, n);
             let (mut r, mut e, mut sel) = (vec![0f32; n], vec![0f32; n], Vec::new());
             for _ in 0..20 {
