@@ -601,3 +601,67 @@ fn codec_errors_exit_2_naming_the_problem() {
         }
     }
 }
+
+/// Network namespaces that exist now.
+fn namespaces() -> Vec<String> {
+    Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().next().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The emulated cluster (`perf-tests/emucluster`): 2 network-namespace "hosts" × 2 ranks over a
+/// rate-limited bridge, qccl-perf checked, dense and with a codec. Needs root and iproute2;
+/// where they are missing the script must say so and exit 2 (checked instead).
+#[test]
+fn emulated_cluster_2_hosts_x_2_ranks() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/emucluster");
+    let sh = |c: &str| {
+        Command::new("sh")
+            .args(["-c", c])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let usable =
+        sh("test \"$(id -u)\" = 0") && sh("command -v ip && command -v tc") && sh("ip netns list");
+    let emucluster = |codec: Option<&str>| {
+        let mut c = Command::new(script);
+        c.args([
+            "-H", "2", "-R", "2", "--rate", "1gbit", "-T", "120", "--", BIN,
+        ]);
+        c.args(QUICK);
+        if let Some(z) = codec {
+            c.args(["-Z", z]);
+        }
+        c.output().expect("run emucluster")
+    };
+    if !usable {
+        let o = emucluster(None);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("needs"), "{err}");
+        eprintln!("emulated cluster not available here: {err}");
+        return;
+    }
+    let before = namespaces();
+    for codec in [None, Some("qsgd:bits=4,bucket=128")] {
+        let o = emucluster(codec);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{codec:?}\n{out}\n{err}");
+        let lines = rows(&out, if codec.is_some() { 3 } else { 0 });
+        assert_eq!(lines.len(), NOMINAL.len(), "{out}");
+        assert!(lines.iter().all(|(l, _)| l.oop.3 == 0), "#wrong:\n{out}");
+        assert!(err.contains("2 hosts x 2 ranks"), "{err}");
+    }
+    let left: Vec<String> = namespaces()
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
