@@ -51,7 +51,10 @@ pub use bootstrap::UniqueId;
 pub use codec::ef::TensorKey;
 pub use codec::plan::{Layer, Layout};
 pub use codec::{Codec, CodecSpec};
-pub use comm::{Comm, Compression, PreparedAllReduce, Report, Request};
+pub use comm::{
+    Comm, Compression, PreparedAllReduce, PreparedTopK, Report, Request, TopK, TopKReport,
+    TopKScheme,
+};
 pub use config::{Algo, Config, TransportChoice};
 pub use error::{Error, Result};
 pub use types::{DType, Element, ReduceOp};

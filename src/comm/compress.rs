@@ -502,7 +502,7 @@ impl PreparedAllReduce {
 
 /// Runs `f` on the data as f32: in place for aligned f32, else through a converted copy that
 /// is written back after. `send` (out of place) is copied in first.
-fn with_f32<R>(
+pub(super) fn with_f32<R>(
     send: Option<&[u8]>,
     recv: &mut [u8],
     dtype: DType,

@@ -177,3 +177,60 @@ impl Hier {
         Ok(wire)
     }
 }
+
+impl Hier {
+    /// (ranks on this host, this rank's index among them).
+    pub(super) fn intra_shape(&self) -> (usize, usize) {
+        (self.intra.size(), self.intra.rank())
+    }
+
+    /// Dense intra-host reduce-scatter (sum) of f32 `work` in near-equal parts.
+    pub(super) fn intra_reduce_scatter(&self, work: &mut [f32]) -> Result<Wire> {
+        let count = work.len();
+        self.intra.execute(|e| {
+            let w0 = e.wire;
+            let bytes = bytemuck::cast_slice_mut(work);
+            e.reduce_scatter_parts(None, bytes, count, DType::Float32, ReduceOp::Sum)?;
+            Ok(e.wire - w0)
+        })
+    }
+
+    /// Dense intra-host all-gather of f32 `work` in near-equal parts.
+    pub(super) fn intra_all_gather(&self, work: &mut [f32]) -> Result<Wire> {
+        let count = work.len();
+        self.intra.execute(|e| {
+            let w0 = e.wire;
+            e.all_gather_parts(bytemuck::cast_slice_mut(work), count, DType::Float32)?;
+            Ok(e.wire - w0)
+        })
+    }
+
+    /// All-gather of equal-length byte blocks among the ranks with this local rank, in host
+    /// order.
+    pub(super) fn inter_all_gather(&self, mine: &[u8]) -> Result<(Vec<u8>, Wire)> {
+        let m = self.inter.size();
+        let mut all = vec![0u8; mine.len() * m];
+        let wire = self.inter.execute(|e| {
+            let w0 = e.wire;
+            e.all_gather(Some(mine), &mut all, mine.len(), DType::Uint8)?;
+            Ok(e.wire - w0)
+        })?;
+        Ok((all, wire))
+    }
+
+    /// The dense hierarchical all-reduce (2DTAR) of `buf`, returning its bytes.
+    pub(super) fn all_reduce_dense(
+        &self,
+        buf: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<Wire> {
+        let mut wire = Wire::default();
+        let w = |c: &Comm| c.execute(|e| Ok(e.wire));
+        let (a0, b0) = (w(&self.intra)?, w(&self.inter)?);
+        all_reduce(self, None, buf, count, dtype, ReduceOp::Sum)?;
+        wire += w(&self.intra)? - a0;
+        wire += w(&self.inter)? - b0;
+        Ok(wire)
+    }
+}

@@ -3,10 +3,12 @@
 mod api;
 mod compress;
 mod hier;
+mod hitopk;
 mod queue;
 mod split;
 
 pub use compress::{Compression, PreparedAllReduce, Report};
+pub use hitopk::{PreparedTopK, TopK, TopKReport, TopKScheme};
 pub use queue::Request;
 
 use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};

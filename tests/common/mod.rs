@@ -4,6 +4,7 @@
 
 pub mod coded;
 pub mod suite;
+pub mod topk;
 
 use half::{bf16, f16};
 use qccl::{DType, ReduceOp};
