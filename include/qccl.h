@@ -116,8 +116,9 @@ qcclResult_t qcclGroupEnd(void);
  * calls (its error-feedback residual). qcclCommSetLayout registers the layers of fused buffers:
  * a compressed call whose count equals their total compresses each layer on its own, layers
  * matching qcclCommExcludeLayers' patterns ("bias|norm") or under
- * QCCL_COMPRESSION_MINIMAL_SIZE elements stay uncompressed. HiTopK: not built yet
- * (qcclUnsupported). */
+ * QCCL_COMPRESSION_MINIMAL_SIZE elements stay uncompressed. qcclHiTopKAllReduce: HiTopKComm
+ * (intra-host reduce-scatter, MSTopK at density on each rank's slice, inter-host all-gather of
+ * (index, value) pairs, intra-host all-gather), a sum, error feedback keyed by tensorKey. */
 
 qcclResult_t qcclCodecCreate(const char* spec, qcclCodec_t* codec);   /* "qsgd:bits=4,bucket=128", "topk:density=0.01,ef=1", ... */
 qcclResult_t qcclCodecDestroy(qcclCodec_t codec);

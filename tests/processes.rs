@@ -43,6 +43,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
             }
             Ok(())
         }
+        "hitopk" => hitopk_child(&comm),
         "allreduce" => {
             let send = vec![comm.rank() as f32 + 1.0; 1000];
             let mut recv = vec![0f32; 1000];
@@ -75,6 +76,55 @@ fn run_child(scenario: &str) -> Result<(), String> {
         }
         other => Err(format!("unknown scenario {other}")),
     }
+}
+
+/// HiTopKComm over processes: every rank checks the whole result against the float64
+/// simulation of Algorithm 2, with every rank's selected indices gathered (TEST_HOSTS lists
+/// the emulated host of each rank).
+fn hitopk_child(comm: &Comm) -> Result<(), String> {
+    let hosts_env = std::env::var("TEST_HOSTS").map_err(|e| e.to_string())?;
+    let hosts: Vec<&str> = hosts_env.split(',').collect();
+    let e = |e: qccl::Error| e.to_string();
+    for (count, density) in [(100_003usize, 0.01), (999, 0.1)] {
+        let mut g = common::coded::grad(comm.rank(), count, 9);
+        let o = qccl::TopK {
+            record_indices: true,
+            ..qccl::TopK::new(density).error_feedback(false)
+        };
+        let rep = comm
+            .topk_all_reduce(&mut g, qccl::TopKScheme::HiTopK, &o)
+            .map_err(e)?;
+        let mine = rep.indices.unwrap_or_default();
+        // Everyone's indices: counts first, then lists padded to the longest.
+        let mut ks = vec![0u64; comm.size()];
+        comm.all_gather(&[mine.len() as u64], &mut ks).map_err(e)?;
+        let kmax = *ks.iter().max().unwrap_or(&0) as usize;
+        let mut padded = mine.clone();
+        padded.resize(kmax, 0);
+        let mut all = vec![0u32; kmax * comm.size()];
+        comm.all_gather(&padded, &mut all).map_err(e)?;
+        let indices: Vec<Vec<u32>> = (0..comm.size())
+            .map(|r| all[r * kmax..r * kmax + ks[r] as usize].to_vec())
+            .collect();
+        let sim = common::topk::simulate(&hosts, count, 9, &indices);
+        let d = common::topk::max_rel_diff(&g, &sim);
+        if d > 1e-5 {
+            return Err(format!("count {count}: differs from Algorithm 2 by {d}"));
+        }
+        let mut hashes = vec![0u64; comm.size()];
+        comm.all_gather(&[common::coded::hash(&g)], &mut hashes)
+            .map_err(e)?;
+        if hashes.iter().any(|&h| h != hashes[0]) {
+            return Err(format!("count {count}: ranks ended with different results"));
+        }
+        if rep.steps.iter().any(|s| s.is_zero()) && count > 1000 {
+            return Err(format!(
+                "count {count}: a step took no time: {:?}",
+                rep.steps
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// This test binary, re-run as a rank of `scenario`, output captured.
@@ -456,4 +506,29 @@ fn compressed_on_2_emulated_hosts_x_2_ranks() {
         let o = wait(c, Duration::from_secs(600));
         assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
     }
+}
+
+fn hitopk_on(hosts: &[&str]) {
+    let job = Job::new(hosts.len());
+    let all = hosts.join(",");
+    let children: Vec<Child> = hosts
+        .iter()
+        .enumerate()
+        .map(|(r, h)| job.spawn(r, "hitopk", &[("QCCL_HOSTID", h), ("TEST_HOSTS", &all)]))
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(600));
+        assert_eq!(o.status.code(), Some(0), "{hosts:?} rank {r}: {}", text(&o));
+    }
+}
+
+#[test]
+fn hitopk_2_hosts_x_2_processes() {
+    hitopk_on(&["host-a", "host-a", "host-b", "host-b"]);
+}
+
+#[test]
+fn hitopk_1_host_x_4_and_2_hosts_x_3_processes() {
+    hitopk_on(&["h", "h", "h", "h"]);
+    hitopk_on(&["a", "b", "a", "b", "a", "b"]);
 }

@@ -1,6 +1,5 @@
 //! Compression entry points: codecs from spec strings, compressed all-reduce (blocking,
-//! grouped, non-blocking), layouts. HiTopKComm (issue #7) is not built yet: after checking its
-//! arguments it returns `qcclUnsupported`.
+//! grouped, non-blocking), layouts, and the HiTopKComm all-reduce.
 
 use crate::coll::{no_stream, start};
 use crate::group::{guard_op, launch};
@@ -12,8 +11,6 @@ use qccl_core::{CodecSpec, Compression, DType, Error, Layout, Result};
 use std::ffi::CStr;
 use std::ffi::{c_char, c_float, c_int, c_void};
 use std::ptr::null_mut;
-
-const NO_HITOPK: &str = "HiTopKComm is not built yet";
 
 fn non_null<T>(name: &str, p: *const T) -> Result<()> {
     if p.is_null() {
@@ -139,8 +136,10 @@ pub unsafe extern "C" fn qcclIAllReduceCompressed(
     })
 }
 
-/// HiTopKComm all-reduce (intra-host reduce-scatter, MSTopK at `density`, inter-host sparse
-/// all-gather, intra-host all-gather). Not built yet.
+/// HiTopKComm all-reduce (sum): intra-host reduce-scatter, MSTopK at `density` on each rank's
+/// slice, inter-host all-gather of (index, value) pairs with scatter-add, intra-host
+/// all-gather; error feedback on the top-k residual keyed by `tensorKey`. Float types; in place
+/// when `sendbuff == recvbuff`; every rank ends bit-identical.
 ///
 /// # Safety
 /// As `qcclAllReduce`.
@@ -155,9 +154,8 @@ pub unsafe extern "C" fn qcclHiTopKAllReduce(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    let _ = tensorKey;
     guard_op("qcclHiTopKAllReduce", comm, || {
-        handle::comm(comm)?;
+        let h = handle::comm(comm)?;
         no_stream(stream)?;
         let dtype = check_buffers(sendbuff, recvbuff, count, datatype)?;
         if !dtype.is_float() {
@@ -170,7 +168,16 @@ pub unsafe extern "C" fn qcclHiTopKAllReduce(
                 "density {density} is outside (0, 1]"
             )));
         }
-        Err(Error::Unsupported(NO_HITOPK.into()))
+        let op = Op::hitopk(
+            &h.comm,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            density as f64,
+            tensorKey,
+        )?;
+        launch(comm, h, op)
     })
 }
 

@@ -7,7 +7,10 @@ use crate::types::*;
 use qccl_core::coll::Engine;
 use qccl_core::transport::frame::{CollKind, OpDesc};
 use qccl_core::transport::{RecvReq, SendReq};
-use qccl_core::{Comm, Compression, DType, Error, PreparedAllReduce, ReduceOp, Result};
+use qccl_core::{
+    Comm, Compression, DType, Error, PreparedAllReduce, PreparedTopK, ReduceOp, Result, TopK,
+    TopKScheme,
+};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
@@ -72,6 +75,11 @@ pub(crate) enum Op {
         send: Option<RawBuf>,
         recv: RawBuf,
         call: Arc<PreparedAllReduce>,
+    },
+    HiTopK {
+        send: Option<RawBuf>,
+        recv: RawBuf,
+        call: Arc<PreparedTopK>,
     },
 }
 
@@ -357,6 +365,32 @@ impl Op {
         Ok(Op::AllReduceCompressed { send, recv, call })
     }
 
+    /// A HiTopKComm all-reduce (sum): buffers checked like `qcclAllReduce`, the call prepared
+    /// (density, error feedback keyed by `tensor_key`, hierarchy) before anything is queued.
+    pub(crate) fn hitopk(
+        c: &Comm,
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: qcclDataType_t,
+        density: f64,
+        tensor_key: u64,
+    ) -> Result<Op> {
+        let Op::AllReduce {
+            send,
+            recv,
+            count,
+            dtype,
+            ..
+        } = Op::all_reduce(c, sendbuff, recvbuff, count, datatype, qcclSum)?
+        else {
+            unreachable!("Op::all_reduce makes an AllReduce")
+        };
+        let o = TopK::new(density).key(tensor_key);
+        let call = Arc::new(c.prepare_topk(count, dtype, TopKScheme::HiTopK, &o)?);
+        Ok(Op::HiTopK { send, recv, call })
+    }
+
     pub(crate) fn is_p2p(&self) -> bool {
         matches!(self, Op::Send { .. } | Op::Recv { .. })
     }
@@ -458,6 +492,13 @@ impl Op {
                 let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
                 c.execute(|e| call.run(e, s, r)).map(drop)
             }
+            Op::HiTopK { send, recv, call } => {
+                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
+                if let Some(s) = s {
+                    r.copy_from_slice(s);
+                }
+                c.execute(|e| call.run(e, r)).map(drop)
+            }
         }
     }
 
@@ -534,6 +575,13 @@ impl Op {
             Op::AllReduceCompressed { send, recv, call } => {
                 let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
                 call.run(e, s, r).map(drop)
+            }
+            Op::HiTopK { send, recv, call } => {
+                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
+                if let Some(s) = s {
+                    r.copy_from_slice(s);
+                }
+                call.run(e, r).map(drop)
             }
             p2p @ (Op::Send { .. } | Op::Recv { .. }) => {
                 P2pPlan::new(e.rank, e.size, vec![p2p])?.run(e)

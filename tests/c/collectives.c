@@ -395,6 +395,21 @@ static void test_compressed(qcclComm_t comm, int rank, int n) {
     if (!(rel_err(r, count, n) < 0.02)) FAIL("layered compressed all_reduce");
     CHECK(qcclCommSetLayout(comm, 0, NULL, NULL));
 
+    /* HiTopKComm: density 1 keeps everything (the exact sum of these small integers);
+     * density 0.05 is sparse, bit-identical everywhere; in place works too. */
+    CHECK(qcclHiTopKAllReduce(s, r, count, qcclFloat32, 1.0f, 10, comm, NULL));
+    for (size_t i = 0; i < count; i++)
+        expect("hitopk density 1", qcclFloat32, r, i, reference(qcclSum, n, i), 0);
+    CHECK(qcclHiTopKAllReduce(s, r, count, qcclFloat32, 0.05f, 11, comm, NULL));
+    same_everywhere(comm, n, r, count, "hitopk");
+    size_t nonzero = 0;
+    for (size_t i = 0; i < count; i++) nonzero += r[i] != 0.0f;
+    if (nonzero == 0 || nonzero > count / 10) FAIL("hitopk density 0.05: %zu non-zeros", nonzero);
+    for (size_t i = 0; i < count; i++) r[i] = (float)val(rank, i);
+    CHECK(qcclHiTopKAllReduce(r, r, count, qcclFloat32, 1.0f, 12, comm, NULL));
+    for (size_t i = 0; i < count; i++)
+        expect("in-place hitopk", qcclFloat32, r, i, reference(qcclSum, n, i), 0);
+
     CHECK(qcclCodecDestroy(q8));
     CHECK(qcclCodecDestroy(topk));
     free(s);

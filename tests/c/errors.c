@@ -220,8 +220,8 @@ static void argument_errors(qcclComm_t c2) {
     ERR(qcclIAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "request is NULL");
     CHECK(qcclCodecDestroy(q4));
     ERR(qcclCodecDestroy(q4), qcclInvalidUsage, NULL, "not a live codec");
-    /* HiTopK: signature final, not built yet. */
-    ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 0.01f, 7, c2, NULL), qcclUnsupported, c2, "HiTopKComm is not built yet");
+    /* HiTopK: argument errors before any byte moves. */
+    ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 0.01f, 7, c2, stream), qcclUnsupported, c2, "without CUDA");
     ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 1.5f, 7, c2, NULL), qcclInvalidArgument, c2, "density 1.5");
     ERR(qcclHiTopKAllReduce(s, NULL, 4, qcclFloat32, 0.1f, 7, c2, NULL), qcclInvalidArgument, c2, "recvbuff is NULL");
     ERR(qcclHiTopKAllReduce(s, r, 4, qcclInt32, 0.1f, 7, c2, NULL), qcclInvalidArgument, c2, "floating-point");
