@@ -5,40 +5,16 @@
 mod common;
 
 use common::coded::{grad, reference, rel_err};
+use common::threads::assert_identical;
 use common::topk::{max_rel_diff, simulate};
 use qccl::codec::{Rng, Site};
 use qccl::{Algo, CodecSpec, Comm, Config, ReduceOp, TopK, TopKScheme};
-use std::sync::Arc;
 
 fn on_hosts<R: Send + 'static>(
     hosts: &[&str],
     f: impl Fn(&Comm) -> R + Send + Sync + 'static,
 ) -> Vec<R> {
-    let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
-    let f = Arc::new(f);
-    let comms = Comm::init_threads_on_hosts(&hosts, Config::default()).expect("init_threads");
-    let handles: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let f = f.clone();
-            std::thread::spawn(move || f(&c))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank panicked"))
-        .collect()
-}
-
-fn identical(outs: &[Vec<f32>], what: &str) {
-    for (r, o) in outs.iter().enumerate() {
-        assert!(
-            o.iter()
-                .zip(&outs[0])
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{what}: rank {r} differs from rank 0"
-        );
-    }
+    common::threads::on_hosts(hosts, Config::default(), f)
 }
 
 const SHAPES: [&[&str]; 4] = [
@@ -65,7 +41,7 @@ fn hitopk_matches_algorithm_2() {
             });
             let what = format!("{hosts:?} count {count} density {density}");
             let res: Vec<Vec<f32>> = outs.iter().map(|o| o.0.clone()).collect();
-            identical(&res, &what);
+            assert_identical(&res, &what);
             let idx: Vec<Vec<u32>> = outs.iter().map(|o| o.1.indices.clone().unwrap()).collect();
             let sim = simulate(hosts, count, 3, &idx);
             let d = max_rel_diff(&res[0], &sim);
@@ -96,7 +72,7 @@ fn density_one_equals_the_dense_all_reduce() {
             (g, d)
         });
         let (h, d): (Vec<_>, Vec<_>) = outs.into_iter().unzip();
-        identical(&h, "hitopk density 1");
+        assert_identical(&h, "hitopk density 1");
         let dense: Vec<f64> = d[0].iter().map(|&x| x as f64).collect();
         assert!(max_rel_diff(&h[0], &dense) < 1e-5, "{hosts:?}");
         assert!(rel_err(&h[0], &reference(hosts.len(), count, 4)) < 1e-6);
@@ -125,7 +101,7 @@ fn baselines_against_their_references() {
     let exact = reference(4, count, 6);
     for (k, name) in ["naiveag", "treear", "2dtar"].iter().enumerate() {
         let res: Vec<Vec<f32>> = outs.iter().map(|o| o[k].0.clone()).collect();
-        identical(&res, name);
+        assert_identical(&res, name);
         assert!(outs[0][k].1.wire.sent > 0, "{name}");
     }
     // Dense baselines: the float64 sum.

@@ -61,9 +61,9 @@
 //! bracket returned can differ from the paper's thres2 (a threshold bounding the same elements,
 //! or a looser one after an early stop); the upper bracket is the paper's thres1.
 
-use super::sparse::{self, k_of, key, scan_at_least};
+use super::sparse::{self, key, scan_at_least, Selector};
 use super::topk::select_topk;
-use super::{Codec, CodecId, Rng};
+use super::{CodecId, Rng};
 use crate::error::Result;
 
 /// Samplings when the spec does not say (the paper's N = 30).
@@ -629,12 +629,15 @@ pub fn mstopk_select(
     (f32::from_bits(s.t2), upper)
 }
 
-impl Codec for MsTopK {
+impl Selector for MsTopK {
     fn id(&self) -> CodecId {
         CodecId::MsTopK
     }
-    fn params(&self) -> u64 {
-        sparse::params(self.density, self.samplings)
+    fn density(&self) -> f64 {
+        self.density
+    }
+    fn extra(&self) -> u32 {
+        self.samplings
     }
     fn spec(&self) -> String {
         format!(
@@ -642,37 +645,17 @@ impl Codec for MsTopK {
             self.density, self.samplings
         )
     }
-    fn is_sparse(&self) -> bool {
-        true
-    }
-    fn payload_len(&self, n: usize) -> usize {
-        sparse::payload_len(k_of(self.density, n))
-    }
-    fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
-        sparse::assert_len(input.len());
-        let mut idx = Vec::new();
-        mstopk_select(
-            input,
-            k_of(self.density, input.len()),
-            self.samplings,
-            rng,
-            &mut idx,
-        );
-        sparse::write(input, &idx, out);
-    }
-    fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
-        sparse::decode(payload, out, add)
-    }
-    fn decode_sub(&self, bytes: &[u8], out: &mut [f32], _: &mut Vec<f32>) -> Result<()> {
-        let payload = super::checked_payload(self, bytes, out.len())?;
-        sparse::decode_sub(payload, out)
+    fn select(&self, x: &[f32], k: usize, rng: &mut Rng, out: &mut Vec<u32>) {
+        mstopk_select(x, k, self.samplings, rng, out);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::sparse::k_of;
     use crate::codec::sparse::tests::check_codec;
+    use crate::codec::Codec;
     use crate::codec::CodecSpec;
 
     /// Algorithm 1 as printed (with thres1 starting at +∞), one full pass per sampling and float

@@ -7,8 +7,8 @@
 //! out; the unbiased variant would multiply by n/k and, without error feedback, inflate the
 //! variance by the same factor.
 
-use super::sparse::{self, k_of};
-use super::{Codec, CodecId, Rng};
+use super::sparse::{self, Selector};
+use super::{CodecId, Rng};
 use crate::error::Result;
 
 /// `randk`: k uniformly random elements.
@@ -67,34 +67,18 @@ pub fn select_randk(n: usize, k: usize, rng: &mut Rng, out_idx: &mut Vec<u32>) {
     debug_assert_eq!(out_idx.len(), k);
 }
 
-impl Codec for RandK {
+impl Selector for RandK {
     fn id(&self) -> CodecId {
         CodecId::RandK
     }
-    fn params(&self) -> u64 {
-        sparse::params(self.density, 0)
+    fn density(&self) -> f64 {
+        self.density
     }
     fn spec(&self) -> String {
         format!("randk:density={}", self.density)
     }
-    fn is_sparse(&self) -> bool {
-        true
-    }
-    fn payload_len(&self, n: usize) -> usize {
-        sparse::payload_len(k_of(self.density, n))
-    }
-    fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
-        sparse::assert_len(input.len());
-        let mut idx = Vec::new();
-        select_randk(input.len(), k_of(self.density, input.len()), rng, &mut idx);
-        sparse::write(input, &idx, out);
-    }
-    fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
-        sparse::decode(payload, out, add)
-    }
-    fn decode_sub(&self, bytes: &[u8], out: &mut [f32], _: &mut Vec<f32>) -> Result<()> {
-        let payload = super::checked_payload(self, bytes, out.len())?;
-        sparse::decode_sub(payload, out)
+    fn select(&self, x: &[f32], k: usize, rng: &mut Rng, out: &mut Vec<u32>) {
+        select_randk(x.len(), k, rng, out);
     }
 }
 

@@ -24,6 +24,7 @@
 //! fits). Algorithms must call [`check_len`] before encoding a chunk with a sparse codec: encoding
 //! cannot fail, so it panics on a longer chunk instead.
 
+use super::{Codec, CodecId, Rng};
 use crate::error::{Error, Result};
 
 /// The largest chunk a sparse codec encodes: every index below it fits a u32.
@@ -217,6 +218,54 @@ fn pairs(payload: &[u8]) -> impl Iterator<Item = (usize, f32)> + '_ {
 /// not in f64 are told apart anyway when their k differ, by the header's payload length.
 pub(crate) fn params(density: f64, extra: u32) -> u64 {
     ((density as f32).to_bits() as u64) << 32 | extra as u64
+}
+
+/// What tells the sparsifiers apart: how they choose their k indices. Everything else (the
+/// payload, decoding, the error-feedback update) is shared by the [`Codec`] impl below.
+pub trait Selector: Send + Sync + std::fmt::Debug {
+    /// The codec id written into chunk headers.
+    fn id(&self) -> CodecId;
+    /// Fraction of elements kept.
+    fn density(&self) -> f64;
+    /// A codec-specific parameter carried in the header (mstopk's samplings), 0 if none.
+    fn extra(&self) -> u32 {
+        0
+    }
+    /// The canonical spec string.
+    fn spec(&self) -> String;
+    /// Appends the k chosen indices of `x`, ascending, to the empty `out`.
+    fn select(&self, x: &[f32], k: usize, rng: &mut Rng, out: &mut Vec<u32>);
+}
+
+impl<S: Selector> Codec for S {
+    fn id(&self) -> CodecId {
+        Selector::id(self)
+    }
+    fn params(&self) -> u64 {
+        params(self.density(), self.extra())
+    }
+    fn spec(&self) -> String {
+        Selector::spec(self)
+    }
+    fn is_sparse(&self) -> bool {
+        true
+    }
+    fn payload_len(&self, n: usize) -> usize {
+        payload_len(k_of(self.density(), n))
+    }
+    fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
+        assert_len(input.len());
+        let mut idx = Vec::new();
+        self.select(input, k_of(self.density(), input.len()), rng, &mut idx);
+        write(input, &idx, out);
+    }
+    fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
+        decode(payload, out, add)
+    }
+    fn decode_sub(&self, bytes: &[u8], out: &mut [f32], _: &mut Vec<f32>) -> Result<()> {
+        let payload = super::checked_payload(self, bytes, out.len())?;
+        decode_sub(payload, out)
+    }
 }
 
 /// A density in (0, 1], or an error naming it.

@@ -5,8 +5,8 @@
 //! NaN counts as a larger magnitude than any number, infinity included (see [`key`]): a NaN in a
 //! gradient is sent rather than silently parked in an error-feedback residual.
 
-use super::sparse::{self, k_of, key, scan_at_least};
-use super::{Codec, CodecId, Rng};
+use super::sparse::{self, key, scan_at_least, Selector};
+use super::{CodecId, Rng};
 use crate::error::Result;
 
 /// `topk`: the k largest magnitudes, exactly.
@@ -64,41 +64,27 @@ pub fn select_topk(x: &[f32], k: usize, out_idx: &mut Vec<u32>) {
     debug_assert_eq!(out_idx.len(), k);
 }
 
-impl Codec for TopK {
+impl Selector for TopK {
     fn id(&self) -> CodecId {
         CodecId::TopK
     }
-    fn params(&self) -> u64 {
-        sparse::params(self.density, 0)
+    fn density(&self) -> f64 {
+        self.density
     }
     fn spec(&self) -> String {
         format!("topk:density={}", self.density)
     }
-    fn is_sparse(&self) -> bool {
-        true
-    }
-    fn payload_len(&self, n: usize) -> usize {
-        sparse::payload_len(k_of(self.density, n))
-    }
-    fn encode_payload(&self, input: &[f32], _: &mut Rng, out: &mut [u8]) {
-        sparse::assert_len(input.len());
-        let mut idx = Vec::new();
-        select_topk(input, k_of(self.density, input.len()), &mut idx);
-        sparse::write(input, &idx, out);
-    }
-    fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
-        sparse::decode(payload, out, add)
-    }
-    fn decode_sub(&self, bytes: &[u8], out: &mut [f32], _: &mut Vec<f32>) -> Result<()> {
-        let payload = super::checked_payload(self, bytes, out.len())?;
-        sparse::decode_sub(payload, out)
+    fn select(&self, x: &[f32], k: usize, _: &mut Rng, out: &mut Vec<u32>) {
+        select_topk(x, k, out);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::sparse::k_of;
     use crate::codec::sparse::tests::check_codec;
+    use crate::codec::Codec;
     use crate::codec::CodecSpec;
 
     /// The reference: sort all indices by (magnitude key descending, index ascending).

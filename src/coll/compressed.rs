@@ -38,6 +38,26 @@ pub struct Coded<'a> {
     pub dtype: DType,
 }
 
+impl<'a> Coded<'a> {
+    /// The context of a call (or of one level of it: `base` is the plan position of
+    /// `work[0]`).
+    pub fn new(
+        plan: &'a Plan,
+        site: Site,
+        base: usize,
+        residual: Option<&'a mut [f32]>,
+        dtype: DType,
+    ) -> Coded<'a> {
+        Coded {
+            plan,
+            site,
+            base,
+            residual,
+            dtype,
+        }
+    }
+}
+
 impl Engine {
     fn coded_ctx(&mut self, coll: CollKind, count: usize, c: &Coded<'_>, algo: Algo) -> Ctx<'_> {
         let mut ctx = self.ctx(coll, count, c.dtype, ReduceOp::Sum, 0, algo as u8);

@@ -255,32 +255,27 @@ impl Comm {
         let plan = self.plan(k, total, dtype, op, c)?;
         let (seed, rank, size) = (self.config.seed, self.rank, self.size);
         with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |work| {
-            self.run_coded(c, total, &plan, |e, mut residual, step| {
-                compensate(work, residual.as_deref_mut());
-                let w0 = e.wire;
-                let site = Site {
-                    seed,
-                    step,
-                    chunk: 0,
-                    rank: rank as u64,
-                };
-                let coded = Coded {
-                    plan: &plan,
-                    site,
-                    base: 0,
-                    residual,
-                    dtype,
-                };
-                e.reduce_scatter_coded(work, coded)?;
-                if op == ReduceOp::Avg {
-                    let mine = rank * recvcount..(rank + 1) * recvcount;
-                    let part = bytemuck::cast_slice_mut(&mut work[mine]);
-                    reduce::finish_avg(DType::Float32, part, size);
-                }
-                Ok(Report {
-                    algo: Algo::Sra,
-                    wire: e.wire - w0,
-                })
+            self.queue.run(|e| {
+                coded_turn(
+                    e,
+                    c.key.as_ref(),
+                    &plan,
+                    work,
+                    (seed, rank),
+                    |e, work, site, res| {
+                        let w0 = e.wire;
+                        e.reduce_scatter_coded(work, Coded::new(&plan, site, 0, res, dtype))?;
+                        if op == ReduceOp::Avg {
+                            let mine = rank * recvcount..(rank + 1) * recvcount;
+                            let part = bytemuck::cast_slice_mut(&mut work[mine]);
+                            reduce::finish_avg(DType::Float32, part, size);
+                        }
+                        Ok(Report {
+                            algo: Algo::Sra,
+                            wire: e.wire - w0,
+                        })
+                    },
+                )
             })
         })
     }
@@ -301,27 +296,22 @@ impl Comm {
         let plan = self.plan(k, total, dtype, ReduceOp::Sum, c)?;
         let (seed, rank) = (self.config.seed, self.rank);
         with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |work| {
-            self.run_coded(c, total, &plan, |e, mut residual, step| {
-                compensate(work, residual.as_deref_mut());
-                let w0 = e.wire;
-                let site = Site {
-                    seed,
-                    step,
-                    chunk: 0,
-                    rank: rank as u64,
-                };
-                let coded = Coded {
-                    plan: &plan,
-                    site,
-                    base: 0,
-                    residual,
-                    dtype,
-                };
-                e.all_gather_coded(work, coded)?;
-                Ok(Report {
-                    algo: Algo::Ring,
-                    wire: e.wire - w0,
-                })
+            self.queue.run(|e| {
+                coded_turn(
+                    e,
+                    c.key.as_ref(),
+                    &plan,
+                    work,
+                    (seed, rank),
+                    |e, work, site, res| {
+                        let w0 = e.wire;
+                        e.all_gather_coded(work, Coded::new(&plan, site, 0, res, dtype))?;
+                        Ok(Report {
+                            algo: Algo::Ring,
+                            wire: e.wire - w0,
+                        })
+                    },
+                )
             })
         })
     }
@@ -389,33 +379,41 @@ impl Comm {
             None => Ok(Plan::uniform(&c.codec, count, &filter)),
         }
     }
+}
 
-    /// Runs `f` as this comm's next operation with the call's step number and, under error
-    /// feedback, the residual of its tensor (taken out of the comm for the call, put back after).
-    fn run_coded<R>(
-        &self,
-        c: &Compression,
-        count: usize,
-        plan: &Plan,
-        f: impl FnOnce(&mut Engine, Option<&mut [f32]>, u64) -> Result<R>,
-    ) -> Result<R> {
-        self.queue.run(|e| {
-            let step = e.coded_calls;
-            e.coded_calls += 1;
-            let key = c.key.as_ref().filter(|_| plan.error_feedback());
-            let mut residual = match key {
-                Some(k) => Some(std::mem::take(e.residuals.get(k, count)?)),
-                None => None,
-            };
-            let out = f(e, residual.as_deref_mut(), step);
-            if let (Some(k), Some(r)) = (key, residual) {
-                *e.residuals
-                    .get(k, 0)
-                    .unwrap_or_else(|_| unreachable!("taken residual")) = r;
-            }
-            out
-        })
+/// The part every compressed call does on the engine, around its schedule `f`: takes the
+/// call's step number (the random streams' `step`), lends it the tensor's error-feedback
+/// residual (taken out of the engine for the call, put back after) and adds that residual to
+/// the input first.
+fn coded_turn<R>(
+    e: &mut Engine,
+    key: Option<&TensorKey>,
+    plan: &Plan,
+    work: &mut [f32],
+    (seed, rank): (u64, usize),
+    f: impl FnOnce(&mut Engine, &mut [f32], Site, Option<&mut [f32]>) -> Result<R>,
+) -> Result<R> {
+    let step = e.coded_calls;
+    e.coded_calls += 1;
+    let key = key.filter(|_| plan.error_feedback());
+    let mut residual = match key {
+        Some(k) => Some(std::mem::take(e.residuals.get(k, work.len())?)),
+        None => None,
+    };
+    compensate(work, residual.as_deref_mut());
+    let site = Site {
+        seed,
+        step,
+        chunk: 0,
+        rank: rank as u64,
+    };
+    let out = f(e, work, site, residual.as_deref_mut());
+    if let (Some(k), Some(r)) = (key, residual) {
+        *e.residuals
+            .get(k, 0)
+            .unwrap_or_else(|_| unreachable!("taken residual")) = r;
     }
+    out
 }
 
 /// A checked compressed all-reduce, ready to run on its comm's engine.
@@ -448,54 +446,36 @@ impl PreparedAllReduce {
             )));
         }
         let (plan, dtype) = (&self.plan, self.dtype);
+        let who = (self.seed, self.rank);
         with_f32(send, recv, dtype, |work| {
-            let step = e.coded_calls;
-            e.coded_calls += 1;
-            let key = self.key.as_ref().filter(|_| plan.error_feedback());
-            let mut residual = match key {
-                Some(k) => Some(std::mem::take(e.residuals.get(k, self.count)?)),
-                None => None,
-            };
-            compensate(work, residual.as_deref_mut());
-            let site = Site {
-                seed: self.seed,
-                step,
-                chunk: 0,
-                rank: self.rank as u64,
-            };
-            let res = residual.as_deref_mut();
-            let out = match &self.hier {
-                Some(h) => h
-                    .all_reduce_coded(work, plan, site, res, self.intra_host, dtype)
-                    .map(|wire| Report {
-                        algo: Algo::Hier,
-                        wire,
-                    }),
-                None => {
-                    let w0 = e.wire;
-                    let coded = Coded {
-                        plan,
-                        site,
-                        base: 0,
-                        residual: res,
-                        dtype,
-                    };
-                    e.all_reduce_coded(work, coded, self.algo)
-                        .map(|algo| Report {
-                            algo,
-                            wire: e.wire - w0,
-                        })
-                }
-            };
-            if let (Some(k), Some(r)) = (key, residual) {
-                *e.residuals
-                    .get(k, 0)
-                    .unwrap_or_else(|_| unreachable!("taken residual")) = r;
-            }
+            let report = coded_turn(
+                e,
+                self.key.as_ref(),
+                plan,
+                work,
+                who,
+                |e, work, site, res| match &self.hier {
+                    Some(h) => h
+                        .all_reduce_coded(work, plan, site, res, self.intra_host, dtype)
+                        .map(|wire| Report {
+                            algo: Algo::Hier,
+                            wire,
+                        }),
+                    None => {
+                        let w0 = e.wire;
+                        let coded = Coded::new(plan, site, 0, res, dtype);
+                        e.all_reduce_coded(work, coded, self.algo)
+                            .map(|algo| Report {
+                                algo,
+                                wire: e.wire - w0,
+                            })
+                    }
+                },
+            )?;
             if self.op == ReduceOp::Avg {
                 reduce::finish_avg(DType::Float32, bytemuck::cast_slice_mut(work), self.size);
             }
-            out
+            Ok(report)
         })
     }
 }

@@ -129,25 +129,13 @@ impl Hier {
         }
         let (local, me) = (self.intra.size(), self.intra.rank());
         let mine = part(count, local, me, 1);
-        fn coded<'a>(
-            plan: &'a Plan,
-            site: Site,
-            residual: Option<&'a mut [f32]>,
-            base: usize,
-            dtype: DType,
-        ) -> Coded<'a> {
-            Coded {
-                plan,
-                site,
-                base,
-                residual,
-                dtype,
-            }
-        }
         let mut wire = self.intra.execute(|e| {
             let w0 = e.wire;
             if intra_host {
-                e.reduce_scatter_coded(work, coded(plan, site, residual.as_deref_mut(), 0, dtype))?;
+                e.reduce_scatter_coded(
+                    work,
+                    Coded::new(plan, site, 0, residual.as_deref_mut(), dtype),
+                )?;
             } else {
                 let bytes = bytemuck::cast_slice_mut(&mut *work);
                 e.reduce_scatter_parts(None, bytes, count, DType::Float32, ReduceOp::Sum)?;
@@ -159,7 +147,7 @@ impl Hier {
             let res = residual.as_deref_mut().map(|r| &mut r[mine.clone()]);
             e.all_reduce_coded(
                 &mut work[mine.clone()],
-                coded(plan, site, res, mine.start, dtype),
+                Coded::new(plan, site, mine.start, res, dtype),
                 Algo::Auto,
             )?;
             Ok(e.wire - w0)
@@ -167,7 +155,7 @@ impl Hier {
         wire += self.intra.execute(|e| {
             let w0 = e.wire;
             if intra_host {
-                e.all_gather_coded(work, coded(plan, site, residual, 0, dtype))?;
+                e.all_gather_coded(work, Coded::new(plan, site, 0, residual, dtype))?;
             } else {
                 let bytes = bytemuck::cast_slice_mut(&mut *work);
                 e.all_gather_parts(bytes, count, DType::Float32)?;

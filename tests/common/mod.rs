@@ -4,6 +4,7 @@
 
 pub mod coded;
 pub mod suite;
+pub mod threads;
 pub mod topk;
 
 use half::{bf16, f16};
