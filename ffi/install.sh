@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Installs the qccl C library under a prefix:
-#   P/lib/libqccl.so  P/lib/libqccl.a  P/include/qccl.h  P/lib/pkgconfig/qccl.pc
-# so that `cc app.c $(pkg-config --cflags --libs qccl)` works with
-# PKG_CONFIG_PATH=P/lib/pkgconfig. See ffi/README.md.
+# Installs the qccl C library under a prefix, as a versioned shared library:
+#   P/lib/libqccl.so.X.Y.Z                      the library (SONAME libqccl.so.X, set by ffi/build.rs)
+#   P/lib/libqccl.so.X -> libqccl.so.X.Y.Z      what programs load at run time
+#   P/lib/libqccl.so   -> libqccl.so.X          what `-lqccl` finds at link time
+#   P/lib/libqccl.a  P/include/qccl.h  P/lib/pkgconfig/qccl.pc
+# (X.Y.Z: the version in ffi/Cargo.toml), so that `cc app.c $(pkg-config --cflags --libs qccl)`
+# works with PKG_CONFIG_PATH=P/lib/pkgconfig. See ffi/README.md and docs/C_API.md.
 set -euo pipefail
 
 usage() {
@@ -51,10 +54,29 @@ for f in libqccl.so libqccl.a; do
 done
 
 version="$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$root/ffi/Cargo.toml" | head -n1)"
+major="${version%%.*}"
+if [ -z "$version" ] || [ -z "$major" ]; then
+    echo "install.sh: no version in $root/ffi/Cargo.toml" >&2
+    exit 1
+fi
+soname="libqccl.so.$major"
+# The library should name itself $soname (ffi/build.rs); say so when it does not (a library
+# built before the build script, or another platform's), but install it anyway.
+if command -v readelf >/dev/null 2>&1; then
+    got="$(readelf -d "$from/libqccl.so" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p')"
+    if [ "$got" != "$soname" ]; then
+        echo "install.sh: warning: $from/libqccl.so has SONAME '${got:-none}', expected '$soname'" >&2
+    fi
+fi
 mkdir -p "$prefix"
 prefix="$(cd "$prefix" && pwd)"
 mkdir -p "$prefix/lib/pkgconfig" "$prefix/include"
-install -m 0755 "$from/libqccl.so" "$prefix/lib/libqccl.so"
+# Replace the file rather than write into it (a running program may have it mapped); `ln -f`
+# also replaces the plain lib/libqccl.so that older versions of this script installed.
+rm -f "$prefix/lib/libqccl.so.$version"
+install -m 0755 "$from/libqccl.so" "$prefix/lib/libqccl.so.$version"
+ln -sfn "libqccl.so.$version" "$prefix/lib/$soname"
+ln -sfn "$soname" "$prefix/lib/libqccl.so"
 install -m 0644 "$from/libqccl.a" "$prefix/lib/libqccl.a"
 install -m 0644 "$root/include/qccl.h" "$prefix/include/qccl.h"
 
@@ -75,4 +97,4 @@ Libs.private: -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 EOF
 
 echo "installed qccl $version into $prefix"
-echo "  $prefix/lib/libqccl.so, $prefix/lib/libqccl.a, $prefix/include/qccl.h, $prefix/lib/pkgconfig/qccl.pc"
+echo "  $prefix/lib/libqccl.so.$version (+ links $soname, libqccl.so), $prefix/lib/libqccl.a, $prefix/include/qccl.h, $prefix/lib/pkgconfig/qccl.pc"

@@ -2,7 +2,8 @@
 //!
 //! NCCL-shaped (`qcclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)`, NCCL's
 //! numbering and in-place rules) so that engines calling NCCL switch by renaming; see
-//! `ffi/README.md` for the function list, errors and the NCCL mapping.
+//! `docs/C_API.md` for the function list, errors and the NCCL mapping, and `ffi/README.md`
+//! for building, installing and testing.
 //!
 //! Every entry point runs inside `last_error::guard`: errors become `qcclResult_t` codes with
 //! the detailed message kept for `qcclGetLastError`, and a panic becomes

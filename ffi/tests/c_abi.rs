@@ -3,14 +3,16 @@
 //! the installed header and library (through `pkg-config` when it is available), and runs
 //! them: every collective on 2, 3 and 5 forked processes, 4 comms from one thread, the
 //! error paths (also linked statically), init from the environment with abort, and the
-//! Horovod-style example.
+//! Horovod-style example. Also checks the installed tree: the versioned library
+//! `libqccl.so.X.Y.Z` with its links `libqccl.so.X` and `libqccl.so`, and that programs
+//! linked with `-lqccl` record `libqccl.so.X`.
 //!
 //! Needs a C and a C++ compiler (`CC` / `CXX`, default `cc` / `c++`) and bash.
 //! `QCCL_SKIP_C_TESTS=1` skips these tests.
 
 mod common;
 
-use common::{lib_dir, root};
+use common::{elf_dynamic_names, expected_soname, lib_dir, readelf_soname, root};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -295,4 +297,45 @@ fn installed_pkg_config_file() {
     } else {
         eprintln!("pkg-config not found: compiled with explicit -I/-L flags instead");
     }
+}
+
+#[test]
+fn installed_library_is_versioned() {
+    if skip() {
+        return;
+    }
+    let s = setup();
+    let lib = s.prefix.join("lib");
+    let version = env!("CARGO_PKG_VERSION");
+    let soname = expected_soname();
+    let full = format!("libqccl.so.{version}");
+    // The file, then the two links: libqccl.so -> libqccl.so.X -> libqccl.so.X.Y.Z.
+    let meta = std::fs::symlink_metadata(lib.join(&full))
+        .unwrap_or_else(|e| panic!("{full} not installed: {e}"));
+    assert!(meta.file_type().is_file(), "{full} is not a regular file");
+    for (link, target) in [(soname.as_str(), full.as_str()), ("libqccl.so", &soname)] {
+        let got = std::fs::read_link(lib.join(link))
+            .unwrap_or_else(|e| panic!("lib/{link} is not a symlink: {e}"));
+        assert_eq!(got, Path::new(target), "lib/{link} points elsewhere");
+    }
+    if !cfg!(target_os = "linux") {
+        eprintln!("not Linux: skipping the SONAME / NEEDED checks");
+        return;
+    }
+    let (installed, _) = elf_dynamic_names(&lib.join(&full)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        installed.as_deref(),
+        Some(soname.as_str()),
+        "SONAME of {full}"
+    );
+    if let Some(r) = readelf_soname(&lib.join(&full)) {
+        assert_eq!(r, installed, "readelf -d disagrees with the ELF parser");
+    }
+    // What the SONAME is for: a program linked through the libqccl.so link loads libqccl.so.X.
+    let (_, needed) =
+        elf_dynamic_names(&s.bin.join("collectives")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        needed.contains(&soname),
+        "tests/c/collectives needs {needed:?}, not {soname}"
+    );
 }

@@ -4,11 +4,12 @@
 //!   `qccl*` symbols `libqccl.so` exports (`nm -D --defined-only`) are the same set;
 //! - each function's return and parameter types in the header match the Rust signature
 //!   (Rust types mapped to their C spelling);
-//! - every enum value and `#define` number in the header matches the Rust constant.
+//! - every enum value and `#define` number in the header matches the Rust constant;
+//! - libqccl.so carries the SONAME `libqccl.so.<major>` (ffi/build.rs).
 
 mod common;
 
-use common::{lib_dir, root};
+use common::{elf_dynamic_names, expected_soname, lib_dir, readelf_soname, root};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
@@ -267,6 +268,28 @@ fn exported_symbols_match_the_header() {
         declared.difference(&exported).collect::<Vec<_>>(),
         exported.difference(&declared).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn library_soname_is_the_major_version() {
+    let lib = lib_dir().join("libqccl.so");
+    assert!(lib.exists(), "{} was not built", lib.display());
+    if !cfg!(target_os = "linux") {
+        eprintln!("not Linux: skipping the SONAME check (ffi/build.rs sets it on ELF targets)");
+        return;
+    }
+    // Read from the ELF dynamic section directly; readelf, where installed, must agree.
+    let (soname, _) = elf_dynamic_names(&lib).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        soname.as_deref(),
+        Some(expected_soname().as_str()),
+        "SONAME of {}",
+        lib.display()
+    );
+    match readelf_soname(&lib) {
+        Some(r) => assert_eq!(r, soname, "readelf -d disagrees with the ELF parser"),
+        None => eprintln!("readelf not available: SONAME read from the ELF file only"),
+    }
 }
 
 fn parse_int(s: &str) -> Option<i64> {
