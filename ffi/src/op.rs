@@ -113,6 +113,30 @@ fn peer(v: c_int, size: usize) -> Result<usize> {
     }
 }
 
+/// The buffers of an all-reduce-shaped call, checked, with NCCL's in-place rule applied:
+/// `send` None when `sendbuff == recvbuff`; other overlaps are refused.
+fn all_reduce_buffers(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: qcclDataType_t,
+    op: qcclRedOp_t,
+) -> Result<(Option<RawBuf>, RawBuf, DType, ReduceOp)> {
+    let dtype = dtype(datatype)?;
+    let op = redop(op, dtype)?;
+    let es = dtype.size();
+    let recv = RawBuf::new("recvbuff", recvbuff, count, es, 1)?;
+    let send = RawBuf::new("sendbuff", sendbuff, count, es, 1)?;
+    let send = if send.starts_at(&recv, 0) {
+        None
+    } else if send.overlaps(&recv) {
+        return Err(overlap_error("sendbuff", "recvbuff"));
+    } else {
+        Some(send)
+    };
+    Ok((send, recv, dtype, op))
+}
+
 fn overlap_error(a: &str, b: &str) -> Error {
     Error::invalid(format!(
         "{a} and {b} overlap without being the in-place layout NCCL defines for this call"
@@ -121,25 +145,23 @@ fn overlap_error(a: &str, b: &str) -> Error {
 
 impl Op {
     pub(crate) fn all_reduce(
-        _c: &Comm,
+        c: &Comm,
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
         count: usize,
         datatype: qcclDataType_t,
         op: qcclRedOp_t,
     ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let op = redop(op, dtype)?;
-        let es = dtype.size();
-        let recv = RawBuf::new("recvbuff", recvbuff, count, es, 1)?;
-        let send = RawBuf::new("sendbuff", sendbuff, count, es, 1)?;
-        let send = if send.starts_at(&recv, 0) {
-            None
-        } else if send.overlaps(&recv) {
-            return Err(overlap_error("sendbuff", "recvbuff"));
-        } else {
-            Some(send)
-        };
+        let (send, recv, dtype, op) = all_reduce_buffers(sendbuff, recvbuff, count, datatype, op)?;
+        if let Some(spec) = &c.config().compression {
+            // QCCL_COMPRESSION: grouped and non-blocking float sum/avg all-reduces are
+            // compressed too, as blocking ones are (Comm::all_reduce_raw).
+            if dtype.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+                let z = Compression::new(spec.clone());
+                let call = Arc::new(c.prepare_all_reduce_compressed(count, dtype, op, &z)?);
+                return Ok(Op::AllReduceCompressed { send, recv, call });
+            }
+        }
         Ok(Op::AllReduce {
             send,
             recv,
@@ -351,16 +373,7 @@ impl Op {
         op: qcclRedOp_t,
         compression: &Compression,
     ) -> Result<Op> {
-        let Op::AllReduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-        } = Op::all_reduce(c, sendbuff, recvbuff, count, datatype, op)?
-        else {
-            unreachable!("Op::all_reduce makes an AllReduce")
-        };
+        let (send, recv, dtype, op) = all_reduce_buffers(sendbuff, recvbuff, count, datatype, op)?;
         let call = Arc::new(c.prepare_all_reduce_compressed(count, dtype, op, compression)?);
         Ok(Op::AllReduceCompressed { send, recv, call })
     }
@@ -376,16 +389,8 @@ impl Op {
         density: f64,
         tensor_key: u64,
     ) -> Result<Op> {
-        let Op::AllReduce {
-            send,
-            recv,
-            count,
-            dtype,
-            ..
-        } = Op::all_reduce(c, sendbuff, recvbuff, count, datatype, qcclSum)?
-        else {
-            unreachable!("Op::all_reduce makes an AllReduce")
-        };
+        let (send, recv, dtype, _) =
+            all_reduce_buffers(sendbuff, recvbuff, count, datatype, qcclSum)?;
         let o = TopK::new(density).key(tensor_key);
         let call = Arc::new(c.prepare_topk(count, dtype, TopKScheme::HiTopK, &o)?);
         Ok(Op::HiTopK { send, recv, call })

@@ -1,6 +1,7 @@
 /* qcclCommInitFromEnv across 3 forked processes given QCCL_RANK / QCCL_WORLD_SIZE /
- * QCCL_COMM_ID (as a launcher would set them), then qcclCommAbort on one rank: the others'
- * next collective fails promptly with the reason instead of hanging. */
+ * QCCL_COMM_ID (as a launcher would set them) and QCCL_COMPRESSION=fp16 (float all-reduces
+ * compressed, blocking, grouped and non-blocking alike), then qcclCommAbort on one rank: the
+ * others' next collective fails promptly with the reason instead of hanging. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -44,6 +45,30 @@ static int child(int rank) {
     for (int i = 0; i < 100; i++)
         if (x[i] != 3.0 + 3 * i * 0.5) FAIL("all_reduce from env: [%d] = %g", i, x[i]);
 
+    /* Values fp16 cannot hold: the results are the fp16-rounded sums, not the exact ones. */
+    static float y[1000];
+    for (int mode = 0; mode < 3; mode++) {
+        for (int i = 0; i < 1000; i++) y[i] = (float)(1.0 + 1e-4 * i + rank * 1e-5);
+        if (mode == 0) {
+            CHECK(qcclAllReduce(y, y, 1000, qcclFloat32, qcclSum, comm, NULL));
+        } else if (mode == 1) {
+            CHECK(qcclGroupStart());
+            CHECK(qcclAllReduce(y, y, 1000, qcclFloat32, qcclSum, comm, NULL));
+            CHECK(qcclGroupEnd());
+        } else {
+            qcclRequest_t req;
+            CHECK(qcclIAllReduce(y, y, 1000, qcclFloat32, qcclSum, comm, &req));
+            CHECK(qcclWait(req));
+        }
+        int inexact = 0;
+        for (int i = 0; i < 1000; i++) {
+            double exact = 3.0 * (1.0 + 1e-4 * i) + 3e-5;
+            if (fabs(y[i] - exact) > 0.004) FAIL("QCCL_COMPRESSION mode %d: [%d] = %g", mode, i, y[i]);
+            inexact += (float)exact != y[i];
+        }
+        if (inexact < 500) FAIL("QCCL_COMPRESSION mode %d: only %d results rounded", mode, inexact);
+    }
+
     if (rank == 1) {
         CHECK(qcclCommAbort(comm));
         return 0;
@@ -79,6 +104,7 @@ int main(void) {
             setenv("QCCL_RANK", rank, 1);
             setenv("QCCL_WORLD_SIZE", size, 1);
             setenv("QCCL_COMM_ID", addr, 1);
+            setenv("QCCL_COMPRESSION", "fp16", 1);
             g_rank = r;
             alarm(60);
             int rc = child(r);
