@@ -74,6 +74,9 @@ pub struct Args {
     pub algo: Algo,
     /// `-Z`: compress the all-reduce with this codec (all_reduce, float types, sum/avg only).
     pub codec: Option<CodecSpec>,
+    /// `-D`: density ρ of the top-k collectives (`-C hitopk`, `naiveag`, `treear`, `2dtar`),
+    /// [`DEFAULT_DENSITY`] for them when not given; None for every other collective.
+    pub density: Option<f64>,
     /// `-a`: how the ranks' times combine.
     pub time_stat: TimeStat,
     /// `-J`: JSON output file (written by rank 0).
@@ -85,6 +88,9 @@ pub struct Args {
     /// The arguments minus `-np N`: what `-np` hands its children.
     pub passthrough: Vec<String>,
 }
+
+/// `-D` when not given: the paper's usual density (1% of the gradient's elements).
+pub const DEFAULT_DENSITY: f64 = 0.01;
 
 /// What the command line asked for.
 pub enum Parsed {
@@ -102,7 +108,8 @@ nccl-tests for qccl. Launch with -np N (N local processes), or under mpirun, tor
 QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
 
   -C, --coll <name>          allreduce | reduce_scatter | all_gather | broadcast | reduce |
-                             alltoall | sendrecv | gather | scatter        [program name, else allreduce]
+                             alltoall | sendrecv | gather | scatter |
+                             hitopk | naiveag | treear | 2dtar             [program name, else allreduce]
   -b, --minbytes <size>      smallest size, K/M/G suffixes (powers of 1024)            [32M]
   -e, --maxbytes <size>      largest size                                              [32M]
   -f, --stepfactor <f>       multiply the size by f each step                          [1]
@@ -128,6 +135,15 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
                              outputs, and when the codec bounds one encode's relative
                              error by e, elements off by more than
                              (n+1)*e*max|exact| + the type's own tolerance             [off]
+  -D, --density <rho>        top-k density in (0, 1] for -C hitopk (HiTopKComm) and its
+                             baselines naiveag (all-gather of every rank's top-k), treear
+                             (dense tree) and 2dtar (dense 2-level); those only. A sum of
+                             float data (-o sum, float -d); no -Z, -A auto only. Error
+                             feedback on, keyed per type and size. Extra columns: wire(B),
+                             ratio, relerr as with -Z, and for hitopk the step times rs,
+                             topk, ag+add, ag (us, mean over ranks, out of place). #wrong:
+                             hitopk, naiveag non-finite outputs only; treear, 2dtar exact
+                             as allreduce; treear and 2dtar ignore the density        [0.01]
   -a, --average <0/1/2/3>    reported time: 0 rank 0, 1 mean, 2 min, 3 max over ranks [3]
   -z, --blocking <0/1>       accepted; qccl's host collectives always block
   -t, -g, -m <1>             nccl-tests' threads, GPUs, aggregation: only 1
@@ -222,6 +238,7 @@ const OPTS: &[(&str, &str)] = &[
     ("C", "coll"),
     ("A", "algo"),
     ("Z", "codec"),
+    ("D", "density"),
     ("a", "average"),
     ("J", "json"),
     ("T", "timeout"),
@@ -315,6 +332,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         coll: coll_from_argv0(argv0).unwrap_or(Coll::AllReduce),
         algo: Algo::Auto,
         codec: None,
+        density: None,
         time_stat: TimeStat::Max,
         json: None,
         np: None,
@@ -354,6 +372,14 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
             "A" => a.algo = Algo::parse(&v).map_err(|e| format!("{f}: {e}"))?,
             // CodecSpec's message quotes the spec and names the bad field.
             "Z" => a.codec = Some(CodecSpec::parse(&v).map_err(|e| format!("{f}: {e}"))?),
+            "D" => {
+                let d: f64 = num(f, &v)?;
+                // NaN fails both comparisons.
+                if !(d > 0.0 && d <= 1.0) {
+                    return Err(format!("{f} {v}: the density must be in (0, 1]"));
+                }
+                a.density = Some(d);
+            }
             "a" => {
                 a.time_stat = match num::<u32>(f, &v)? {
                     0 => TimeStat::Rank0,
@@ -418,6 +444,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
             .check_dtype(a.dtypes[0])
             .map_err(|e| format!("-o {} -d {}: {e}", a.ops[0], a.dtypes[0]))?;
     }
+    check_topk(&mut a)?;
     check_codec(&a)?;
     if let Some(np) = a.np {
         if a.coll.rooted() && a.root >= np {
@@ -425,6 +452,51 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         }
     }
     Ok(Parsed::Run(Box::new(a)))
+}
+
+/// Rejects what the top-k collectives cannot take, and `-D` with any other collective, before
+/// any rank starts; sets their default density.
+fn check_topk(a: &mut Args) -> Result<(), String> {
+    let Some(scheme) = a.coll.topk() else {
+        if let Some(d) = a.density {
+            return Err(format!(
+                "-D {d}: the density applies to -C hitopk, naiveag, treear and 2dtar only, not \
+                 -C {}",
+                a.coll.name()
+            ));
+        }
+        return Ok(());
+    };
+    let c = scheme.name();
+    if let Some(z) = &a.codec {
+        return Err(format!(
+            "-Z {z}: -C {c} compresses by itself (top-k at -D); codecs apply to all_reduce only"
+        ));
+    }
+    // The scheme is the algorithm; silently timing something else under -A would mislead.
+    if a.algo != Algo::Auto {
+        return Err(format!(
+            "-A {}: -C {c} fixes its own schedule (use -C allreduce -A {} for that algorithm)",
+            a.algo.name(),
+            a.algo.name()
+        ));
+    }
+    if let Some(o) = a.ops.iter().find(|o| **o != ReduceOp::Sum) {
+        let hint = if a.ops.len() > 1 { " (-o all)" } else { "" };
+        return Err(format!("-o {o}{hint}: -C {c} is a sum (-o sum only)"));
+    }
+    if let Some(d) = a.dtypes.iter().find(|d| !d.is_float()) {
+        let hint = if a.dtypes.len() > 1 {
+            " (-d all includes integer types; pick float, half, bfloat16 or double)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "-C {c} -d {d}: top-k runs on floating-point data only{hint}"
+        ));
+    }
+    a.density.get_or_insert(DEFAULT_DENSITY);
+    Ok(())
 }
 
 /// Rejects `-Z` combinations the compressed all-reduce would refuse at the first call (and
@@ -561,6 +633,57 @@ mod tests {
         assert!(bad("-t 2"));
         assert!(!bad("-o avg -d all"));
         assert_eq!(args("-b 0 -e 8 -f 2").sizes(), vec![0]);
+    }
+
+    #[test]
+    fn topk_collectives_and_density() {
+        use qccl::TopKScheme;
+        let a = args("-np 2 -C hitopk");
+        assert_eq!(a.coll, Coll::TopK(TopKScheme::HiTopK));
+        assert_eq!(a.density, Some(DEFAULT_DENSITY));
+        let a = args("-C 2dtar -D 0.5 -d half");
+        assert_eq!(
+            (a.coll.topk(), a.density),
+            (Some(TopKScheme::TwoDTar), Some(0.5))
+        );
+        let a = args("--coll=naiveag --density=1 -A auto");
+        assert_eq!(a.density, Some(1.0));
+        assert_eq!(
+            a.passthrough,
+            ["--coll=naiveag", "--density=1", "-A", "auto"]
+        );
+        assert_eq!(args("-C allreduce").density, None);
+        // Program names work as for nccl-tests' collectives.
+        assert_eq!(
+            coll_from_argv0("/x/hitopk_perf"),
+            Some(Coll::TopK(TopKScheme::HiTopK))
+        );
+        let err = |s: &str| {
+            let raw: Vec<String> = s.split_whitespace().map(String::from).collect();
+            parse("qccl-perf", &raw)
+                .err()
+                .unwrap_or_else(|| panic!("{s} parsed"))
+        };
+        for (cmd, needles) in [
+            ("-C hitopk -D 0", &["-D 0", "(0, 1]"][..]),
+            ("-C hitopk -D 1.5", &["-D 1.5", "(0, 1]"]),
+            ("-C hitopk -D -0.1", &["-D -0.1", "(0, 1]"]),
+            ("-C hitopk -D nan", &["-D nan", "(0, 1]"]),
+            ("-C hitopk -D x", &["-D", "'x'"]),
+            ("-D 0.01", &["-D 0.01", "-C all_reduce"]),
+            ("-C broadcast -D 0.1", &["-D 0.1", "-C broadcast"]),
+            ("-C hitopk -Z fp16", &["-Z fp16", "-C hitopk"]),
+            ("-C treear -A ring", &["-A ring", "-C treear"]),
+            ("-C naiveag -o max", &["-o max", "sum"]),
+            ("-C 2dtar -o all", &["-o all"]),
+            ("-C hitopk -d int32", &["-d int32", "floating-point"]),
+            ("-C hitopk -d all", &["-d all includes integer types"]),
+        ] {
+            let e = err(cmd);
+            for n in needles {
+                assert!(e.contains(n), "{cmd}: {e}");
+            }
+        }
     }
 
     #[test]

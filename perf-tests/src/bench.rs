@@ -5,13 +5,17 @@
 //! feedback keeps one residual per tensor as training would; each mode also records the wire
 //! bytes of its last timed call and, from one call on fresh inputs (run even without `-c 1`),
 //! the relative error against the float64 reference.
+//!
+//! The top-k collectives (`-C hitopk`, `naiveag`, `treear`, `2dtar`) go the same way, keyed per
+//! (scheme, type, size), with the same wire and error measures, and for hitopk the mean time
+//! of each of its four steps over the timed out-of-place calls.
 
 use crate::args::{Args, TimeStat};
 use crate::coll::{self, Ctx, Shape};
 use crate::elem::{Elem, Filler};
-use crate::report::{self, CodecCols, Measure, Row};
+use crate::report::{self, CodecCols, Measure, Row, StepTimes};
 use half::{bf16, f16};
-use qccl::{Algo, Comm, Compression, DType, ReduceOp, Result, Wire};
+use qccl::{Algo, Comm, Compression, DType, ReduceOp, Result, TopK, TopKScheme, Wire};
 use std::io::Write;
 use std::time::Instant;
 
@@ -73,7 +77,9 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
     let zero = T::from_bits(0);
     let mut send = vec![zero; shapes.iter().map(|s| s.send).max().unwrap_or(0)];
     let mut recv = vec![zero; shapes.iter().map(|s| s.recv).max().unwrap_or(0)];
-    let lossy = a.codec.is_some();
+    // The sparse top-k schemes are lossy like a codec; the dense baselines are exact sums and
+    // keep all_reduce's integer-valued inputs, so that they can be checked exactly.
+    let lossy = a.codec.is_some() || a.coll.sparse();
     let mut ctx = Ctx {
         comm,
         rank: comm.rank(),
@@ -83,6 +89,7 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
         algo: a.algo,
         fill: Filler { op, n, lossy },
         compression: None,
+        topk: None,
     };
     if lossy {
         // Codecs' speed can depend on the data (a sparsifier's selection, a quantizer's
@@ -99,6 +106,16 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
             let key = format!("qccl-perf-{}-{}-{bytes}", T::DTYPE.name(), op.name());
             Compression::new(z.clone()).key(key).algo(a.algo)
         });
+        ctx.topk = a.coll.topk().map(|scheme| {
+            // As -Z: one error-feedback residual per tensor shape (its length depends on the
+            // type at a given size). The dense baselines ignore the key and the density.
+            let key = format!(
+                "qccl-perf-{}-{}-sum-{bytes}",
+                scheme.name(),
+                T::DTYPE.name()
+            );
+            TopK::new(a.density.unwrap_or(crate::args::DEFAULT_DENSITY)).key(key)
+        });
         let (s, r) = (&mut send[..sh.send], &mut recv[..sh.recv]);
         let oop = measure(&ctx, a, sh, false, s, r)?;
         let ip = if a.coll.has_in_place() {
@@ -110,6 +127,7 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
             let ip_err = ip.as_ref().and_then(|m| m.codec).map_or(0.0, |c| c.1);
             CodecCols::new(bytes, n, wire, worst(oop_err, ip_err))
         });
+        let (oop_k, oop_steps) = (oop.k, oop.steps);
         let (algo, oop, ip) = (oop.algo, oop.m, ip.map(|m| m.m));
         let row = Row {
             size: sh.bytes(es),
@@ -121,6 +139,8 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
             ip,
             algo,
             codec,
+            k: oop_k,
+            steps: oop_steps,
         };
         wrong += row.wrong().unwrap_or(0);
         sink.push(row);
@@ -143,9 +163,13 @@ struct Mode {
     m: Measure,
     /// The all-reduce algorithm of the timed calls.
     algo: Option<Algo>,
-    /// With a codec: the last timed call's wire bytes (max over ranks) and the relative error
-    /// of the call on fresh inputs.
+    /// With a codec or a top-k collective: the last timed call's wire bytes (max over ranks)
+    /// and the relative error of the call on fresh inputs.
     codec: Option<(Wire, f64)>,
+    /// Top-k collectives: elements the last timed call selected (max over ranks).
+    k: Option<u64>,
+    /// `-C hitopk`: its step times over the timed calls.
+    steps: Option<StepTimes>,
 }
 
 /// Warmup, barrier, `iters` timed calls; then, with `-c 1` (or a codec), one call on fresh
@@ -179,12 +203,33 @@ fn measure<T: Elem>(
     ctx.comm.barrier()?;
     let t0 = Instant::now();
     let mut ran = coll::Ran::default();
+    // HiTopK's step times summed over the timed calls (four steps, then the scatter-add).
+    let mut step_sum = [0f64; 5];
     for _ in 0..iters {
         ran = coll::run(ctx, coll, in_place, send, recv)?;
+        if let Some((steps, add)) = ran.steps {
+            for (acc, d) in step_sum.iter_mut().zip(steps.iter().chain([&add])) {
+                *acc += d.as_secs_f64();
+            }
+        }
     }
     let mine = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     let time_us = combine_time(ctx.comm, a.time_stat, mine)?;
+    let steps = if coll.topk() == Some(TopKScheme::HiTopK) {
+        let mut mean = step_sum.map(|t| t * 1e6 / iters as f64);
+        ctx.comm.all_reduce_in_place(&mut mean, ReduceOp::Avg)?;
+        Some(StepTimes {
+            rs: mean[0],
+            topk: mean[1],
+            ag_add: mean[2],
+            ag: mean[3],
+            scatter_add: mean[4],
+        })
+    } else {
+        None
+    };
     let mut codec = None;
+    let mut k = None;
     let wrong = if let (Some(z), Some(wire)) = (&ctx.compression, ran.wire) {
         // Fresh residual: the checked call measures one compressed all-reduce of these
         // inputs, not the inputs plus what error feedback carried over from the timed calls
@@ -208,6 +253,42 @@ fn measure<T: Elem>(
             let mut total = [0u64];
             ctx.comm
                 .all_reduce(&[acc.wrong], &mut total, ReduceOp::Sum)?;
+            Some(total[0])
+        } else {
+            None
+        }
+    } else if let (Some(o), Some(wire)) = (&ctx.topk, ran.wire) {
+        // As with a codec: a fresh residual, fresh inputs, one call measured against float64.
+        if let Some(key) = &o.key {
+            ctx.comm.forget_residual(key)?;
+        }
+        coll::init(ctx, coll, sh, in_place, send, recv);
+        coll::run(ctx, coll, in_place, send, recv)?;
+        let acc = coll::accuracy(ctx, recv, None);
+        // The dense baselines must be exact sums (integer-valued inputs), as all_reduce; the
+        // sparse schemes only finite (accuracy() without a bound).
+        let local_wrong = if coll.sparse() {
+            acc.wrong
+        } else {
+            coll::check(ctx, coll, sh, in_place, send, recv)
+        };
+        let mut v = [
+            acc.rel_err,
+            wire.sent as f64,
+            wire.received as f64,
+            ran.k as f64,
+        ];
+        ctx.comm.all_reduce_in_place(&mut v, ReduceOp::Max)?;
+        let wire = Wire {
+            sent: v[1] as u64,
+            received: v[2] as u64,
+        };
+        codec = Some((wire, v[0]));
+        k = Some(v[3] as u64);
+        if a.check {
+            let mut total = [0u64];
+            ctx.comm
+                .all_reduce(&[local_wrong], &mut total, ReduceOp::Sum)?;
             Some(total[0])
         } else {
             None
@@ -239,6 +320,8 @@ fn measure<T: Elem>(
         },
         algo: ran.algo,
         codec,
+        k,
+        steps,
     })
 }
 

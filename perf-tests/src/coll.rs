@@ -2,7 +2,8 @@
 //! factors, and for each one how to run it, fill its inputs and check its outputs.
 
 use crate::elem::{Elem, Filler, Want};
-use qccl::{Algo, Comm, Compression, ReduceOp, Result, Wire};
+use qccl::{Algo, Comm, Compression, ReduceOp, Result, TopK, TopKScheme, Wire};
+use std::time::Duration;
 
 /// A collective the benchmark can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +26,9 @@ pub enum Coll {
     Gather,
     /// `scatter` from the root.
     Scatter,
+    /// `topk_all_reduce` with a scheme: HiTopKComm or one of its paper's baselines (a sum of
+    /// float data, in place; see [`Coll::sparse`]).
+    TopK(TopKScheme),
 }
 
 /// Element counts of one size: what the table's count column shows and the buffer lengths.
@@ -48,7 +52,7 @@ impl Shape {
 impl Coll {
     /// Every collective, in the order the tests run them.
     #[cfg(test)]
-    pub const ALL: [Coll; 9] = [
+    pub const ALL: [Coll; 13] = [
         Coll::AllReduce,
         Coll::ReduceScatter,
         Coll::AllGather,
@@ -58,6 +62,10 @@ impl Coll {
         Coll::SendRecv,
         Coll::Gather,
         Coll::Scatter,
+        Coll::TopK(TopKScheme::HiTopK),
+        Coll::TopK(TopKScheme::NaiveAg),
+        Coll::TopK(TopKScheme::TreeAr),
+        Coll::TopK(TopKScheme::TwoDTar),
     ];
 
     /// Name as nccl-tests' binaries spell it (without `_perf`).
@@ -72,6 +80,7 @@ impl Coll {
             Coll::SendRecv => "sendrecv",
             Coll::Gather => "gather",
             Coll::Scatter => "scatter",
+            Coll::TopK(s) => s.name(),
         }
     }
 
@@ -92,10 +101,16 @@ impl Coll {
             "sendrecv" | "p2p" => Coll::SendRecv,
             "gather" => Coll::Gather,
             "scatter" => Coll::Scatter,
+            // Spelled out rather than through TopKScheme::parse, whose aliases `tree` and
+            // `hier` read like -A's all-reduce algorithms.
+            "hitopk" => Coll::TopK(TopKScheme::HiTopK),
+            "naiveag" => Coll::TopK(TopKScheme::NaiveAg),
+            "treear" => Coll::TopK(TopKScheme::TreeAr),
+            "2dtar" => Coll::TopK(TopKScheme::TwoDTar),
             _ => {
                 return Err(format!(
                     "unknown collective '{s}' (allreduce, reduce_scatter, all_gather, broadcast, \
-                     reduce, alltoall, sendrecv, gather, scatter)"
+                     reduce, alltoall, sendrecv, gather, scatter, hitopk, naiveag, treear, 2dtar)"
                 ))
             }
         })
@@ -103,7 +118,25 @@ impl Coll {
 
     /// True when the collective reduces (the redop column and -o apply).
     pub fn has_op(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+        matches!(
+            self,
+            Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce | Coll::TopK(_)
+        )
+    }
+
+    /// The top-k scheme, for the HiTopKComm collectives.
+    pub fn topk(self) -> Option<TopKScheme> {
+        match self {
+            Coll::TopK(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// True for the sparsifying schemes (hitopk, naiveag): lossy by design, so they run on
+    /// the codecs' inputs and are held to finite outputs and a relative error; the dense
+    /// baselines (treear, 2dtar) are exact sums and checked as all_reduce is.
+    pub fn sparse(self) -> bool {
+        matches!(self, Coll::TopK(TopKScheme::HiTopK | TopKScheme::NaiveAg))
     }
 
     /// True when the collective has a root (-r applies).
@@ -124,6 +157,7 @@ impl Coll {
                 | Coll::AllGather
                 | Coll::Broadcast
                 | Coll::Reduce
+                | Coll::TopK(_)
         )
     }
 
@@ -131,7 +165,9 @@ impl Coll {
     pub fn busbw_factor(self, n: usize) -> f64 {
         let n = n as f64;
         match self {
-            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            // The top-k schemes on the uncompressed size, as all_reduce: how fast the user's
+            // tensor got summed, comparable across schemes and with NCCL.
+            Coll::AllReduce | Coll::TopK(_) => 2.0 * (n - 1.0) / n,
             Coll::ReduceScatter
             | Coll::AllGather
             | Coll::AllToAll
@@ -146,11 +182,13 @@ impl Coll {
     pub fn shape(self, elems: usize, n: usize) -> Shape {
         let per = elems / n;
         match self {
-            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => Shape {
-                count: elems,
-                send: elems,
-                recv: elems,
-            },
+            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv | Coll::TopK(_) => {
+                Shape {
+                    count: elems,
+                    send: elems,
+                    recv: elems,
+                }
+            }
             Coll::ReduceScatter | Coll::Scatter => Shape {
                 count: per,
                 send: per * n,
@@ -188,6 +226,8 @@ pub struct Ctx<'a> {
     pub fill: Filler,
     /// `-Z`: the all-reduce runs compressed with this (keyed per size); None: plain.
     pub compression: Option<Compression>,
+    /// The top-k collectives' options (density, key per size); None for the others.
+    pub topk: Option<TopK>,
 }
 
 /// What one call reports back.
@@ -195,8 +235,13 @@ pub struct Ctx<'a> {
 pub struct Ran {
     /// The all-reduce algorithm (schedule) the call resolved to; None for other collectives.
     pub algo: Option<Algo>,
-    /// Payload bytes this rank moved, for compressed calls.
+    /// Payload bytes this rank moved, for compressed and top-k calls.
     pub wire: Option<Wire>,
+    /// A top-k call's step times (HiTopKComm's four, zero for the baselines) and, of the
+    /// third, the scatter-add alone.
+    pub steps: Option<([Duration; 4], Duration)>,
+    /// Elements this rank selected in a top-k call (0 for the dense baselines).
+    pub k: usize,
 }
 
 /// Ring shift with qccl's blocking, separate send and recv: even ranks send to r+1 then
@@ -246,6 +291,25 @@ pub fn run<T: Elem>(
         return Ok(Ran {
             algo: Some(rep.algo),
             wire: Some(rep.wire),
+            ..Ran::default()
+        });
+    }
+    if let Coll::TopK(scheme) = coll {
+        // The API is in place only, as the compressed all-reduce's: out of place is the same
+        // copy then the in-place call as there.
+        if !in_place {
+            recv.copy_from_slice(send);
+        }
+        let o = ctx
+            .topk
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("bench sets the top-k options for -C {}", coll.name()));
+        let rep = c.topk_all_reduce(recv, scheme, o)?;
+        return Ok(Ran {
+            algo: None,
+            wire: Some(rep.wire),
+            steps: Some((rep.steps, rep.scatter_add)),
+            k: rep.k,
         });
     }
     let algo = match (coll, in_place) {
@@ -258,7 +322,7 @@ pub fn run<T: Elem>(
     };
     Ok(Ran {
         algo: Some(algo),
-        wire: None,
+        ..Ran::default()
     })
 }
 
@@ -273,7 +337,7 @@ fn other<T: Elem>(
     let c = ctx.comm;
     let (root, op) = (ctx.root, ctx.op);
     match (coll, in_place) {
-        (Coll::AllReduce, _) => unreachable!("all_reduce runs in run()"),
+        (Coll::AllReduce | Coll::TopK(_), _) => unreachable!("{} runs in run()", coll.name()),
         (Coll::ReduceScatter, false) => c.reduce_scatter(send, recv, op)?,
         (Coll::ReduceScatter, true) => c.reduce_scatter_in_place(send, op)?,
         (Coll::AllGather, false) => c.all_gather(send, recv)?,
@@ -306,8 +370,8 @@ pub fn init<T: Elem>(
     f.garbage(recv, r);
     f.garbage(send, r);
     match (coll, in_place) {
-        (Coll::AllReduce | Coll::Reduce, false) => own(send),
-        (Coll::AllReduce | Coll::Reduce, true) => own(recv),
+        (Coll::AllReduce | Coll::Reduce | Coll::TopK(_), false) => own(send),
+        (Coll::AllReduce | Coll::Reduce | Coll::TopK(_), true) => own(recv),
         (Coll::ReduceScatter, _)
         | (Coll::AllToAll | Coll::SendRecv | Coll::AllGather | Coll::Gather, false) => own(send),
         (Coll::AllGather, true) => own(&mut recv[r * sh.count..(r + 1) * sh.count]),
@@ -331,7 +395,8 @@ pub fn check<T: Elem>(
     let reduced = |i: usize| f.reduced::<T>(ctx.op, n, i);
     let from = |q: usize, i: usize| Want::Exact(f.value::<T>(q, i));
     match coll {
-        Coll::AllReduce => count(recv, reduced),
+        // The sparse schemes are checked with accuracy(), not here.
+        Coll::AllReduce | Coll::TopK(_) => count(recv, reduced),
         Coll::ReduceScatter => {
             let out = if in_place {
                 &send[r * k..(r + 1) * k]
@@ -440,6 +505,13 @@ mod tests {
         }
         assert_eq!(Coll::parse("AllReduce"), Ok(Coll::AllReduce));
         assert!(Coll::parse("allreduce2").is_err());
+        assert_eq!(Coll::parse("2D_TAR"), Ok(Coll::TopK(TopKScheme::TwoDTar)));
+        assert_eq!(Coll::parse("naive-ag"), Ok(Coll::TopK(TopKScheme::NaiveAg)));
+        assert_eq!(Coll::TopK(TopKScheme::HiTopK).busbw_factor(4), 1.5);
+        assert!(
+            Coll::parse("tree").is_err(),
+            "-A's names are not collectives"
+        );
     }
 
     #[test]
@@ -462,6 +534,7 @@ mod tests {
                 lossy: true,
             },
             compression: None,
+            topk: None,
         };
         let exact: Vec<f64> = (0..1000)
             .map(|i| match ctx.fill.reduced::<f32>(ReduceOp::Sum, 4, i) {

@@ -4,6 +4,7 @@
 //! qccl-perf -np 4 -b 4K -e 256M -f 4 -C allreduce      # 4 local ranks over 127.0.0.1
 //! mpirun -np 4 qccl-perf -b 8 -e 128M -f 2 -d half     # or any launcher qccl::Comm::from_env reads
 //! qccl-perf -np 2 -b 64K -e 4M -f 4 -Z bf16            # compressed all_reduce (wire, ratio, relerr)
+//! qccl-perf -np 4 -C hitopk -D 0.01 -b 4M -e 64M -f 4  # HiTopKComm (+ step times); or naiveag, treear, 2dtar
 //! ln -s qccl-perf all_gather_perf; ./all_gather_perf -np 2
 //! ```
 //!

@@ -1,7 +1,7 @@
 //! Output: nccl-tests' header, table and footer on stdout (rank 0), and the JSON file.
 
 use crate::args::{Args, Step};
-use qccl::{Algo, DType, ReduceOp, Wire};
+use qccl::{Algo, DType, ReduceOp, TopKScheme, Wire};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
@@ -38,9 +38,35 @@ pub struct Row {
     pub ip: Option<Measure>,
     /// All-reduce algorithm the call resolved to.
     pub algo: Option<Algo>,
-    /// With a codec (`-Z`): the compression columns.
+    /// With a codec (`-Z`) or a top-k collective: the compression columns.
     pub codec: Option<CodecCols>,
+    /// Top-k collectives: elements one rank selected (max over ranks; 0 for the dense
+    /// baselines).
+    pub k: Option<u64>,
+    /// `-C hitopk`: its step times.
+    pub steps: Option<StepTimes>,
 }
+
+/// HiTopKComm's steps in one line (the paper's Figure 8): each rank's mean per timed
+/// out-of-place call, averaged over ranks, µs. Means rather than the time column's `-a`
+/// statistic so that the four add up to (about) one typical rank's call; the slowest rank's
+/// wait shows in whichever step it waits in either way.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepTimes {
+    /// 1. Intra-host reduce-scatter.
+    pub rs: f64,
+    /// 2. MSTopK on the owned slice (with the error-feedback residual).
+    pub topk: f64,
+    /// 3. Inter-host all-gather of the pairs and their scatter-add.
+    pub ag_add: f64,
+    /// 4. Intra-host all-gather.
+    pub ag: f64,
+    /// Of step 3, the scatter-add alone (JSON only).
+    pub scatter_add: f64,
+}
+
+/// Names of the step columns, in order.
+pub const STEP_COLUMNS: [&str; 4] = ["rs", "topk", "ag+add", "ag"];
 
 /// The three columns a codec adds to a line.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -66,6 +92,18 @@ impl CodecCols {
             wire_received: wire.received,
             ratio: (wire.sent > 0 && dense > 0.0).then(|| dense / wire.sent as f64),
             rel_err,
+        }
+    }
+}
+
+/// How `#wrong` is counted for a top-k collective (the header and the JSON say it).
+pub fn topk_wrong_rule(scheme: TopKScheme) -> &'static str {
+    match scheme {
+        TopKScheme::HiTopK | TopKScheme::NaiveAg => {
+            "non-finite outputs only (a top-k sum has no error bound; relerr is its measure)"
+        }
+        TopKScheme::TreeAr | TopKScheme::TwoDTar => {
+            "exact check as all_reduce (dense sum of integer-valued inputs)"
         }
     }
 }
@@ -139,15 +177,61 @@ pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
          agg iters: 1 validation: {} graph: 0",
         a.min_bytes, a.max_bytes, a.warmup, a.iters, a.check as u8
     );
+    let schedule = match a.coll.topk() {
+        Some(scheme) => format!("scheme {}", scheme.name()),
+        None => format!("all_reduce algo {}", a.algo.name()),
+    };
     let _ = writeln!(
         s,
-        "# qccl-perf: {} on {nranks} ranks, all_reduce algo {}, time = {} over ranks of each rank's \
+        "# qccl-perf: {} on {nranks} ranks, {schedule}, time = {} over ranks of each rank's \
          mean, warmup per size and mode; collectives always block on the host{}",
         a.coll.name(),
-        a.algo.name(),
         a.time_stat.name(),
-        if a.blocking { " (-z 1 is the only mode)" } else { " (-z ignored)" }
+        if a.blocking {
+            " (-z 1 is the only mode)"
+        } else {
+            " (-z ignored)"
+        }
     );
+    if let Some(scheme) = a.coll.topk() {
+        let what = match scheme {
+            TopKScheme::HiTopK => format!(
+                "HiTopKComm (intra reduce-scatter, MSTopK at density {}, inter all-gather + \
+                 scatter-add, intra all-gather), error feedback on",
+                density_str(a)
+            ),
+            TopKScheme::NaiveAg => format!(
+                "all-gather of every rank's MSTopK at density {} + scatter-add, error feedback on",
+                density_str(a)
+            ),
+            TopKScheme::TreeAr => "dense tree all-reduce (baseline; -D not used)".into(),
+            TopKScheme::TwoDTar => {
+                "dense 2-level all-reduce: intra reduce-scatter, inter all-reduce, intra \
+                 all-gather (baseline; -D not used)"
+                    .into()
+            }
+        };
+        let steps = if scheme == TopKScheme::HiTopK {
+            "; rs/topk/ag+add/ag = the four steps' time, each rank's mean per timed out-of-place \
+             call, MEAN over ranks (us)"
+        } else {
+            ""
+        };
+        let residuals = if a.coll.sparse() {
+            " residuals keyed per type and size, cleared before the checked call;"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            "# {}: {what}; sum, in place (out of place = copy + in place);{residuals} busbw on \
+             the uncompressed size; wire(B) = payload bytes sent per rank per call, intra-host \
+             included (max over ranks); ratio = size*2(n-1)/n / wire(B); relerr = \
+             |out-exact|_2/|exact|_2 vs float64, fresh inputs, worse mode{steps}; #wrong: {}",
+            scheme.name(),
+            topk_wrong_rule(scheme)
+        );
+    }
     if let Some(z) = &a.codec {
         let bound = z.codec().error_bound().map_or("none".into(), fmt_e);
         let _ = writeln!(
@@ -170,32 +254,45 @@ pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
     let _ = writeln!(s, "#");
     // The codec's columns go after nccl-tests' own, so tools that read those by position
     // still find them.
-    let z = a.codec.is_some();
-    let extra = |cols: [&str; 3]| {
+    let z = a.codec.is_some() || a.coll.topk().is_some();
+    let hitopk = a.coll.topk() == Some(TopKScheme::HiTopK);
+    let extra = |cols: [&str; 3], steps: [&str; 4]| {
+        let mut e = String::new();
         if z {
-            format!("  {:>10}  {:>6}  {:>8}", cols[0], cols[1], cols[2])
-        } else {
-            String::new()
+            e = format!("  {:>10}  {:>6}  {:>8}", cols[0], cols[1], cols[2]);
         }
+        if hitopk {
+            for c in steps {
+                let _ = write!(e, "  {c:>7}");
+            }
+        }
+        e
     };
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          {}",
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          {}{}",
         "", "", "", "", "",
-        if z { "       compression" } else { "" }
+        if z { "       compression" } else { "" },
+        if hitopk { "          HiTopK steps, mean over ranks" } else { "" }
     );
     let _ = writeln!(
         s,
         "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}{}",
         "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-        "#wrong", extra(["wire(B)", "ratio", "relerr"])
+        "#wrong", extra(["wire(B)", "ratio", "relerr"], STEP_COLUMNS)
     );
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}{}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "",
+        extra(["", "", ""], ["(us)"; 4]).trim_end()
     );
     s
+}
+
+/// `-D` as given (or its default), for the header.
+fn density_str(a: &Args) -> String {
+    a.density.map_or("N/A".into(), fmt_g)
 }
 
 fn measure_str(m: Option<&Measure>) -> String {
@@ -224,8 +321,14 @@ pub fn row(r: &Row) -> String {
             fmt_e(c.rel_err)
         )
     });
+    let steps = r.steps.map_or(String::new(), |t| {
+        [t.rs, t.topk, t.ag_add, t.ag]
+            .iter()
+            .map(|&us| format!("  {}", time_str(us)))
+            .collect()
+    });
     format!(
-        "{:12}  {:12}  {:>8}  {:>6}  {:6}{}{}{codec}",
+        "{:12}  {:12}  {:>8}  {:>6}  {:6}{}{}{codec}{steps}",
         r.size,
         r.count,
         r.dtype.name(),
@@ -316,6 +419,19 @@ pub fn json(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> String {
         let _ = writeln!(s, "  \"codec_error_bound\": {},", opt(bound, num));
         let _ = writeln!(s, "  \"codec_wrong_rule\": {},", string(CODEC_WRONG_RULE));
     }
+    if let Some(scheme) = a.coll.topk() {
+        let sparse = a.coll.sparse();
+        let _ = writeln!(s, "  \"scheme\": {},", string(scheme.name()));
+        // The dense baselines ignore -D: null rather than a density that had no effect.
+        let density = a.density.filter(|_| sparse);
+        let _ = writeln!(s, "  \"density\": {},", opt(density, num));
+        let _ = writeln!(s, "  \"error_feedback\": {sparse},");
+        if scheme == TopKScheme::HiTopK {
+            let _ = writeln!(s, "  \"steps_stat\": \"mean\",");
+        }
+        let rule = topk_wrong_rule(scheme);
+        let _ = writeln!(s, "  \"topk_wrong_rule\": {},", string(rule));
+    }
     let _ = writeln!(s, "  \"root\": {},", a.root);
     let _ = writeln!(s, "  \"iters\": {},", a.iters);
     let _ = writeln!(s, "  \"warmup\": {},", a.warmup);
@@ -359,6 +475,22 @@ pub fn json(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> String {
                 num(c.rel_err)
             );
         }
+        if let Some(k) = r.k {
+            // Top-k fields after the compression ones; step times null for the baselines,
+            // which have no such steps.
+            s.pop();
+            let t = r.steps;
+            let _ = write!(
+                s,
+                ", \"k\": {k}, \"rs_us\": {}, \"topk_us\": {}, \"ag_add_us\": {}, \
+                 \"ag_us\": {}, \"scatter_add_us\": {}}}",
+                opt(t, |t| num(t.rs)),
+                opt(t, |t| num(t.topk)),
+                opt(t, |t| num(t.ag_add)),
+                opt(t, |t| num(t.ag)),
+                opt(t, |t| num(t.scatter_add)),
+            );
+        }
     }
     s.push_str("\n  ]\n}\n");
     s
@@ -398,6 +530,8 @@ mod tests {
             ip: None,
             algo: None,
             codec: None,
+            k: None,
+            steps: None,
         };
         let line = row(&r);
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -424,5 +558,20 @@ mod tests {
         let f: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(f.len(), 16, "{line}");
         assert_eq!(&f[13..], ["3072", "2.0", "2.5e-04"]);
+        let r = Row {
+            k: Some(10),
+            steps: Some(StepTimes {
+                rs: 1.5,
+                topk: 20.0,
+                ag_add: 123.44,
+                ag: 0.0,
+                scatter_add: 3.0,
+            }),
+            ..r
+        };
+        let line = row(&r);
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 20, "{line}");
+        assert_eq!(&f[16..], ["1.50", "20.00", "123.4", "0.00"]);
     }
 }

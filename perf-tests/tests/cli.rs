@@ -1,6 +1,7 @@
 //! Runs the built qccl-perf binary as a user would: `-np 2` and `-np 3` for every collective,
 //! every datatype, JSON output, program names and failure exit codes, and compressed
-//! all-reduce (`-Z`) with its extra columns.
+//! all-reduce (`-Z`) with its extra columns, and the HiTopKComm collectives (`-C hitopk`,
+//! `naiveag`, `treear`, `2dtar`) with theirs.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
@@ -588,6 +589,232 @@ fn codec_errors_exit_2_naming_the_problem() {
         ),
         (&["-Z", "fp16", "-o", "min"], &["-o min", "sum and avg"]),
         (&["-A", "allgather"], &["-A allgather", "-Z"]),
+    ] {
+        let mut all = vec!["-np", "2"];
+        all.extend_from_slice(args);
+        let o = run(&all);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}\n{out}\n{err}");
+        let first = err.lines().next().unwrap_or("");
+        assert!(first.starts_with("qccl-perf: "), "{err}");
+        for n in needles {
+            assert!(first.contains(n), "{args:?}: {first}");
+        }
+    }
+}
+
+/// One line of a top-k collective's table: nccl-tests' columns, then wire(B), ratio, relerr
+/// and (hitopk) the four step times.
+#[derive(Debug)]
+struct TopKLine {
+    l: Line,
+    wire: u64,
+    relerr: f64,
+    steps: Option<[f64; 4]>,
+}
+
+/// `-C coll` on `np` ranks over the quick sizes (1K..64K, `-c 1`), with JSON: exits 0 with
+/// #wrong 0 (checked by `rows`); returns the parsed lines and JSON.
+fn topk_run(np: usize, coll: &str, args: &[&str]) -> (Vec<TopKLine>, Json) {
+    let path = std::env::temp_dir().join(format!(
+        "qccl-perf-topk-{}-{np}-{coll}-{}.json",
+        std::process::id(),
+        args.join("_")
+    ));
+    let np_s = np.to_string();
+    let mut all = vec!["-np", &np_s, "-C", coll];
+    all.extend_from_slice(args);
+    all.extend_from_slice(QUICK);
+    all.extend_from_slice(&["-J", path.to_str().unwrap()]);
+    let o = run(&all);
+    let (out, err) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "qccl-perf {all:?} failed\nstdout:\n{out}\nstderr:\n{err}"
+    );
+    let hitopk = coll == "hitopk";
+    assert_eq!(
+        out.contains("wire(B)   ratio    relerr       rs     topk   ag+add       ag"),
+        hitopk,
+        "step columns for hitopk only:\n{out}"
+    );
+    assert!(out.contains("wire(B)   ratio    relerr"), "{out}");
+    assert!(
+        out.contains(&format!("# Collective test concluded: {coll}_perf")),
+        "{out}"
+    );
+    if hitopk {
+        assert!(
+            out.contains("MEAN over ranks"),
+            "the header says how steps combine:\n{out}"
+        );
+    }
+    let lines: Vec<TopKLine> = rows(&out, if hitopk { 7 } else { 3 })
+        .into_iter()
+        .map(|(l, x)| {
+            let f = |i: usize| -> f64 {
+                x[i].parse()
+                    .unwrap_or_else(|_| panic!("column {} of {x:?}", 13 + i))
+            };
+            assert_eq!((l.redop.as_str(), l.root), ("sum", -1), "{l:?}");
+            assert!(l.ip.is_some(), "in-place columns: {l:?}");
+            TopKLine {
+                wire: x[0].parse().unwrap_or_else(|_| panic!("wire(B) {x:?}")),
+                relerr: f(2),
+                steps: hitopk.then(|| [f(3), f(4), f(5), f(6)]),
+                l,
+            }
+        })
+        .collect();
+    assert_eq!(lines.len(), NOMINAL.len(), "{out}");
+    let json = std::fs::read_to_string(&path).expect("JSON file written");
+    let _ = std::fs::remove_file(&path);
+    let doc = parse_json(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"));
+    assert_eq!(doc.num("wrong"), 0.0, "{json}");
+    assert_eq!(doc.get("collective"), Some(&Json::Str(coll.into())));
+    assert_eq!(doc.get("scheme"), Some(&Json::Str(coll.into())));
+    assert!(matches!(doc.get("topk_wrong_rule"), Some(Json::Str(_))));
+    let Some(Json::Arr(results)) = doc.get("results") else {
+        panic!("no results: {json}")
+    };
+    assert_eq!(results.len(), lines.len(), "{json}");
+    for (r, t) in results.iter().zip(&lines) {
+        assert_eq!(r.num("size"), t.l.size as f64, "{r:?}");
+        assert_eq!(r.num("wire_sent"), t.wire as f64, "{r:?}");
+        assert!(r.num("wire_received") > 0.0, "{r:?}");
+        assert!(r.num("k") >= 0.0, "{r:?}");
+        assert!(r.num("rel_err").is_finite(), "{r:?}");
+        let names = ["rs_us", "topk_us", "ag_add_us", "ag_us", "scatter_add_us"];
+        match t.steps {
+            Some(steps) => {
+                for (name, shown) in names.iter().zip(steps) {
+                    let v = r.num(name);
+                    assert!(v >= 0.0, "{name} {r:?}");
+                    // The table rounds to 2 decimals (fewer above 100 us).
+                    assert!(
+                        (v - shown).abs() <= 0.05 + v * 1e-3,
+                        "{name} {v} vs {shown}"
+                    );
+                }
+                assert!(
+                    r.num("scatter_add_us") <= r.num("ag_add_us") + 1e-3,
+                    "{r:?}"
+                );
+            }
+            None => {
+                for name in names {
+                    assert_eq!(r.get(name), Some(&Json::Null), "{name}: {r:?}");
+                }
+            }
+        }
+    }
+    (lines, doc)
+}
+
+/// The sparse schemes on 2 and 4 ranks (one emulated host: HiTopK is an intra reduce-scatter,
+/// a local top-k and an all-gather): finite outputs, an error that a 1% top-k must show,
+/// the density in the JSON.
+fn topk_sparse(coll: &str) {
+    for np in [2, 4] {
+        let (lines, doc) = topk_run(np, coll, &[]);
+        assert_eq!(doc.num("density"), 0.01);
+        assert_eq!(doc.get("error_feedback"), Some(&Json::Bool(true)));
+        assert_eq!(doc.get("steps_stat").is_some(), coll == "hitopk", "{doc:?}");
+        for t in &lines {
+            assert_eq!(t.l.dtype, "float");
+            assert!(t.wire > 0, "{t:?}");
+            // Most elements are dropped: far from exact, but no worse than all zeros (1.0).
+            assert!(t.relerr > 0.1 && t.relerr <= 1.0, "{t:?}");
+            if let Some(steps) = t.steps {
+                assert!(steps.iter().all(|s| *s >= 0.0), "{t:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn hitopk() {
+    topk_sparse("hitopk");
+    // A 16-bit type and a larger density: more of the sum survives.
+    let (lines, doc) = topk_run(2, "hitopk", &["-d", "bf16", "-D", "0.5"]);
+    assert_eq!(doc.num("density"), 0.5);
+    for t in &lines {
+        assert_eq!(t.l.dtype, "bfloat16");
+        assert!(t.relerr < 0.9, "{t:?}");
+    }
+}
+
+#[test]
+fn naiveag() {
+    topk_sparse("naiveag");
+}
+
+/// The dense baselines: exact sums (checked as all_reduce), relerr 0, no density.
+fn topk_dense(coll: &str) {
+    for np in [2, 4] {
+        let (lines, doc) = topk_run(np, coll, &["-D", "0.01"]);
+        assert_eq!(doc.get("density"), Some(&Json::Null), "{doc:?}");
+        assert_eq!(doc.get("error_feedback"), Some(&Json::Bool(false)));
+        for t in &lines {
+            assert!(t.wire > 0, "{t:?}");
+            assert_eq!(t.relerr, 0.0, "{t:?}");
+            assert!(t.steps.is_none());
+        }
+    }
+}
+
+#[test]
+fn treear() {
+    topk_dense("treear");
+}
+
+#[test]
+fn twodtar() {
+    topk_dense("2dtar");
+}
+
+#[test]
+fn topk_program_name() {
+    let o = Command::new(BIN)
+        .arg0("2dtar_perf")
+        .args(["-np", "2"])
+        .args(QUICK)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("# Collective test concluded: 2dtar_perf"),
+        "{out}"
+    );
+    assert_eq!(rows(&out, 3).len(), NOMINAL.len());
+}
+
+#[test]
+fn topk_errors_exit_2_naming_the_problem() {
+    for (args, needles) in [
+        (&["-C", "hitopk", "-D", "0"][..], &["-D 0", "(0, 1]"][..]),
+        (&["-C", "hitopk", "-D", "1.01"], &["-D 1.01", "(0, 1]"]),
+        (&["-C", "naiveag", "-D", "-1"], &["-D -1", "(0, 1]"]),
+        (&["-C", "hitopk", "-D", "inf"], &["-D inf", "(0, 1]"]),
+        (&["-C", "hitopk", "-D", "1%"], &["-D", "'1%'"]),
+        (&["-D", "0.01"], &["-D 0.01", "-C all_reduce"]),
+        (
+            &["-C", "allreduce", "-D", "0.5"],
+            &["-D 0.5", "-C all_reduce"],
+        ),
+        (
+            &["-C", "all_gather", "-D", "0.5"],
+            &["-D 0.5", "-C all_gather"],
+        ),
+        (&["-C", "hitopk", "-Z", "fp16"], &["-Z fp16", "-C hitopk"]),
+        (&["-C", "treear", "-A", "ring"], &["-A ring", "-C treear"]),
+        (&["-C", "2dtar", "-o", "max"], &["-o max", "sum"]),
+        (
+            &["-C", "hitopk", "-d", "int32"],
+            &["-d int32", "floating-point"],
+        ),
     ] {
         let mut all = vec!["-np", "2"];
         all.extend_from_slice(args);
