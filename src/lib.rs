@@ -42,6 +42,7 @@ pub mod coll;
 mod comm;
 pub mod config;
 pub mod error;
+pub mod plan;
 pub mod reduce;
 pub mod transport;
 pub mod types;

@@ -1,0 +1,56 @@
+//! Planners: pure, deterministic functions over tensor profiles and a cost model that decide how
+//! a training step's gradients go through the collective (see ../shared/DESIGN.md, "Planners").
+//!
+//! - [`profile`]: the tensors of a model in backprop order, with sizes and backprop times.
+//! - [`models`]: ResNet-50/101 and BERT-base profiles built from the published architectures
+//!   (the files under `data/profiles/` are their output).
+//! - [`cost`]: the cost model: link α + β·bytes per transport/algorithm, codec compression and
+//!   decompression α + β·bytes and compression ratio (Cupcake's g and h).
+//! - [`fusion`]: a plan (fusion groups, each with a codec or none) and the baseline fusions.
+//! - [`sim`]: the timeline simulator that turns (profile, cost model, plan) into an iteration time.
+//! - [`cupcake`]: optimal fusion for compression: the paper's Algorithm 1 and an exact dynamic
+//!   program with Pareto pruning that scales to hundreds of tensors.
+//!
+//! Inputs and outputs are JSON files (serde), so `qccl-perf --calibrate` can write cost models and
+//! tools can read and write profiles and plans.
+
+pub mod cost;
+pub mod cupcake;
+pub mod fusion;
+pub mod models;
+pub mod profile;
+pub mod sim;
+
+pub use cost::{CodecCost, CostModel, Linear};
+pub use cupcake::{algorithm1, exhaustive, optimal_fusion, Fusion};
+pub use fusion::{Group, Plan};
+pub use profile::{Profile, TensorProfile};
+pub use sim::{simulate, CompressOn, GroupEvents, Timeline};
+
+use crate::{Error, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::path::Path;
+
+/// Parses a planner file from JSON text; parse errors become [`Error::InvalidArgument`].
+pub(crate) fn from_json<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| Error::InvalidArgument(format!("{what} JSON: {e}")))
+}
+
+/// Pretty JSON with a trailing newline, so shipped files diff cleanly and compare byte for byte.
+pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
+    // Serialising plain structs of numbers, strings and maps with string keys cannot fail.
+    let mut s = serde_json::to_string_pretty(value).expect("planner types serialise");
+    s.push('\n');
+    s
+}
+
+/// Reads a whole file as text; I/O errors become [`Error::System`] naming the path.
+pub(crate) fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::System(format!("{}: {e}", path.display())))
+}
+
+/// Writes a whole file; I/O errors become [`Error::System`] naming the path.
+pub(crate) fn write_text(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| Error::System(format!("{}: {e}", path.display())))
+}
