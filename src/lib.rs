@@ -41,6 +41,7 @@ pub mod codec;
 pub mod coll;
 mod comm;
 pub mod config;
+pub mod dear;
 pub mod error;
 pub mod plan;
 pub mod reduce;
