@@ -220,7 +220,7 @@ mod tests {
                 let p = buf.pending().unwrap();
                 assert_eq!(
                     buf.pending_bytes(),
-                    sizes[p.start - 1000..p.end - 1000].iter().sum()
+                    sizes[p.start - 1000..p.end - 1000].iter().sum::<usize>()
                 );
             }
             let last = buf.flush().unwrap();
