@@ -512,3 +512,16 @@ fn async_compressed_all_reduce_and_default_layout() {
     let e = rel_err(&outs[0].2, &reference(3, count, 32));
     assert!(e < 1e-6, "{e}");
 }
+
+/// qsgd 4-bit and top-k with error feedback over world sizes 2, 3, 4 and 7: every schedule
+/// within the codec's bound, bit-identical on every rank.
+#[test]
+fn quantized_and_sparse_over_world_sizes() {
+    for n in [2usize, 3, 4, 7] {
+        let res = on_threads(n, |comm| {
+            check_spec(comm, "qsgd:bits=4,bucket=128", 0.35)?;
+            check_spec(comm, "topk:density=0.01,ef=1", 1.5)
+        });
+        assert!(res.iter().all(|r| r.is_ok()), "world {n}: {res:?}");
+    }
+}
