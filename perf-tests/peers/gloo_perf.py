@@ -7,6 +7,10 @@ MASTER_ADDR=127.0.0.1, a free port), so run it once, not under a launcher:
 
     python gloo_perf.py -np 2 -b 4K -e 256M -f 2 -n 1000 -w 5 -T 0.3 -J out.json
 
+Under a launcher that sets torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun,
+perf-tests/emucluster), it runs as that one rank instead (-np is ignored; GLOO_SOCKET_IFNAME as
+the launcher set it).
+
 Flags and method are those of mpi_coll_perf.c (see there): -b/-e sizes (K/M/G = 1024^k),
 -f factor, -n iters (upper bound when -T > 0), -w warmup, -d float|double,
 -C allreduce|reduce_scatter|allgather|bcast, -T target seconds per size, -J JSON out.
@@ -47,14 +51,13 @@ def val(r, idx):
     return ((idx % 1000003) + 3 * r) % 11
 
 
-def worker(rank, args, port):
+def worker(rank, args, addr):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(args.threads)
     nr = args.np
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=nr)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}", rank=rank, world_size=nr)
     dtype = torch.float64 if args.d == "double" else torch.float32
     es = 8 if args.d == "double" else 4
     coll = args.C
@@ -215,13 +218,20 @@ def main():
     args.n = max(args.n, 1)
     args.w = max(args.w, 1)
 
+    env = os.environ
+    if all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        # One rank of a launched job.
+        args.np = int(env["WORLD_SIZE"])
+        worker(int(env["RANK"]), args, f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
+        return 0
+
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     port = free_port()
     os.environ["MASTER_PORT"] = str(port)
 
     import torch.multiprocessing as mp
-    mp.spawn(worker, args=(args, port), nprocs=args.np, join=True)
+    mp.spawn(worker, args=(args, f"127.0.0.1:{port}"), nprocs=args.np, join=True)
     return 0
 
 
