@@ -6,11 +6,13 @@
 //! ([`super::sim`], with the plan's [`Topology`] and [`CostModel::sync`]); tensors are not fused
 //! (Espresso decides per tensor: the plan is layer-wise).
 //!
-//! - [`espresso`]: the paper's Algorithm 1 (GPU compression decisions): tensors by decreasing
-//!   size, ties broken towards the output layer; before the loop and after every decision,
-//!   *Remove* rules out the uncompressed tensors communicated before a bubble of the channel;
-//!   each remaining tensor gets the option (or none) that minimises the iteration time with
-//!   every other decision fixed.
+//! - [`espresso_algorithm1`]: the paper's Algorithm 1 (GPU compression decisions): tensors by
+//!   decreasing size, ties broken towards the output layer; before the loop and after every
+//!   decision, *Remove* rules out the uncompressed tensors communicated before a bubble of the
+//!   channel; each remaining tensor gets the option (or none) that minimises the iteration time
+//!   with every other decision fixed.
+//! - [`espresso`]: Algorithm 1 followed by a local search (a deviation, see its docs) that
+//!   escapes the single pass's local optima.
 //! - [`exhaustive_espresso`]: every combination of options, the reference for small models.
 //! - [`uniform`] / [`best_uniform`]: the baselines "compress nothing" and "compress everything
 //!   with one option".
