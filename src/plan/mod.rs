@@ -11,7 +11,7 @@
 //! - [`sim`]: the timeline simulator that turns (profile, cost model, plan) into an iteration time.
 //! - [`cupcake`]: optimal fusion for compression: the paper's Algorithm 1 and an exact dynamic
 //!   program with Pareto pruning that scales to hundreds of tensors.
-//! - [`espresso`]: per-tensor compression strategy (compress or not, codec, divisible or
+//! - [`espresso`](mod@espresso): per-tensor compression strategy (compress or not, codec, divisible or
 //!   all-gather scheme, which tiers of a two-level job): the paper's Algorithm 1 and brute force.
 //!
 //! Inputs and outputs are JSON files (serde), so `qccl-perf --calibrate` can write cost models and
