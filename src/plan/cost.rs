@@ -3,6 +3,21 @@
 //! Every cost is linear in bytes, `α + β·bytes` ([`Linear`]): α is the fixed cost of one operation
 //! (kernel launch, per-message latency) and is what fusion amortises; β is the per-byte cost.
 //! `qccl-perf --calibrate` is meant to measure these and write them as JSON.
+//!
+//! # Schemes and tiers (Espresso)
+//!
+//! A link's [`Linear`] is the time of one *all-reduce* of `bytes` among the ranks it joins. For
+//! Espresso's per-tensor options ([`Choice`]) the other collectives are derived from it with the
+//! textbook ring decomposition (Thakur et al.): an all-reduce of `B` bytes on `n` ranks is
+//! `2(n−1)` steps of `α_s + β_s·B/n`, so `α = 2(n−1)·α_s` and `β = 2(n−1)/n·β_s`. Hence
+//! - a reduce-scatter (or all-to-all of chunks) and an all-gather of chunks of `B` are each half
+//!   an all-reduce: `(α + β·B)/2` ([`Linear::half`]); a *divisible* scheme moves
+//!   `2(n−1)/n` of the compressed bytes per rank, like an all-reduce of them;
+//! - an *indivisible* all-gather where every rank contributes `W` bytes is `n−1` steps of `W`:
+//!   `(α + n·β·W)/2` ([`Linear::all_gather`]), i.e. `(n−1)·W` bytes per rank.
+//!
+//! [`CostModel::sync`] puts these together with the codec's costs into the time one tensor's
+//! synchronisation occupies the channel, for a flat or a two-level ([`Topology`]) job.
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -35,6 +50,18 @@ impl Linear {
         self.alpha + self.beta * bytes
     }
 
+    /// Half an all-reduce of `bytes`: a reduce-scatter (all-to-all of chunks) or an all-gather
+    /// of chunks, in the ring decomposition (see the module docs).
+    pub fn half(&self, bytes: f64) -> f64 {
+        0.5 * self.time(bytes)
+    }
+
+    /// An indivisible all-gather among `ranks` ranks, each contributing `bytes`: `ranks − 1`
+    /// ring steps of `bytes`, i.e. `(α + ranks·β·bytes)/2` (see the module docs).
+    pub fn all_gather(&self, ranks: usize, bytes: f64) -> f64 {
+        0.5 * (self.alpha + ranks as f64 * self.beta * bytes)
+    }
+
     fn validate(&self, what: &str) -> Result<()> {
         // Non-negative α is what makes "fuse the rest into one group" a lower bound on the rest's
         // cost (subadditivity), which Cupcake's pruning and the DP's bounds rely on.
@@ -62,6 +89,151 @@ pub struct CodecCost {
     pub decompress: Linear,
     /// Wire bytes per input byte (e.g. 1/32 for 1-bit sign, ~0.02 for 1% top-k with indices).
     pub ratio: f64,
+}
+
+/// How a compressed tensor is synchronised on one tier (Espresso's Dimension 3; compressed
+/// tensors cannot be all-reduced because aggregating them is not associative).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scheme {
+    /// Indivisible: all-gather of the whole compressed tensors; each rank then decodes and sums
+    /// the `n − 1` it received. One compression, `(n−1)·W` wire bytes per rank.
+    AllGather,
+    /// Divisible: all-to-all of compressed chunks, the chunk's owner decodes and sums them and
+    /// compresses the sum again, then an all-gather of the compressed sums, decoded by all.
+    /// `2(n−1)/n·W` wire bytes per rank, but two compressions and two decodes.
+    Divisible,
+}
+
+/// Where and how one compressed tensor is compressed (Espresso's Dimension 4, simplified).
+///
+/// Flat jobs: `inter` is the scheme of the single collective and `intra` must be false.
+/// Hierarchical jobs (intra reduce-scatter, inter-machine exchange of each rank's shard, intra
+/// all-gather): `intra` compresses both intra-machine phases (always divisible, as in Espresso:
+/// it moves less than two indivisible ones), `inter` the inter-machine phase with that scheme
+/// (`None`: uncompressed). At least one of them is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Choice {
+    /// Scheme of the flat collective or of the inter-machine phase; `None`: not compressed there.
+    #[serde(default)]
+    pub inter: Option<Scheme>,
+    /// Hierarchical jobs: the intra-machine phases are compressed.
+    #[serde(default)]
+    pub intra: bool,
+}
+
+impl Choice {
+    /// A flat job's choice: the collective uses `scheme`.
+    pub const fn flat(scheme: Scheme) -> Self {
+        Choice {
+            inter: Some(scheme),
+            intra: false,
+        }
+    }
+}
+
+/// The ranks a plan synchronises, for plans whose groups carry a [`Choice`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    /// `ranks` ranks in one collective on the plan's link.
+    Flat {
+        /// Number of ranks (≥ 2).
+        ranks: usize,
+    },
+    /// `machines` machines of `local` ranks each: the plan's link is the inter-machine one and
+    /// joins `machines` ranks (one per machine); `intra` joins the `local` ranks of a machine.
+    Hierarchical {
+        /// Machines (≥ 2).
+        machines: usize,
+        /// Ranks per machine (≥ 2).
+        local: usize,
+        /// Intra-machine link (a key of [`CostModel::links`]).
+        intra: String,
+    },
+}
+
+impl Topology {
+    /// Total rank count.
+    pub fn ranks(&self) -> usize {
+        match self {
+            Topology::Flat { ranks } => *ranks,
+            Topology::Hierarchical {
+                machines, local, ..
+            } => machines * local,
+        }
+    }
+
+    /// The choices valid on this topology (see [`Choice`]): flat `[all-gather, divisible]`;
+    /// hierarchical: inter-only with each scheme, intra-only, and both with each scheme.
+    pub fn choices(&self) -> Vec<Choice> {
+        let schemes = [Scheme::AllGather, Scheme::Divisible];
+        match self {
+            Topology::Flat { .. } => schemes.into_iter().map(Choice::flat).collect(),
+            Topology::Hierarchical { .. } => {
+                let mut v = Vec::with_capacity(5);
+                for intra in [false, true] {
+                    if intra {
+                        v.push(Choice { inter: None, intra });
+                    }
+                    v.extend(schemes.into_iter().map(|s| Choice {
+                        inter: Some(s),
+                        intra,
+                    }));
+                }
+                v
+            }
+        }
+    }
+
+    /// Checks the rank counts, that the intra link exists, and (if given) that `choice` is
+    /// valid here.
+    pub fn validate(&self, cost: &CostModel, choice: Option<Choice>) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        match self {
+            Topology::Flat { ranks } => {
+                if *ranks < 2 {
+                    return bad(format!("flat topology of {ranks} ranks (need >= 2)"));
+                }
+                if let Some(c) = choice {
+                    if c.intra || c.inter.is_none() {
+                        return bad(format!("choice {c:?} on a flat topology"));
+                    }
+                }
+            }
+            Topology::Hierarchical {
+                machines,
+                local,
+                intra,
+            } => {
+                if *machines < 2 || *local < 2 {
+                    return bad(format!(
+                        "hierarchical topology of {machines} x {local} ranks (need >= 2 x 2)"
+                    ));
+                }
+                cost.link(Some(intra))?;
+                if let Some(c) = choice {
+                    if !c.intra && c.inter.is_none() {
+                        return bad("choice compresses neither tier".into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What synchronising one tensor (or group) costs, from [`CostModel::sync`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SyncCost {
+    /// Compression before any communication (on the compute or compression stream).
+    pub pre: f64,
+    /// Channel occupancy: every communication phase and the codec work between phases
+    /// (decode-and-sum, re-compression), which runs inside the collective.
+    pub channel: f64,
+    /// The final decode, also on the channel, right after `channel` (0 if the last phase is
+    /// uncompressed).
+    pub post: f64,
 }
 
 /// The whole cost model: links (one per transport/algorithm, e.g. `"tcp/sra"`) and codecs, each
@@ -109,6 +281,107 @@ impl CostModel {
         self.codecs
             .get(name)
             .ok_or_else(|| Error::InvalidArgument(format!("cost model has no codec {name:?}")))
+    }
+
+    /// The cost of synchronising `bytes` (uncompressed f32 bytes) over `topology`, with `link`
+    /// (`None`: the default) as the flat or inter-machine link, compressed with `codec` and
+    /// `choice` or not at all (`None`). Phases (see the module docs for the link formulas;
+    /// `r` = ratio, `d(x)` / `c(x)` = decompress / compress of `x` uncompressed bytes):
+    ///
+    /// - flat, uncompressed: all-reduce `L(B)`.
+    /// - flat, all-gather: pre `c(B)`; `L.all_gather(n, rB)`; post `d((n−1)·B)`.
+    /// - flat, divisible: pre `c(B)`; `L.half(rB) + d((n−1)/n·B) + c(B/n) + L.half(rB)`;
+    ///   post `d((n−1)/n·B)`.
+    /// - hierarchical (`k` local ranks, `N` machines, shard `S = B/k`): intra reduce-scatter
+    ///   (`I.half(B)`, or compressed: pre `c(B)`, `I.half(rB) + d((k−1)/k·B)`); the shard on the
+    ///   inter link (all-reduce `E(S)`, or the flat compressed formulas on `S` with `N` ranks,
+    ///   its compression `c(S)` on the channel since it happens mid-collective); intra
+    ///   all-gather (`I.half(B)`, or compressed: `c(S) + I.half(rB)`, post `d((k−1)/k·B)`).
+    ///
+    /// Simplifications: a rank decodes what it receives (its own contribution is used as is);
+    /// the inter phase's result is decoded before the intra all-gather re-compresses it.
+    pub fn sync(
+        &self,
+        topology: &Topology,
+        link: Option<&str>,
+        bytes: f64,
+        codec: Option<(&CodecCost, Choice)>,
+    ) -> Result<SyncCost> {
+        let link = self.link(link)?;
+        // One tier of `n` ranks: (channel, post) for `b` bytes with an optional scheme; the
+        // input is compressed before (by the caller) if a scheme is given.
+        let tier = |l: &Linear, n: usize, b: f64, cs: Option<(&CodecCost, Scheme)>| match cs {
+            None => (l.time(b), 0.0),
+            Some((c, Scheme::AllGather)) => (
+                l.all_gather(n, c.ratio * b),
+                c.decompress.time((n - 1) as f64 * b),
+            ),
+            Some((c, Scheme::Divisible)) => {
+                let part = (n - 1) as f64 / n as f64 * b;
+                (
+                    l.half(c.ratio * b)
+                        + c.decompress.time(part)
+                        + c.compress.time(b / n as f64)
+                        + l.half(c.ratio * b),
+                    c.decompress.time(part),
+                )
+            }
+        };
+        Ok(match topology {
+            Topology::Flat { ranks } => match codec {
+                None => SyncCost {
+                    pre: 0.0,
+                    channel: link.time(bytes),
+                    post: 0.0,
+                },
+                Some((c, choice)) => {
+                    let scheme = choice.inter.ok_or_else(|| {
+                        Error::InvalidArgument("flat choice without a scheme".into())
+                    })?;
+                    let (channel, post) = tier(link, *ranks, bytes, Some((c, scheme)));
+                    SyncCost {
+                        pre: c.compress.time(bytes),
+                        channel,
+                        post,
+                    }
+                }
+            },
+            Topology::Hierarchical {
+                machines,
+                local,
+                intra,
+            } => {
+                let il = self.link(Some(intra))?;
+                let (k, shard) = (*local, bytes / *local as f64);
+                let codec_intra = codec.filter(|(_, ch)| ch.intra).map(|(c, _)| c);
+                let inter = codec.and_then(|(c, ch)| ch.inter.map(|s| (c, s)));
+                let mut out = SyncCost::default();
+                // Phase 1: intra reduce-scatter.
+                match codec_intra {
+                    Some(c) => {
+                        out.pre = c.compress.time(bytes);
+                        out.channel += il.half(c.ratio * bytes)
+                            + c.decompress.time((k - 1) as f64 / k as f64 * bytes);
+                    }
+                    None => out.channel += il.half(bytes),
+                }
+                // Phase 2: each rank's shard among the machines.
+                if let Some((c, _)) = inter {
+                    out.channel += c.compress.time(shard);
+                }
+                let (ch, post) = tier(link, *machines, shard, inter);
+                out.channel += ch + post;
+                // Phase 3: intra all-gather.
+                match codec_intra {
+                    Some(c) => {
+                        out.channel += c.compress.time(shard) + il.half(c.ratio * bytes);
+                        out.post = c.decompress.time((k - 1) as f64 / k as f64 * bytes);
+                    }
+                    None => out.channel += il.half(bytes),
+                }
+                out
+            }
+        })
     }
 
     /// Checks the default link exists and every cost is finite and non-negative (ratio > 0).

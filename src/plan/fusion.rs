@@ -1,7 +1,7 @@
 //! A fusion plan: the model's tensors cut into groups of consecutive tensors (in backprop order),
 //! each compressed (or not) and communicated as one unit; plus the usual baseline fusions.
 
-use super::cost::CostModel;
+use super::cost::{Choice, CostModel, Topology};
 use super::profile::Profile;
 use super::sim::CompressOn;
 use crate::{Error, Result};
@@ -19,6 +19,12 @@ pub struct Group {
     /// Codec name (a key of [`CostModel::codecs`]), or `None` for no compression.
     #[serde(default)]
     pub codec: Option<String>,
+    /// How the compressed group is synchronised (Espresso's options); required for a
+    /// compressed group of a plan with a [`Plan::topology`], not allowed without one (the
+    /// group then uses the original model: one collective on the compressed bytes, see
+    /// [`super::sim`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<Choice>,
 }
 
 /// A plan for one iteration: the groups in order (they are communicated in this order) and the
@@ -33,6 +39,10 @@ pub struct Plan {
     pub compress_on: CompressOn,
     /// The groups, covering tensors `0..n` in order without gaps.
     pub groups: Vec<Group>,
+    /// The ranks, for plans whose groups carry a [`Choice`] (Espresso); `None`: the link's cost
+    /// is taken as the whole collective's, whatever the rank count (Cupcake's model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
 }
 
 impl Plan {
@@ -47,6 +57,7 @@ impl Plan {
                     start,
                     end,
                     codec: codec.map(str::to_string),
+                    choice: None,
                 };
                 start = end;
                 g
@@ -56,6 +67,7 @@ impl Plan {
             link: None,
             compress_on: CompressOn::default(),
             groups,
+            topology: None,
         }
     }
 
@@ -122,6 +134,9 @@ impl Plan {
     /// every codec exist in the cost model.
     pub fn validate(&self, profile: &Profile, cost: &CostModel) -> Result<()> {
         cost.link(self.link.as_deref())?;
+        if let Some(t) = &self.topology {
+            t.validate(cost, None)?;
+        }
         let mut next = 0;
         for (i, g) in self.groups.iter().enumerate() {
             if g.start != next || g.end <= g.start {
@@ -132,6 +147,21 @@ impl Plan {
             }
             if let Some(c) = &g.codec {
                 cost.codec(c)?;
+            }
+            match (&self.topology, &g.codec, g.choice) {
+                (None, _, None) | (Some(_), None, None) => {}
+                (Some(t), Some(_), Some(ch)) => t.validate(cost, Some(ch))?,
+                (None, _, Some(_)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan group {i} has a choice but the plan has no topology"
+                    )))
+                }
+                (Some(_), None, Some(_)) | (Some(_), Some(_), None) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan group {i}: a choice goes with a codec (and a codec with a choice \
+                         on a topology)"
+                    )))
+                }
             }
             next = g.end;
         }

@@ -5,24 +5,32 @@
 //! - [`models`]: ResNet-50/101 and BERT-base profiles built from the published architectures
 //!   (the files under `data/profiles/` are their output).
 //! - [`cost`]: the cost model: link α + β·bytes per transport/algorithm, codec compression and
-//!   decompression α + β·bytes and compression ratio (Cupcake's g and h).
+//!   decompression α + β·bytes and compression ratio (Cupcake's g and h); for Espresso, the
+//!   all-gather and divisible schemes and flat or two-level topologies ([`CostModel::sync`]).
 //! - [`fusion`]: a plan (fusion groups, each with a codec or none) and the baseline fusions.
 //! - [`sim`]: the timeline simulator that turns (profile, cost model, plan) into an iteration time.
 //! - [`cupcake`]: optimal fusion for compression: the paper's Algorithm 1 and an exact dynamic
 //!   program with Pareto pruning that scales to hundreds of tensors.
+//! - [`espresso`](mod@espresso): per-tensor compression strategy (compress or not, codec, divisible or
+//!   all-gather scheme, which tiers of a two-level job): the paper's Algorithm 1 and brute force.
 //!
 //! Inputs and outputs are JSON files (serde), so `qccl-perf --calibrate` can write cost models and
 //! tools can read and write profiles and plans.
 
 pub mod cost;
 pub mod cupcake;
+pub mod espresso;
 pub mod fusion;
 pub mod models;
 pub mod profile;
 pub mod sim;
 
-pub use cost::{CodecCost, CostModel, Linear};
+pub use cost::{Choice, CodecCost, CostModel, Linear, Scheme, SyncCost, Topology};
 pub use cupcake::{algorithm1, exhaustive, optimal_fusion, Fusion};
+pub use espresso::{
+    best_uniform, espresso, espresso_algorithm1, exhaustive_espresso, uniform, Decision,
+    EspressoCtx, EspressoPlan,
+};
 pub use fusion::{Group, Plan};
 pub use profile::{Profile, TensorProfile};
 pub use sim::{simulate, CompressOn, GroupEvents, Timeline};

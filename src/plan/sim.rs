@@ -23,11 +23,19 @@
 //!   inside the collective, on the thread that drives the communication, so the next group's
 //!   communication cannot start before it ends. This keeps the groups FIFO end to end.
 //!
+//! **Topologies (Espresso).** A plan with a [`Plan::topology`] gives each compressed group a
+//! [`Choice`] (scheme, and for two-level jobs which tiers are compressed) and takes its costs
+//! from [`CostModel::sync`]: the compression before the first communication runs as above (flat
+//! jobs, or the intra tier compressed); every later phase — communication on either tier and
+//! the codec work between phases — occupies the channel, and the final decode is the group's
+//! `decompress` event. Uncompressed groups all-reduce (flat) or reduce-scatter, all-reduce the
+//! shard across machines and all-gather (hierarchical), all on the channel.
+//!
 //! The iteration ends when the last group is decompressed (or communicated, without a codec) —
 //! or when backprop ends, if that is later (only possible with an empty plan).
 
-use super::cost::CostModel;
-use super::fusion::Plan;
+use super::cost::{Choice, CostModel, Linear, Topology};
+use super::fusion::{Group, Plan};
 use super::profile::Profile;
 use crate::Result;
 use serde::{Deserialize, Serialize};
@@ -69,58 +77,136 @@ pub struct Timeline {
 pub fn simulate(profile: &Profile, cost: &CostModel, plan: &Plan) -> Result<Timeline> {
     profile.validate()?;
     plan.validate(profile, cost)?;
-    let link = *cost.link(plan.link.as_deref())?;
-    let mut compute = 0.0; // compute stream free at (Compute mode: backprop + compression)
-    let mut ready_bp = 0.0; // prefix sum of backprop (Separate mode)
-    let mut compress_free = 0.0; // compression stream free at (Separate mode)
-    let mut channel = 0.0; // channel free at
+    let sim = Stepper::new(profile, cost, plan)?;
+    let mut st = SimState::default();
     let mut groups = Vec::with_capacity(plan.groups.len());
     for g in &plan.groups {
-        let tensors = &profile.tensors[g.start..g.end];
+        groups.push(sim.step(&mut st, g)?);
+    }
+    Ok(Timeline {
+        time: sim.finish(&st),
+        groups,
+    })
+}
+
+/// The simulator's state between two groups: when each resource is free. Everything that
+/// happens to later groups depends on the earlier ones only through it, so planners can keep
+/// the state after a prefix and try several continuations.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct SimState {
+    /// Compute stream free at (Compute mode: backprop + compression).
+    compute: f64,
+    /// Prefix sum of backprop (Separate mode).
+    ready_bp: f64,
+    /// Compression stream free at (Separate mode).
+    compress_free: f64,
+    /// Channel free at.
+    channel: f64,
+}
+
+impl SimState {
+    /// When the channel is free (the last group stepped is fully synchronised).
+    pub(crate) fn channel_free(&self) -> f64 {
+        self.channel
+    }
+}
+
+/// One plan's setting (profile, cost model, link, compression stream, topology), stepping
+/// through groups. Groups are *not* validated here: [`simulate`] validates the whole plan, and
+/// planners validate the options they step with.
+pub(crate) struct Stepper<'a> {
+    profile: &'a Profile,
+    cost: &'a CostModel,
+    link_name: Option<&'a str>,
+    link: Linear,
+    on: CompressOn,
+    topology: Option<&'a Topology>,
+}
+
+impl<'a> Stepper<'a> {
+    /// The setting of `plan` (its groups are ignored).
+    pub(crate) fn new(profile: &'a Profile, cost: &'a CostModel, plan: &'a Plan) -> Result<Self> {
+        Ok(Stepper {
+            profile,
+            cost,
+            link_name: plan.link.as_deref(),
+            link: *cost.link(plan.link.as_deref())?,
+            on: plan.compress_on,
+            topology: plan.topology.as_ref(),
+        })
+    }
+
+    /// Appends group `g` after the state `st` (updated) and returns its events.
+    pub(crate) fn step(&self, st: &mut SimState, g: &Group) -> Result<GroupEvents> {
+        let tensors = &self.profile.tensors[g.start..g.end];
         let bp: f64 = tensors.iter().map(|t| t.backprop).sum();
         let bytes = tensors.iter().map(|t| t.bytes()).sum::<usize>() as f64;
-        let codec = g.codec.as_deref().map(|c| cost.codec(c)).transpose()?;
+        let codec = g.codec.as_deref().map(|c| self.cost.codec(c)).transpose()?;
+        // (compression before communication, channel occupancy, final decode on the channel).
+        let sync = match (self.topology, codec) {
+            (Some(t), _) => {
+                let cc = codec.zip(g.choice);
+                let s = self.cost.sync(t, self.link_name, bytes, cc)?;
+                let pre = cc.filter(|(_, ch)| precompresses(t, *ch)).map(|_| s.pre);
+                (pre, s.channel, cc.map(|_| s.post))
+            }
+            (None, Some(c)) => (
+                Some(c.compress.time(bytes)),
+                self.link.time(c.ratio * bytes),
+                Some(c.decompress.time(bytes)),
+            ),
+            (None, None) => (None, self.link.time(bytes), None),
+        };
 
         // Backprop of this group's tensors.
-        let backprop = match plan.compress_on {
-            CompressOn::Compute => (compute, compute + bp),
-            CompressOn::Separate => (ready_bp, ready_bp + bp),
+        let backprop = match self.on {
+            CompressOn::Compute => (st.compute, st.compute + bp),
+            CompressOn::Separate => (st.ready_bp, st.ready_bp + bp),
         };
-        compute = backprop.1;
-        ready_bp = backprop.1;
+        st.compute = backprop.1;
+        st.ready_bp = backprop.1;
 
         // Compression, then the time the group can go on the wire.
-        let compress = codec.map(|c| {
-            let start = match plan.compress_on {
-                CompressOn::Compute => compute,
-                CompressOn::Separate => f64::max(compress_free, backprop.1),
+        let compress = sync.0.map(|h| {
+            let start = match self.on {
+                CompressOn::Compute => st.compute,
+                CompressOn::Separate => f64::max(st.compress_free, backprop.1),
             };
-            let end = start + c.compress.time(bytes);
-            match plan.compress_on {
-                CompressOn::Compute => compute = end,
-                CompressOn::Separate => compress_free = end,
+            let end = start + h;
+            match self.on {
+                CompressOn::Compute => st.compute = end,
+                CompressOn::Separate => st.compress_free = end,
             }
             (start, end)
         });
         let ready = compress.map_or(backprop.1, |c| c.1);
 
         // Communication then decompression, FIFO on the channel.
-        let wire = codec.map_or(bytes, |c| c.ratio * bytes);
-        let comm_start = f64::max(channel, ready);
-        let comm = (comm_start, comm_start + link.time(wire));
-        let decompress = codec.map(|c| (comm.1, comm.1 + c.decompress.time(bytes)));
-        channel = decompress.map_or(comm.1, |d| d.1);
-        groups.push(GroupEvents {
+        let comm_start = f64::max(st.channel, ready);
+        let comm = (comm_start, comm_start + sync.1);
+        let decompress = sync.2.map(|d| (comm.1, comm.1 + d));
+        st.channel = decompress.map_or(comm.1, |d| d.1);
+        Ok(GroupEvents {
             backprop,
             compress,
             comm,
             decompress,
-        });
+        })
     }
-    Ok(Timeline {
-        time: f64::max(channel, compute.max(ready_bp)),
-        groups,
-    })
+
+    /// The iteration time once every group has been stepped.
+    pub(crate) fn finish(&self, st: &SimState) -> f64 {
+        f64::max(st.channel, st.compute.max(st.ready_bp))
+    }
+}
+
+/// Whether `choice` compresses the tensor before its first communication (then the
+/// compression runs on the compute or compression stream; otherwise inside the collective).
+fn precompresses(t: &Topology, choice: Choice) -> bool {
+    match t {
+        Topology::Flat { .. } => true,
+        Topology::Hierarchical { .. } => choice.intra,
+    }
 }
 
 #[cfg(test)]
@@ -237,6 +323,75 @@ mod tests {
         assert!(close(t.groups[1].comm.1, 5.1));
         assert!(close(t.time, 7.1));
         plan.link = Some("missing".into());
+        assert!(simulate(&p, &c, &plan).is_err());
+    }
+
+    #[test]
+    fn topology_schemes_by_hand() {
+        use crate::plan::cost::{Choice, Scheme, Topology};
+        // One tensor of 400 B, bp 1; link "l" (all-reduce 1 + 0.01/B) and codec c (ratio 1/4).
+        let p = prof(&[(100, 1.0)]);
+        let mut c = cost();
+        let mut plan = Plan::layer_wise(1, Some("c"));
+        plan.topology = Some(Topology::Flat { ranks: 4 });
+        let run = |plan: &Plan| simulate(&p, &c, plan).unwrap();
+        // Codec without a choice on a topology is rejected.
+        assert!(simulate(&p, &cost(), &plan).is_err());
+        // All-gather, 4 ranks, W = 100 B: pre c(400) = 3 (1..4); channel (1 + 4·0.01·100)/2
+        // = 2.5 (4..6.5); post d(3·400) = 4 (6.5..10.5).
+        plan.groups[0].choice = Some(Choice::flat(Scheme::AllGather));
+        let t = run(&plan);
+        assert_eq!(t.groups[0].compress, Some((1.0, 4.0)));
+        assert_eq!(t.groups[0].comm, (4.0, 6.5));
+        assert_eq!(t.groups[0].decompress, Some((6.5, 10.5)));
+        // Divisible: channel 2·(1 + 1)/2 + d(300) 1.75 + c(100) 2.25 = 6 (4..10); post 1.75.
+        plan.groups[0].choice = Some(Choice::flat(Scheme::Divisible));
+        let t = run(&plan);
+        assert_eq!(t.groups[0].comm, (4.0, 10.0));
+        assert!(close(t.time, 11.75));
+        // Uncompressed on a topology: the all-reduce, as without one (1..6).
+        plan.groups[0].codec = None;
+        plan.groups[0].choice = None;
+        assert!(close(run(&plan).time, 6.0));
+
+        // Two machines of two ranks; intra link "i" 0.5 + 0.001/B, inter "l". Shard 200 B.
+        c.links.insert("i".into(), Linear::new(0.5, 0.001));
+        plan.topology = Some(Topology::Hierarchical {
+            machines: 2,
+            local: 2,
+            intra: "i".into(),
+        });
+        let run = |plan: &Plan| simulate(&p, &c, plan).unwrap();
+        // Uncompressed: I.half(400) 0.45 + E(200) 3 + I.half(400) 0.45 = 3.9 (1..4.9).
+        assert!(close(run(&plan).time, 4.9));
+        // Inter-only all-gather: no pre-compression; 0.45 + c(200) 2.5 + E.all_gather(2, 50)
+        // (1 + 2·0.01·50)/2 = 1 + d(200) 1.5 + 0.45 = 5.9 (1..6.9), no post.
+        plan.groups[0].codec = Some("c".into());
+        plan.groups[0].choice = Some(Choice {
+            inter: Some(Scheme::AllGather),
+            intra: false,
+        });
+        let t = run(&plan);
+        assert_eq!(t.groups[0].compress, None);
+        assert!(close(t.time, 6.9));
+        // Intra only: pre c(400) 3 (1..4); I.half(100) 0.3 + d(200) 1.5 + E(200) 3 + c(200)
+        // 2.5 + I.half(100) 0.3 = 7.6 (4..11.6); post d(200) 1.5.
+        plan.groups[0].choice = Some(Choice {
+            inter: None,
+            intra: true,
+        });
+        let t = run(&plan);
+        assert_eq!(t.groups[0].compress, Some((1.0, 4.0)));
+        assert!(close(t.groups[0].comm.1, 11.6));
+        assert!(close(t.time, 13.1));
+        // A choice compressing nothing, or one on a plan without topology, is rejected.
+        plan.groups[0].choice = Some(Choice {
+            inter: None,
+            intra: false,
+        });
+        assert!(simulate(&p, &c, &plan).is_err());
+        plan.topology = None;
+        plan.groups[0].choice = Some(Choice::flat(Scheme::Divisible));
         assert!(simulate(&p, &c, &plan).is_err());
     }
 
