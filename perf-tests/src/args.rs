@@ -73,7 +73,17 @@ pub struct Args {
     /// `-A`: all-reduce algorithm.
     pub algo: Algo,
     /// `-Z`: compress the all-reduce with this codec (all_reduce, float types, sum/avg only).
+    /// None with `--calibrate`, whose codecs are in [`Args::codecs`].
     pub codec: Option<CodecSpec>,
+    /// Every `-Z` in order: several only with `--calibrate`, which measures each of them (and
+    /// [`crate::calibrate::DEFAULT_CODECS`] when none is given).
+    pub codecs: Vec<CodecSpec>,
+    /// Every `-A` in order: several only with `--calibrate`, which measures each schedule.
+    pub algos: Vec<Algo>,
+    /// `--calibrate`: measure this machine's cost model instead of printing the table.
+    pub calibrate: bool,
+    /// `--calibrate-out`: where `--calibrate` writes the cost model (rank 0).
+    pub calibrate_out: PathBuf,
     /// `-D`: density ρ of the top-k collectives (`-C hitopk`, `naiveag`, `treear`, `2dtar`),
     /// [`DEFAULT_DENSITY`] for them when not given; None for every other collective.
     pub density: Option<f64>,
@@ -88,6 +98,13 @@ pub struct Args {
     /// The arguments minus `-np N`: what `-np` hands its children.
     pub passthrough: Vec<String>,
 }
+
+/// `--calibrate-out` when not given.
+pub const DEFAULT_CALIBRATE_OUT: &str = "qccl-cost.json";
+/// `--calibrate`'s smallest size without `-b`: where the fixed cost dominates.
+pub const CALIBRATE_MIN_BYTES: u64 = 4 << 10;
+/// `--calibrate`'s largest size without `-e`: well into the bandwidth-bound regime.
+pub const CALIBRATE_MAX_BYTES: u64 = 64 << 20;
 
 /// `-D` when not given: the paper's usual density (1% of the gradient's elements).
 pub const DEFAULT_DENSITY: f64 = 0.01;
@@ -152,6 +169,15 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
   -S, --target-secs <secs>   time each size for about this long: iterations =
                              secs / (one call, slowest rank), at most -n           [off]
   -T, --timeout <secs>       with -np: kill all ranks after this long              [3600]
+  --calibrate                measure this machine's cost model for the planner (qccl-plan)
+                             instead of the table: all_reduce alpha + beta*bytes per
+                             transport/algorithm (every -A given, float sum, median call,
+                             max over ranks, fit over -b..-e by -f [4K..64M by 4], -n
+                             iterations), and per codec (every -Z given [fp16,
+                             qsgd:bits=4,bucket=128, qsgd:bits=8,bucket=128,
+                             mstopk:density=0.01, efsign]) encode and decode_add alpha +
+                             beta*bytes on one core of rank 0, and the wire ratio
+  --calibrate-out <file>     where --calibrate writes its JSON (rank 0)   [qccl-cost.json]
   -h, --help                 this text
 ";
 
@@ -246,6 +272,8 @@ const OPTS: &[(&str, &str)] = &[
     ("t", "nthreads"),
     ("g", "ngpus"),
     ("m", "agg_iters"),
+    // Long only: no single-letter form, so the short lookup (one character) never finds it.
+    ("calibrate-out", "calibrate-out"),
 ];
 
 /// Long-name aliases.
@@ -254,6 +282,7 @@ fn canonical_long(l: &str) -> &str {
         "output_file" => "json",
         "op_type" => "op",
         "collective" => "coll",
+        "calibrate_out" => "calibrate-out",
         other => other,
     }
 }
@@ -267,6 +296,12 @@ fn tokenize(raw: &[String]) -> Result<Vec<(&'static str, String, usize, usize)>,
         let start = i;
         if tok == "-h" || tok == "--help" {
             out.push(("h", String::new(), start, start + 1));
+            i += 1;
+            continue;
+        }
+        // The one option without a value.
+        if tok == "--calibrate" {
+            out.push(("calibrate", String::new(), start, start + 1));
             i += 1;
             continue;
         }
@@ -332,6 +367,10 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         coll: coll_from_argv0(argv0).unwrap_or(Coll::AllReduce),
         algo: Algo::Auto,
         codec: None,
+        codecs: Vec::new(),
+        algos: Vec::new(),
+        calibrate: false,
+        calibrate_out: PathBuf::from(DEFAULT_CALIBRATE_OUT),
         density: None,
         time_stat: TimeStat::Max,
         json: None,
@@ -342,6 +381,9 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
     };
     let mut factor: Option<u64> = None;
     let mut step_bytes: Option<u64> = None;
+    // --calibrate has its own size range unless one is given.
+    let (mut min_given, mut max_given) = (false, false);
+    let mut calibrate_out_given = false;
     for (flag, v, from, to) in tokenize(raw)? {
         let f = format!("-{flag}");
         let f = f.as_str();
@@ -357,8 +399,14 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
                 }
                 a.np = Some(n);
             }
-            "b" => a.min_bytes = parse_size(&v).map_err(|e| format!("{f}: {e}"))?,
-            "e" => a.max_bytes = parse_size(&v).map_err(|e| format!("{f}: {e}"))?,
+            "b" => {
+                a.min_bytes = parse_size(&v).map_err(|e| format!("{f}: {e}"))?;
+                min_given = true;
+            }
+            "e" => {
+                a.max_bytes = parse_size(&v).map_err(|e| format!("{f}: {e}"))?;
+                max_given = true;
+            }
             "f" => factor = Some(num(f, &v)?),
             "i" => step_bytes = Some(parse_size(&v).map_err(|e| format!("{f}: {e}"))?),
             "n" => a.iters = num(f, &v)?,
@@ -369,9 +417,21 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
             "r" => a.root = num(f, &v)?,
             "z" => a.blocking = flag01(f, &v)?,
             "C" => a.coll = Coll::parse(&v).map_err(|e| format!("{f}: {e}"))?,
-            "A" => a.algo = Algo::parse(&v).map_err(|e| format!("{f}: {e}"))?,
+            "A" => a
+                .algos
+                .push(Algo::parse(&v).map_err(|e| format!("{f}: {e}"))?),
             // CodecSpec's message quotes the spec and names the bad field.
-            "Z" => a.codec = Some(CodecSpec::parse(&v).map_err(|e| format!("{f}: {e}"))?),
+            "Z" => a
+                .codecs
+                .push(CodecSpec::parse(&v).map_err(|e| format!("{f}: {e}"))?),
+            "calibrate" => a.calibrate = true,
+            "calibrate-out" => {
+                if v.is_empty() {
+                    return Err("--calibrate-out: needs a file name".into());
+                }
+                a.calibrate_out = PathBuf::from(v);
+                calibrate_out_given = true;
+            }
             "D" => {
                 let d: f64 = num(f, &v)?;
                 // NaN fails both comparisons.
@@ -419,10 +479,21 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
             other => unreachable!("option table and match disagree on -{other}"),
         }
     }
+    if a.calibrate {
+        // A fit over a wide range: small sizes pin alpha, large ones beta.
+        if !min_given {
+            a.min_bytes = CALIBRATE_MIN_BYTES;
+        }
+        if !max_given {
+            a.max_bytes = CALIBRATE_MAX_BYTES.max(a.min_bytes);
+        }
+    }
     a.step = match (step_bytes, factor) {
         (Some(b), _) => Step::Bytes(b),
         (None, Some(f)) if f > 1 => Step::Factor(f),
         (None, Some(0)) => return Err("-f: the step factor must be at least 1".into()),
+        // Geometric sizes for --calibrate: 1M steps would put nearly every point at the top.
+        (None, _) if a.calibrate => Step::Factor(4),
         (None, _) => Step::Bytes(1 << 20),
     };
     if a.step == Step::Bytes(0) {
@@ -444,6 +515,22 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
             .check_dtype(a.dtypes[0])
             .map_err(|e| format!("-o {} -d {}: {e}", a.ops[0], a.dtypes[0]))?;
     }
+    if a.calibrate {
+        check_calibrate(&mut a)?;
+    } else {
+        if calibrate_out_given {
+            return Err("--calibrate-out: only with --calibrate".into());
+        }
+        // One schedule and one codec per table; a second flag silently winning would mislead.
+        if a.algos.len() > 1 {
+            return Err("-A given more than once: only --calibrate takes several".into());
+        }
+        if a.codecs.len() > 1 {
+            return Err("-Z given more than once: only --calibrate takes several".into());
+        }
+        a.algo = a.algos.first().copied().unwrap_or(Algo::Auto);
+        a.codec = a.codecs.first().cloned();
+    }
     check_topk(&mut a)?;
     check_codec(&a)?;
     if let Some(np) = a.np {
@@ -452,6 +539,48 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         }
     }
     Ok(Parsed::Run(Box::new(a)))
+}
+
+/// Rejects what `--calibrate` cannot take and fills in its defaults: it times the
+/// uncompressed float all-reduce (so no other collective, and not the compressed-only
+/// all-gather schedule) and measures the codecs apart from it.
+fn check_calibrate(a: &mut Args) -> Result<(), String> {
+    if a.coll != Coll::AllReduce {
+        return Err(format!(
+            "--calibrate -C {}: calibration times the all-reduce only",
+            a.coll.name()
+        ));
+    }
+    if let Some(d) = a.density {
+        return Err(format!(
+            "--calibrate -D {d}: the density belongs to the top-k collectives"
+        ));
+    }
+    if a.algos.contains(&Algo::AllGather) {
+        return Err(
+            "--calibrate -A allgather: that schedule exists only compressed; calibration times \
+             the uncompressed all-reduce (codecs are measured on their own)"
+                .into(),
+        );
+    }
+    if a.dtypes != [DType::Float32] || a.ops != [ReduceOp::Sum] {
+        return Err(
+            "--calibrate: gradients are float sums; -d and -o do not apply (float, sum)".into(),
+        );
+    }
+    if a.algos.is_empty() {
+        a.algos.push(Algo::Auto);
+    }
+    a.algo = a.algos[0];
+    if a.codecs.is_empty() {
+        a.codecs = crate::calibrate::DEFAULT_CODECS
+            .iter()
+            .map(|s| CodecSpec::parse(s).expect("default codec specs parse"))
+            .collect();
+    }
+    // Codecs are measured apart, not used in the all-reduce (check_codec must not see them).
+    a.codec = None;
+    Ok(())
 }
 
 /// Rejects what the top-k collectives cannot take, and `-D` with any other collective, before
@@ -725,5 +854,33 @@ mod tests {
                 assert!(e.contains(n), "{cmd}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn calibrate_flags_and_defaults() {
+        let a = args("-np 2 --calibrate");
+        assert!(a.calibrate);
+        assert_eq!((a.min_bytes, a.max_bytes), (4 << 10, 64 << 20));
+        assert_eq!(a.step, Step::Factor(4));
+        assert_eq!(a.sizes().len(), 8);
+        assert_eq!(a.algos, vec![Algo::Auto]);
+        assert_eq!(a.codecs.len(), crate::calibrate::DEFAULT_CODECS.len());
+        assert!(
+            a.codec.is_none(),
+            "codecs are measured, not used in the all-reduce"
+        );
+        assert_eq!(a.calibrate_out, PathBuf::from(DEFAULT_CALIBRATE_OUT));
+        assert_eq!(a.passthrough, ["--calibrate"]);
+        let a = args("--calibrate -b 8K -A ring -A tree -Z fp16 -Z efsign --calibrate-out=c.json");
+        assert_eq!((a.min_bytes, a.max_bytes), (8 << 10, 64 << 20));
+        assert_eq!(a.algos, vec![Algo::Ring, Algo::Tree]);
+        assert_eq!(a.algo, Algo::Ring);
+        let specs: Vec<String> = a.codecs.iter().map(|c| c.to_string()).collect();
+        assert_eq!(specs, ["fp16", "efsign"]);
+        assert_eq!(a.calibrate_out, PathBuf::from("c.json"));
+        // Without --calibrate, one -A and one -Z as before.
+        let a = args("-A tree -Z bf16");
+        assert_eq!(a.algo, Algo::Tree);
+        assert_eq!(a.codec.map(|c| c.to_string()), Some("bf16".into()));
     }
 }

@@ -6,6 +6,7 @@
 //! qccl-perf -np 2 -b 64K -e 4M -f 4 -Z bf16            # compressed all_reduce (wire, ratio, relerr)
 //! qccl-perf -np 4 -C hitopk -D 0.01 -b 4M -e 64M -f 4  # HiTopKComm (+ step times); or naiveag, treear, 2dtar
 //! ln -s qccl-perf all_gather_perf; ./all_gather_perf -np 2
+//! qccl-perf -np 2 --calibrate                          # measure the cost model: qccl-cost.json
 //! ```
 //!
 //! Exit code: 0 all good, 1 some results were wrong (#wrong > 0), 2 an error (arguments, comm,
@@ -15,6 +16,7 @@
 
 mod args;
 mod bench;
+mod calibrate;
 mod coll;
 mod elem;
 mod launch;
@@ -97,6 +99,15 @@ fn rank_main(a: &Args) -> i32 {
             );
         }
         return EXIT_ERROR;
+    }
+    if a.calibrate {
+        return match calibrate::run(&comm, a, &hostname()) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("qccl-perf: rank {rank} of {n}: {e}");
+                EXIT_ERROR
+            }
+        };
     }
     let result = (|| -> qccl::Result<u64> {
         let ranks = rank_table(&comm)?;

@@ -892,3 +892,342 @@ fn emulated_cluster_2_hosts_x_2_ranks() {
         .collect();
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
+
+// ---- --calibrate and qccl-plan -----------------------------------------------------------
+
+const PLAN_BIN: &str = env!("CARGO_BIN_EXE_qccl-plan");
+
+/// A file name under the temp dir, unique per test process and `tag`.
+fn temp_file(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("qccl-perf-test-{}-{tag}", std::process::id()))
+}
+
+fn plan_run(args: &[&str]) -> Output {
+    Command::new(PLAN_BIN)
+        .args(args)
+        .output()
+        .expect("run qccl-plan")
+}
+
+/// One row of qccl-plan's comparison: (label, groups, time in ms, chosen).
+fn plan_rows(out: &str) -> Vec<(String, usize, f64, bool)> {
+    out.lines()
+        .filter(|l| l.starts_with("  "))
+        .map(|l| {
+            let (l, chosen) = match l.strip_suffix("<- chosen") {
+                Some(rest) => (rest.trim_end(), true),
+                None => (l, false),
+            };
+            let mut f = l.split_whitespace().rev();
+            let ratio = f.next().unwrap_or_else(|| panic!("short row: {l}"));
+            assert!(ratio.ends_with('x'), "{l}");
+            let time: f64 = f.next().unwrap().parse().unwrap();
+            let groups: usize = f.next().unwrap().parse().unwrap();
+            let label: Vec<&str> = f.rev().collect();
+            (label.join(" "), groups, time, chosen)
+        })
+        .collect()
+}
+
+/// Runs qccl-plan, expects success; checks the comparison (the chosen plan no slower than any
+/// row, baselines present) and the plan file (a valid `Plan` for the profile and cost model,
+/// simulating to the printed time). Returns stdout and the plan.
+fn plan_ok(profile: &str, cost: &std::path::Path, extra: &[&str]) -> (String, qccl::plan::Plan) {
+    let out_path = temp_file(&format!("plan-{profile}-{}.json", extra.join("_")));
+    let mut args = vec![
+        "--profile",
+        profile,
+        "--cost",
+        cost.to_str().unwrap(),
+        "--out",
+        out_path.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = plan_run(&args);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "qccl-plan {args:?}\n{out}\n{err}");
+    let rows = plan_rows(&out);
+    let chosen: Vec<_> = rows.iter().filter(|r| r.3).collect();
+    assert_eq!(chosen.len(), 1, "one chosen row:\n{out}");
+    let best = chosen[0].2;
+    for r in &rows {
+        assert!(best <= r.2, "chosen {best} ms slower than {r:?}:\n{out}");
+    }
+    for label in [
+        "cupcake optimal, no compression",
+        "no compression, 25 MiB buckets (DDP)",
+        "layer-wise compressed",
+        "25 MiB buckets compressed",
+        "single group compressed",
+    ] {
+        assert!(rows.iter().any(|r| r.0 == label), "no row {label}:\n{out}");
+    }
+    assert!(out.contains("# chosen: "), "{out}");
+    let plan = qccl::plan::Plan::read(&out_path).expect("plan JSON reads back");
+    let _ = std::fs::remove_file(&out_path);
+    assert_eq!(plan.groups.len(), chosen[0].1, "{out}");
+    let prof = qccl::plan::models::shipped()
+        .into_iter()
+        .find(|(s, _)| *s == profile)
+        .map(|(_, p)| p)
+        .unwrap();
+    let model = qccl::plan::CostModel::read(cost).unwrap();
+    let t = qccl::plan::simulate(&prof, &model, &plan).expect("plan fits profile and cost");
+    assert!(
+        (t.time * 1e3 - best).abs() <= 1e-4 * best.max(1.0),
+        "plan simulates to {} ms, printed {best}",
+        t.time * 1e3
+    );
+    (out, plan)
+}
+
+#[test]
+fn calibrate_writes_a_cost_model_the_planner_reads() {
+    use qccl::plan::CostModel;
+    let path = temp_file("cost.json");
+    let p = path.to_str().unwrap();
+    let o = run(&[
+        "-np",
+        "2",
+        "--calibrate",
+        "-b",
+        "4K",
+        "-e",
+        "256K",
+        "-n",
+        "3",
+        "-T",
+        "120",
+        "--calibrate-out",
+        p,
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(out.starts_with("# qccl-perf --calibrate: 2 ranks"), "{out}");
+    assert!(out.contains("4 sizes 4096..262144 bytes"), "{out}");
+    assert!(out.contains(&format!("# wrote {p}")), "{out}");
+    // read() validates: every coefficient finite and >= 0, ratios > 0, default link present.
+    let m = CostModel::read(&path).unwrap_or_else(|e| panic!("{e}\n{out}"));
+    let (transport, algo) = m.default_link.split_once('/').expect("transport/algo");
+    assert!(!transport.is_empty(), "{}", m.default_link);
+    assert_eq!(algo, "ring", "auto on 2 ranks is the ring");
+    for (name, l) in &m.links {
+        assert!(l.alpha.is_finite() && l.alpha >= 0.0, "{name} {l:?}");
+        assert!(l.beta.is_finite() && l.beta > 0.0, "{name} {l:?}");
+    }
+    assert_eq!(m.codecs.len(), 5, "{:?}", m.codecs.keys());
+    for spec in [
+        "fp16",
+        "qsgd:bits=4,bucket=128",
+        "qsgd:bits=8,bucket=128",
+        "mstopk:density=0.01",
+        "efsign",
+    ] {
+        let key = qccl::CodecSpec::parse(spec).unwrap().to_string();
+        let c = m
+            .codecs
+            .get(&key)
+            .unwrap_or_else(|| panic!("no {key}: {:?}", m.codecs.keys()));
+        for l in [c.compress, c.decompress] {
+            assert!(l.alpha.is_finite() && l.alpha >= 0.0, "{key} {c:?}");
+            assert!(l.beta.is_finite() && l.beta >= 0.0, "{key} {c:?}");
+        }
+        assert!(c.ratio > 0.0 && c.ratio < 0.6, "{key} {c:?}");
+        assert!(out.contains(&key), "summary lists {key}:\n{out}");
+    }
+    // The measured model plans: every codec, and one given by its short spec.
+    plan_ok("resnet50", &path, &[]);
+    let (out, plan) = plan_ok("resnet50", &path, &["--codec", "qsgd:bits=4,bucket=128"]);
+    assert!(
+        plan.link.as_deref() == Some(m.default_link.as_str()),
+        "{out}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn calibrate_schedules_and_codecs_given() {
+    use qccl::plan::CostModel;
+    let path = temp_file("cost-given.json");
+    let o = run(&[
+        "-np",
+        "3",
+        "--calibrate",
+        "-A",
+        "ring",
+        "-A",
+        "tree",
+        "-Z",
+        "fp16",
+        "-Z",
+        "efsign",
+        "-b",
+        "4K",
+        "-e",
+        "64K",
+        "-n",
+        "2",
+        "-T",
+        "120",
+        &format!("--calibrate-out={}", path.display()),
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let m = CostModel::read(&path).unwrap_or_else(|e| panic!("{e}\n{out}"));
+    let _ = std::fs::remove_file(&path);
+    let algos: Vec<&str> = m
+        .links
+        .keys()
+        .map(|k| k.split_once('/').unwrap().1)
+        .collect();
+    assert_eq!(algos, ["ring", "tree"], "{out}");
+    assert!(m.default_link.ends_with("/ring"), "first -A: {out}");
+    assert_eq!(
+        m.codecs.keys().collect::<Vec<_>>(),
+        ["efsign", "fp16"],
+        "{out}"
+    );
+    // Argument errors fail before any rank starts.
+    for (args, needle) in [
+        (&["--calibrate", "-C", "broadcast"][..], "all-reduce only"),
+        (&["--calibrate", "-A", "allgather"], "-A allgather"),
+        (&["--calibrate", "-d", "half"], "float"),
+        (&["--calibrate", "-Z", "bogus"], "bogus"),
+        (&["--calibrate-out", "x.json"], "only with --calibrate"),
+        (&["-Z", "fp16", "-Z", "bf16"], "only --calibrate"),
+    ] {
+        let o = run(args);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}\n{out}\n{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+/// A cost model written here, so the planner's output does not depend on this machine: a
+/// 10 Gb/s link with 50 µs per call, a cheap 2x codec and an expensive 32x one.
+fn synthetic_cost(tag: &str) -> std::path::PathBuf {
+    use qccl::plan::{CodecCost, CostModel, Linear};
+    let m = CostModel::with_link("tcp/ring", Linear::new(50e-6, 1.0 / 1.25e9))
+        .codec_entry(
+            "fp16",
+            CodecCost {
+                compress: Linear::new(20e-6, 0.1e-9),
+                decompress: Linear::new(20e-6, 0.1e-9),
+                ratio: 0.5,
+            },
+        )
+        .codec_entry(
+            "efsign",
+            CodecCost {
+                compress: Linear::new(100e-6, 0.6e-9),
+                decompress: Linear::new(100e-6, 0.4e-9),
+                ratio: 1.0 / 32.0,
+            },
+        );
+    let path = temp_file(tag);
+    m.write(&path).unwrap();
+    path
+}
+
+#[test]
+fn plan_shipped_profiles_against_baselines() {
+    let cost = synthetic_cost("cost-synthetic.json");
+    for profile in ["resnet50", "resnet101", "bert_base"] {
+        let (out, plan) = plan_ok(profile, &cost, &["--codec", "fp16"]);
+        assert!(out.contains(&format!("# qccl-plan: {profile}: ")), "{out}");
+        // On this link fp16 pays off, and fusing beats both one group and one per tensor.
+        assert!(
+            plan.groups
+                .iter()
+                .all(|g| g.codec.as_deref() == Some("fp16")),
+            "{out}"
+        );
+        assert!(plan.groups.len() > 1, "{out}");
+    }
+    let (out, _) = plan_ok("resnet50", &cost, &["--compress-on", "separate"]);
+    assert!(out.contains("# optimal fusion per codec:"), "{out}");
+    assert!(out.contains("separate stream"), "{out}");
+    let _ = std::fs::remove_file(&cost);
+}
+
+#[test]
+fn plan_errors_name_the_file_and_field() {
+    let cost = synthetic_cost("cost-errors.json");
+    let c = cost.to_str().unwrap();
+    let bad = temp_file("cost-bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"default_link": "x", "links": {"x": {"alpha": 1.0}}, "codecs": {}}"#,
+    )
+    .unwrap();
+    let neg = temp_file("cost-neg.json");
+    std::fs::write(
+        &neg,
+        r#"{"default_link": "x", "links": {"x": {"alpha": -1.0, "beta": 0.0}}, "codecs": {}}"#,
+    )
+    .unwrap();
+    let missing = temp_file("no-such-cost.json");
+    let bad_profile = temp_file("profile-bad.json");
+    std::fs::write(&bad_profile, r#"{"tensors": [{"name": "w", "elems": 4}]}"#).unwrap();
+    let (b, n, m, bp) = (
+        bad.to_str().unwrap(),
+        neg.to_str().unwrap(),
+        missing.to_str().unwrap(),
+        bad_profile.to_str().unwrap(),
+    );
+    for (args, needles) in [
+        (
+            &["--profile", "resnet50", "--cost", b][..],
+            &[b, "beta"][..],
+        ),
+        (
+            &["--profile", "resnet50", "--cost", n],
+            &[n, "link x", "alpha"],
+        ),
+        (&["--profile", "resnet50", "--cost", m], &[m]),
+        (&["--profile", bp, "--cost", c], &[bp, "backprop"]),
+        (
+            &["--profile", "resnet51", "--cost", c],
+            &["resnet51", "shipped"],
+        ),
+        (
+            &[
+                "--profile",
+                "resnet50",
+                "--cost",
+                c,
+                "--codec",
+                "qsgd:bits=4",
+            ],
+            &["qsgd", "fp16"],
+        ),
+        (
+            &["--profile", "resnet50", "--cost", c, "--codec", "bogus"],
+            &["bogus"],
+        ),
+        (
+            &["--profile", "resnet50", "--cost", c, "--link", "shm/sra"],
+            &["shm/sra", "tcp/ring"],
+        ),
+        (&["--profile", "resnet50"], &["--cost"]),
+        (
+            &["--profile", "resnet50", "--cost", c, "--compress-on", "gpu"],
+            &["gpu"],
+        ),
+        (&["--frobnicate"], &["--frobnicate"]),
+    ] {
+        let o = plan_run(args);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}\n{out}\n{err}");
+        assert!(err.starts_with("qccl-plan: "), "{err}");
+        for needle in needles {
+            assert!(err.contains(needle), "{args:?}: {needle} not in {err}");
+        }
+    }
+    let o = plan_run(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(text(&o).0.contains("--profile"));
+    for f in [&cost, &bad, &neg, &bad_profile] {
+        let _ = std::fs::remove_file(f);
+    }
+}
