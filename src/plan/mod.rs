@@ -10,10 +10,13 @@
 //! - [`sim`]: the timeline simulator that turns (profile, cost model, plan) into an iteration time.
 //! - [`cupcake`]: optimal fusion for compression: the paper's Algorithm 1 and an exact dynamic
 //!   program with Pareto pruning that scales to hundreds of tensors.
+//! - [`apply`]: the runner that executes a plan on a comm during training (fuses each group's
+//!   gradients and starts its all-reduce, dense or compressed, as soon as the group is complete).
 //!
 //! Inputs and outputs are JSON files (serde), so `qccl-perf --calibrate` can write cost models and
 //! tools can read and write profiles and plans.
 
+pub mod apply;
 pub mod cost;
 pub mod cupcake;
 pub mod fusion;
@@ -21,6 +24,7 @@ pub mod models;
 pub mod profile;
 pub mod sim;
 
+pub use apply::PlanRunner;
 pub use cost::{CodecCost, CostModel, Linear};
 pub use cupcake::{algorithm1, exhaustive, optimal_fusion, Fusion};
 pub use fusion::{Group, Plan};
