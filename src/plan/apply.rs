@@ -420,8 +420,8 @@ mod tests {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 assert!(!runner.is_done(1));
-                for t in 2..SIZES.len() {
-                    runner.submit(t, grad(r, t, step, SIZES[t])).unwrap();
+                for (t, &n) in SIZES.iter().enumerate().skip(2) {
+                    runner.submit(t, grad(r, t, step, n)).unwrap();
                 }
                 assert_eq!(runner.launched(), 2);
                 let out = runner.finish().unwrap();
