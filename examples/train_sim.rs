@@ -30,17 +30,18 @@
 //!
 //! # How the prediction is made
 //!
-//! The cost model has three links (`all_reduce`, `reduce_scatter`, `all_gather`, α + β · input
-//! bytes) and the codec. In qccl the codec runs *inside* the collective, on the comm's worker
-//! thread: encode, transfer and decode of a group occupy the channel back to back and never
-//! delay backprop. In the simulator's terms that is a codec whose compression costs nothing
-//! and whose decompression (which sits on the channel) costs encode + decode, so that is how
-//! the model is written (a `--cost` file's codec is folded the same way). The self-calibration
-//! times the compressed all-reduce end to end at a few sizes (which includes every encode and
-//! decode the schedule does, not just one of each) and keeps what the link does not explain:
-//! `decompress = compressed − link(ratio · bytes)`, ratio being measured wire bytes compressed
-//! over dense. Every rank takes the maximum of every measurement over the ranks, so all ranks
-//! build the same model and hence the same plans.
+//! The cost model has three dense links (`all_reduce`, `reduce_scatter`, `all_gather`, α + β ·
+//! input bytes) and one for the compressed all-reduce (`all_reduce/<codec>`). In qccl the codec
+//! runs *inside* the collective, on the comm's worker thread: encode, transfer and decode of a
+//! group occupy the channel back to back and never delay backprop. So the compressed
+//! all-reduce is modelled as one channel operation costing α_c + β_c · input bytes, written as
+//! a link per wire byte (β_c / ratio) with a codec whose compression and decompression cost
+//! nothing: the simulator then charges exactly α_c + β_c · bytes per group. The
+//! self-calibration times every collective at a few sizes up to the largest tensor (the
+//! compressed one end to end, which includes every encode and decode its schedule does, not
+//! just one of each) and fits α + β; a `--cost` file's codec costs are folded into that link
+//! (α + h_α + d_α, and ratio·β + h_β + d_β per input byte). Every rank takes the maximum of
+//! every measurement over the ranks, so all ranks build the same model and the same plans.
 //!
 //! Predicted iteration = forward + `simulate(...)` for strategies 1–3. For DeAR the backward
 //! half is `simulate` of the reduce-scatter plan on the `reduce_scatter` link, and the forward
@@ -346,26 +347,43 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
             .collect()
     };
     let (ar, rs, ag, comp) = (fit(&pts(0)), fit(&pts(1)), fit(&pts(2)), fit(&pts(3)));
-    let ratio = (m[4 * sizes.len() + 1] / m[4 * sizes.len()]).clamp(1e-6, 1.0);
+    // Dense collectives may not count wire bytes (some paths do not); then use what a
+    // bandwidth-optimal all-reduce sends, 2(n−1)/n of the buffer.
+    let largest = (4 * sizes.last().map_or(1, |n| n.div_ceil(size) * size)) as f64;
+    let dense_wire = match m[4 * sizes.len()] {
+        w if w > 0.0 => w,
+        _ => 2.0 * (size as f64 - 1.0) / size as f64 * largest,
+    };
+    let ratio = match m[4 * sizes.len() + 1] / dense_wire {
+        r if r.is_finite() && r > 0.0 => r.min(1.0),
+        _ => 1.0,
+    };
     let mut cost = CostModel::with_link(AR, ar);
     cost.links.insert(RS.into(), rs);
     cost.links.insert(AG.into(), ag);
+    // The compressed all-reduce's own link, per wire byte, so that a group of `bytes` input
+    // bytes costs exactly the fitted α_c + β_c · bytes.
+    cost.links.insert(
+        compressed_link(codec),
+        Linear::new(comp.alpha, comp.beta / ratio),
+    );
     cost.note = format!(
         "train_sim self-calibration: {size} ranks, sizes {sizes:?} f32 elements, median of \
          {reps}, max over ranks"
-    );
-    let on_channel = Linear::new(
-        (comp.alpha - ar.alpha).max(0.0),
-        (comp.beta - ratio * ar.beta).max(0.0),
     );
     Ok(cost.codec_entry(
         codec,
         CodecCost {
             compress: Linear::ZERO,
-            decompress: on_channel,
+            decompress: Linear::ZERO,
             ratio,
         },
     ))
+}
+
+/// The cost-model link of the compressed all-reduce with `codec` (module docs).
+fn compressed_link(codec: &str) -> String {
+    format!("{AR}/{codec}")
 }
 
 /// A `--cost` file in the form the demo needs: the codec folded onto the channel (module docs),
@@ -385,14 +403,20 @@ fn from_file(path: &str, codec: &str) -> Res<CostModel> {
         cost.links.insert(name.into(), l);
     }
     cost.note = format!("from {path} (codec folded onto the channel): {}", file.note);
+    // Encode, transfer and decode back to back on the channel: per input byte
+    // h + ratio·β + d, expressed per wire byte.
+    cost.links.insert(
+        compressed_link(codec),
+        Linear::new(
+            ar.alpha + cc.compress.alpha + cc.decompress.alpha,
+            (cc.ratio * ar.beta + cc.compress.beta + cc.decompress.beta) / cc.ratio,
+        ),
+    );
     Ok(cost.codec_entry(
         codec,
         CodecCost {
             compress: Linear::ZERO,
-            decompress: Linear::new(
-                cc.compress.alpha + cc.decompress.alpha,
-                cc.compress.beta + cc.decompress.beta,
-            ),
+            decompress: Linear::ZERO,
             ratio: cc.ratio,
         },
     ))
@@ -563,7 +587,7 @@ fn rank_main(o: &Opts) -> Res<()> {
             let sizes: Vec<usize> = if o.quick {
                 vec![256, 4096, 65536.min(largest.max(4096))]
             } else {
-                vec![1 << 10, 1 << 14, 1 << 18, 1 << 20]
+                vec![1 << 10, 1 << 14, 1 << 18, largest.max(1 << 20)]
             };
             calibrate(&comm, &o.codec, &sizes, if o.quick { 2 } else { 3 })?
         }
@@ -582,18 +606,17 @@ fn rank_main(o: &Opts) -> Res<()> {
             1e-6 / l.beta.max(1e-18)
         ));
     }
-    let cc = cost.codec(&o.codec)?;
     say(format!(
-        "  codec {} ratio {:.4}, on-channel extra alpha {:.1} us  beta {:.3} ns/B",
+        "  codec {} ratio {:.4} (link {} is per wire byte)",
         o.codec,
-        cc.ratio,
-        cc.decompress.alpha * 1e6,
-        cc.decompress.beta * 1e9
+        cost.codec(&o.codec)?.ratio,
+        compressed_link(&o.codec)
     ));
 
     let n = p.len();
     let on = CompressOn::Separate;
-    let cupcake = optimal_fusion(&p, &cost, None, Some(&o.codec), on)?.plan;
+    let clink = compressed_link(&o.codec);
+    let cupcake = optimal_fusion(&p, &cost, Some(&clink), Some(&o.codec), on)?.plan;
     let dear = optimal_fusion(&p, &on_link(&cost, RS), None, None, on)?.plan;
     let strategies: Vec<(String, Plan)> = vec![
         (
@@ -602,7 +625,7 @@ fn rank_main(o: &Opts) -> Res<()> {
         ),
         (
             format!("{}, layer-wise", o.codec),
-            Plan::layer_wise(n, Some(&o.codec)),
+            Plan::layer_wise(n, Some(&o.codec)).on(Some(&clink), on),
         ),
         (format!("{}, Cupcake fusion", o.codec), cupcake),
         ("DeAR (RS in bwd, AG in fwd)".into(), dear),
