@@ -13,10 +13,13 @@
 //!   program with Pareto pruning that scales to hundreds of tensors.
 //! - [`espresso`](mod@espresso): per-tensor compression strategy (compress or not, codec, divisible or
 //!   all-gather scheme, which tiers of a two-level job): the paper's Algorithm 1 and brute force.
+//! - [`apply`]: the runner that executes a plan on a comm during training (fuses each group's
+//!   gradients and starts its all-reduce, dense or compressed, as soon as the group is complete).
 //!
 //! Inputs and outputs are JSON files (serde), so `qccl-perf --calibrate` can write cost models and
 //! tools can read and write profiles and plans.
 
+pub mod apply;
 pub mod cost;
 pub mod cupcake;
 pub mod espresso;
@@ -25,6 +28,7 @@ pub mod models;
 pub mod profile;
 pub mod sim;
 
+pub use apply::PlanRunner;
 pub use cost::{Choice, CodecCost, CostModel, Linear, Scheme, SyncCost, Topology};
 pub use cupcake::{algorithm1, exhaustive, optimal_fusion, Fusion};
 pub use espresso::{

@@ -1,0 +1,471 @@
+//! Applying a plan: the runner a training loop feeds its gradients to, one tensor at a time in
+//! backprop order, which fuses them into the plan's groups and starts each group's all-reduce
+//! as soon as the group is complete (wait-free backprop, as the simulator assumes).
+//!
+//! ```no_run
+//! # fn main() -> qccl::Result<()> {
+//! use qccl::plan::{models, Plan, PlanRunner};
+//! let comm = qccl::Comm::from_env()?;
+//! let profile = models::resnet50();
+//! let plan = Plan::even_split(profile.len(), 8, Some("qsgd:bits=4"));
+//! let mut runner = PlanRunner::new(&comm, &plan, &profile)?;
+//! for step in 0..10 {
+//!     for (i, t) in profile.tensors.iter().enumerate() {
+//!         let grad = vec![0.0f32; t.elems]; // ... backprop produces tensor i's gradient ...
+//!         runner.submit(i, grad)?;
+//!     }
+//!     let averaged = runner.finish()?; // one Vec per tensor, in submission order
+//!     # let _ = (step, averaged);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Every rank must run the same plan and submit the same tensors (same sizes, same order): the
+//! groups then issue the same collectives in the same order on every rank, with no negotiation.
+
+use super::fusion::Plan;
+use super::profile::Profile;
+use crate::codec::ef::TensorKey;
+use crate::comm::{Comm, Compression, Report, Request};
+use crate::types::ReduceOp;
+use crate::{Error, Result};
+
+/// The key prefix of the error-feedback residuals of a runner's compressed groups.
+pub const DEFAULT_KEY_PREFIX: &str = "plan-group";
+
+/// A group's collective in flight.
+enum InFlight {
+    Dense(Request<Vec<f32>>),
+    Compressed(Request<(Vec<f32>, Report)>),
+}
+
+impl InFlight {
+    fn wait(self) -> Result<Vec<f32>> {
+        match self {
+            InFlight::Dense(r) => r.wait(),
+            InFlight::Compressed(r) => r.wait().map(|(buf, _)| buf),
+        }
+    }
+
+    fn test(&mut self) -> bool {
+        match self {
+            InFlight::Dense(r) => r.test(),
+            InFlight::Compressed(r) => r.test(),
+        }
+    }
+}
+
+/// One plan group as the runner executes it.
+struct RunGroup {
+    start: usize,
+    end: usize,
+    /// `None`: dense all-reduce. Parsed once in `new`, so a bad codec spec fails there and not
+    /// in the middle of an iteration.
+    compression: Option<Compression>,
+}
+
+/// Executes a [`Plan`] on a [`Comm`], one iteration at a time: [`submit`](Self::submit) every
+/// tensor's gradient in backprop order, then [`finish`](Self::finish). The runner can be reused
+/// for any number of iterations.
+///
+/// Each group is all-reduced with [`ReduceOp::Avg`], dense, or compressed with its codec spec
+/// under the tensor key `"{prefix}/{group index}:{start}..{end}"` (prefix
+/// [`DEFAULT_KEY_PREFIX`] unless set with [`with_key_prefix`](Self::with_key_prefix)), so error
+/// feedback keeps one residual per group across iterations; the range is part of the key so
+/// that runners of different plans on one comm never share (or fight over) a residual.
+pub struct PlanRunner<'c> {
+    comm: &'c Comm,
+    groups: Vec<RunGroup>,
+    /// Element count of every tensor, from the profile.
+    elems: Vec<usize>,
+    /// Tensor index -> group index.
+    group_of: Vec<usize>,
+    /// The next tensor `submit` expects.
+    next: usize,
+    /// Gradients of the open (not yet complete) group.
+    open: Vec<Vec<f32>>,
+    /// One entry per group started this iteration, in group order.
+    inflight: Vec<InFlight>,
+}
+
+impl<'c> PlanRunner<'c> {
+    /// A runner for `plan` over the tensors of `profile` on `comm`. Checks that the groups are
+    /// non-empty and tile the profile's tensors in order, and that every codec spec parses.
+    pub fn new(comm: &'c Comm, plan: &Plan, profile: &Profile) -> Result<PlanRunner<'c>> {
+        let mut next = 0;
+        let mut groups = Vec::with_capacity(plan.groups.len());
+        let mut group_of = Vec::with_capacity(profile.len());
+        for (i, g) in plan.groups.iter().enumerate() {
+            if g.start != next || g.end <= g.start {
+                return Err(Error::InvalidArgument(format!(
+                    "plan group {i} is {}..{}, expected a non-empty group starting at tensor \
+                     {next}",
+                    g.start, g.end
+                )));
+            }
+            if g.end > profile.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "plan group {i} is {}..{} but the profile has only {} tensors",
+                    g.start,
+                    g.end,
+                    profile.len()
+                )));
+            }
+            let compression = match &g.codec {
+                None => None,
+                Some(spec) => Some(
+                    Compression::parse(spec)
+                        .map_err(|e| {
+                            Error::InvalidArgument(format!("plan group {i}: codec {spec:?}: {e}"))
+                        })?
+                        .key(TensorKey::Name(format!(
+                            "{DEFAULT_KEY_PREFIX}/{i}:{}..{}",
+                            g.start, g.end
+                        ))),
+                ),
+            };
+            groups.push(RunGroup {
+                start: g.start,
+                end: g.end,
+                compression,
+            });
+            group_of.extend(std::iter::repeat_n(i, g.end - g.start));
+            next = g.end;
+        }
+        if next != profile.len() {
+            return Err(Error::InvalidArgument(format!(
+                "plan covers tensors 0..{next} but the profile has {}",
+                profile.len()
+            )));
+        }
+        Ok(PlanRunner {
+            comm,
+            groups,
+            elems: profile.tensors.iter().map(|t| t.elems).collect(),
+            group_of,
+            next: 0,
+            open: Vec::new(),
+            inflight: Vec::new(),
+        })
+    }
+
+    /// Uses `prefix` instead of [`DEFAULT_KEY_PREFIX`] in the error-feedback keys (to keep two
+    /// runners of the same plan apart, e.g. two models on one comm).
+    pub fn with_key_prefix(mut self, prefix: &str) -> Self {
+        for (i, g) in self.groups.iter_mut().enumerate() {
+            if let Some(c) = g.compression.take() {
+                g.compression = Some(c.key(TensorKey::Name(format!(
+                    "{prefix}/{i}:{}..{}",
+                    g.start, g.end
+                ))));
+            }
+        }
+        self
+    }
+
+    /// Number of groups in the plan.
+    pub fn num_groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Groups whose all-reduce has been started this iteration (they are started in order, so
+    /// these are groups `0..launched()`).
+    pub fn launched(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// True once group `group`'s all-reduce has been started this iteration and has finished
+    /// (`finish` will not wait for it). Never blocks.
+    pub fn is_done(&mut self, group: usize) -> bool {
+        self.inflight.get_mut(group).is_some_and(InFlight::test)
+    }
+
+    /// Hands over tensor `index`'s gradient (its backprop is done). Tensors must come in
+    /// backprop order, `0, 1, 2, …`; when `index` is the last tensor of its group, the group is
+    /// packed into one buffer and its all-reduce starts before this returns.
+    pub fn submit(&mut self, index: usize, grad: Vec<f32>) -> Result<()> {
+        if index != self.next {
+            return Err(Error::InvalidArgument(if index < self.next {
+                format!(
+                    "PlanRunner::submit: tensor {index} was already submitted this iteration \
+                     (expected tensor {})",
+                    self.next
+                )
+            } else if self.next == self.elems.len() {
+                format!(
+                    "PlanRunner::submit: tensor {index}: all {} tensors were submitted; call \
+                     finish()",
+                    self.elems.len()
+                )
+            } else {
+                format!(
+                    "PlanRunner::submit: tensor {index} submitted out of order (expected tensor \
+                     {}; tensors come in backprop order)",
+                    self.next
+                )
+            }));
+        }
+        if grad.len() != self.elems[index] {
+            return Err(Error::InvalidArgument(format!(
+                "PlanRunner::submit: tensor {index} has {} elements, the profile says {}",
+                grad.len(),
+                self.elems[index]
+            )));
+        }
+        self.open.push(grad);
+        self.next += 1;
+        let g = self.group_of[index];
+        if self.next == self.groups[g].end {
+            self.launch(g)?;
+        }
+        Ok(())
+    }
+
+    /// Packs the open group and starts its all-reduce.
+    fn launch(&mut self, g: usize) -> Result<()> {
+        let parts = std::mem::take(&mut self.open);
+        let buf = if parts.len() == 1 {
+            // A group of one tensor (layer-wise plans) goes as it is: no copy.
+            parts.into_iter().next().unwrap_or_default()
+        } else {
+            let total = parts.iter().map(Vec::len).sum();
+            let mut buf = Vec::with_capacity(total);
+            for p in &parts {
+                buf.extend_from_slice(p);
+            }
+            buf
+        };
+        let req = match &self.groups[g].compression {
+            None => InFlight::Dense(self.comm.all_reduce_async(buf, ReduceOp::Avg)?),
+            Some(c) => InFlight::Compressed(self.comm.all_reduce_compressed_async(
+                buf,
+                ReduceOp::Avg,
+                c,
+            )?),
+        };
+        self.inflight.push(req);
+        Ok(())
+    }
+
+    /// Waits for every group of this iteration and returns the averaged gradients, one `Vec`
+    /// per tensor in submission order. Every tensor must have been submitted. Afterwards the
+    /// runner is ready for the next iteration (also when this fails).
+    pub fn finish(&mut self) -> Result<Vec<Vec<f32>>> {
+        let inflight = std::mem::take(&mut self.inflight);
+        let submitted = std::mem::replace(&mut self.next, 0);
+        self.open.clear();
+        if submitted != self.elems.len() {
+            // Still wait for what was started, so no collective is left running behind the
+            // caller's back; its error (if any) matters less than the caller's mistake.
+            for r in inflight {
+                let _ = r.wait();
+            }
+            return Err(Error::InvalidArgument(format!(
+                "PlanRunner::finish: only {submitted} of {} tensors were submitted",
+                self.elems.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(self.elems.len());
+        for (g, r) in self.groups.iter().zip(inflight) {
+            let buf = r.wait()?;
+            if g.end - g.start == 1 {
+                out.push(buf);
+            } else {
+                let mut at = 0;
+                for &n in &self.elems[g.start..g.end] {
+                    out.push(buf[at..at + n].to_vec());
+                    at += n;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::plan::profile::TensorProfile;
+    use std::time::{Duration, Instant};
+
+    fn prof(sizes: &[usize]) -> Profile {
+        Profile {
+            note: String::new(),
+            tensors: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &elems)| TensorProfile {
+                    name: format!("t{i}"),
+                    elems,
+                    backprop: 1e-3,
+                })
+                .collect(),
+        }
+    }
+
+    /// Rank `r`'s gradient of tensor `t` at step `s`: distinct per rank, tensor and element.
+    fn grad(r: usize, t: usize, s: usize, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((r * 31 + t * 7 + s * 3 + i) % 97) as f32 * 0.01 - 0.4)
+            .collect()
+    }
+
+    /// Runs `f(rank, comm)` on `n` thread ranks and returns the results in rank order.
+    fn on_threads<R: Send>(n: usize, f: impl Fn(usize, &Comm) -> R + Sync) -> Vec<R> {
+        let comms = Comm::init_threads(n, Config::default()).unwrap();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    let f = &f;
+                    s.spawn(move || f(r, c))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    const SIZES: [usize; 6] = [5, 1000, 1, 64, 3000, 17];
+
+    /// Per-tensor dense all-reduces, the reference.
+    fn reference(comm: &Comm, r: usize, step: usize) -> Vec<Vec<f32>> {
+        SIZES
+            .iter()
+            .enumerate()
+            .map(|(t, &n)| {
+                let mut g = grad(r, t, step, n);
+                comm.all_reduce_in_place(&mut g, ReduceOp::Avg).unwrap();
+                g
+            })
+            .collect()
+    }
+
+    fn run(comm: &Comm, r: usize, plan: &Plan, steps: usize) -> Vec<Vec<Vec<f32>>> {
+        let p = prof(&SIZES);
+        let mut runner = PlanRunner::new(comm, plan, &p).unwrap();
+        (0..steps)
+            .map(|s| {
+                for (t, &n) in SIZES.iter().enumerate() {
+                    runner.submit(t, grad(r, t, s, n)).unwrap();
+                }
+                runner.finish().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dense_plan_equals_per_tensor_all_reduce() {
+        for plan in [
+            Plan::from_ends(&[2, 3, 6], None),
+            Plan::single(6, None),
+            Plan::layer_wise(6, None),
+        ] {
+            let outs = on_threads(3, |r, comm| {
+                let got = run(comm, r, &plan, 2);
+                let want: Vec<_> = (0..2).map(|s| reference(comm, r, s)).collect();
+                (got, want)
+            });
+            for (got, want) in outs {
+                // Avg of the same values in the same order whatever the fusion: bit-identical.
+                assert_eq!(got, want, "plan {:?}", plan.ends());
+            }
+        }
+    }
+
+    #[test]
+    fn compressed_plan_is_close() {
+        let mut plan = Plan::from_ends(&[1, 4, 6], Some("fp16"));
+        plan.groups[1].codec = None; // mixed: dense middle group
+        let outs = on_threads(2, |r, comm| {
+            let got = run(comm, r, &plan, 3);
+            let want: Vec<_> = (0..3).map(|s| reference(comm, r, s)).collect();
+            (got, want)
+        });
+        for (got, want) in &outs {
+            for (gs, ws) in got.iter().zip(want) {
+                for (g, w) in gs.iter().zip(ws) {
+                    assert_eq!(g.len(), w.len());
+                    for (a, b) in g.iter().zip(w) {
+                        assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+                    }
+                }
+            }
+        }
+        // Every rank ends with the same values.
+        assert_eq!(outs[0].0, outs[1].0);
+    }
+
+    #[test]
+    fn groups_start_as_soon_as_complete() {
+        let plan = Plan::from_ends(&[2, 6], Some("qsgd:bits=4"));
+        on_threads(2, |r, comm| {
+            let p = prof(&SIZES);
+            let mut runner = PlanRunner::new(comm, &plan, &p).unwrap();
+            for step in 0..2 {
+                runner.submit(0, grad(r, 0, step, SIZES[0])).unwrap();
+                assert_eq!(runner.launched(), 0);
+                runner.submit(1, grad(r, 1, step, SIZES[1])).unwrap();
+                assert_eq!(runner.launched(), 1);
+                // The first group completes on every rank before anyone submits tensor 2: it
+                // cannot be waiting for the rest of the backprop.
+                let t0 = Instant::now();
+                while !runner.is_done(0) {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(60),
+                        "group 0 never finished"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert!(!runner.is_done(1));
+                for (t, &n) in SIZES.iter().enumerate().skip(2) {
+                    runner.submit(t, grad(r, t, step, n)).unwrap();
+                }
+                assert_eq!(runner.launched(), 2);
+                let out = runner.finish().unwrap();
+                assert_eq!(out.len(), SIZES.len());
+                for (o, &n) in out.iter().zip(&SIZES) {
+                    assert_eq!(o.len(), n);
+                }
+                assert_eq!(runner.launched(), 0);
+            }
+        });
+    }
+
+    #[test]
+    fn bad_plans_and_calls_are_rejected() {
+        let comms = Comm::init_threads(1, Config::default()).unwrap();
+        let comm = &comms[0];
+        let p = prof(&[3, 4, 5]);
+        let err = |plan: Plan| match PlanRunner::new(comm, &plan, &p) {
+            Ok(_) => panic!("plan {:?} accepted", plan.ends()),
+            Err(e) => e.to_string(),
+        };
+        assert!(err(Plan::from_ends(&[2], None)).contains("covers tensors 0..2"));
+        assert!(err(Plan::from_ends(&[2, 2, 3], None)).contains("group 1 is 2..2"));
+        assert!(err(Plan::from_ends(&[1, 4], None)).contains("only 3 tensors"));
+        let mut gap = Plan::from_ends(&[1, 3], None);
+        gap.groups[1].start = 2;
+        assert!(err(gap).contains("starting at tensor 1"));
+        assert!(err(Plan::from_ends(&[3], Some("nosuchcodec"))).contains("nosuchcodec"));
+
+        let mut runner = PlanRunner::new(comm, &Plan::from_ends(&[2, 3], None), &p).unwrap();
+        let e = runner.submit(1, vec![0.0; 4]).unwrap_err().to_string();
+        assert!(e.contains("out of order"), "{e}");
+        let e = runner.submit(0, vec![0.0; 2]).unwrap_err().to_string();
+        assert!(e.contains("has 2 elements, the profile says 3"), "{e}");
+        runner.submit(0, vec![1.0; 3]).unwrap();
+        let e = runner.finish().unwrap_err().to_string();
+        assert!(e.contains("only 1 of 3"), "{e}");
+        // Reusable after the failed iteration.
+        for (t, n) in [3, 4, 5].into_iter().enumerate() {
+            runner.submit(t, vec![t as f32; n]).unwrap();
+        }
+        let e = runner.submit(2, vec![0.0; 5]).unwrap_err().to_string();
+        assert!(e.contains("already submitted"), "{e}");
+        let out = runner.finish().unwrap();
+        assert_eq!(out, vec![vec![0.0; 3], vec![1.0; 4], vec![2.0; 5]]);
+    }
+}
