@@ -37,7 +37,7 @@
 //! all-reduce is modelled as one channel operation costing α_c + β_c · input bytes, written as
 //! a link per wire byte (β_c / ratio) with a codec whose compression and decompression cost
 //! nothing: the simulator then charges exactly α_c + β_c · bytes per group. The
-//! self-calibration times every collective at a few sizes up to the largest tensor (the
+//! self-calibration times every collective at a few sizes up to the whole model (the
 //! compressed one end to end, which includes every encode and decode its schedule does, not
 //! just one of each) and fits α + β; a `--cost` file's codec costs are folded into that link
 //! (α + h_α + d_α, and ratio·β + h_β + d_β per input byte). Every rank takes the maximum of
@@ -587,7 +587,13 @@ fn rank_main(o: &Opts) -> Res<()> {
             let sizes: Vec<usize> = if o.quick {
                 vec![256, 4096, 65536.min(largest.max(4096))]
             } else {
-                vec![1 << 10, 1 << 14, 1 << 18, largest.max(1 << 20)]
+                // Up to the whole model: fused groups reach tens of MB, and a line fitted to
+                // per-tensor sizes only underestimates them (caches, shared cores).
+                let total = p.tensors.iter().map(|t| t.elems).sum::<usize>();
+                let mut v = vec![1 << 10, 1 << 14, 1 << 18, largest.max(1 << 20)];
+                let floor = v[3];
+                v.extend([total / 4, total].into_iter().filter(|&n| n > floor));
+                v
             };
             calibrate(&comm, &o.codec, &sizes, if o.quick { 2 } else { 3 })?
         }
