@@ -48,6 +48,7 @@
 //! half is simulated here: all-gathers queued in forward order on one channel from the start of
 //! the iteration, each group's forward compute starting when its all-gather is done.
 
+use qccl::plan::JsonFile;
 use qccl::plan::{
     models, optimal_fusion, simulate, CodecCost, CompressOn, CostModel, Linear, Plan, PlanRunner,
     Profile,

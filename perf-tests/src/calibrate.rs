@@ -15,6 +15,7 @@
 
 use crate::args::Args;
 use qccl::codec::{Rng, Site};
+use qccl::plan::JsonFile;
 use qccl::plan::{CodecCost, CostModel, Linear};
 use qccl::{Algo, CodecSpec, Comm, ReduceOp, Result};
 use std::collections::BTreeMap;

@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+use qccl::plan::JsonFile;
 use qccl::plan::{models, optimal_fusion, simulate, CompressOn, CostModel, Plan, Profile};
 use qccl::CodecSpec;
 use std::fmt::Write as _;

@@ -3,6 +3,7 @@
 //! all-reduce (`-Z`) with its extra columns, and the HiTopKComm collectives (`-C hitopk`,
 //! `naiveag`, `treear`, `2dtar`) with theirs.
 
+use qccl::plan::JsonFile;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 

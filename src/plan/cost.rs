@@ -22,7 +22,6 @@
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// A linear cost `alpha + beta · bytes`, in seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -402,33 +401,19 @@ impl CostModel {
         }
         Ok(())
     }
+}
 
-    /// Parses and validates a cost model from JSON text.
-    pub fn from_json(text: &str) -> Result<Self> {
-        let m: CostModel = super::from_json("cost model", text)?;
-        m.validate()?;
-        Ok(m)
-    }
-
-    /// Pretty JSON (with a trailing newline).
-    pub fn to_json(&self) -> String {
-        super::to_json(self)
-    }
-
-    /// Reads and validates a cost-model file.
-    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
-        Self::from_json(&super::read_text(path.as_ref())?)
-    }
-
-    /// Writes the cost model as pretty JSON.
-    pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
-        super::write_text(path.as_ref(), &self.to_json())
+impl super::JsonFile for CostModel {
+    const WHAT: &'static str = "cost model";
+    fn check(&self) -> Result<()> {
+        self.validate()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::JsonFile;
 
     #[test]
     fn lookup_default_and_json_round_trip() {

@@ -6,7 +6,6 @@ use super::profile::Profile;
 use super::sim::CompressOn;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 
 /// One fusion group: tensors `start..end` (backprop order, end exclusive) fused into one buffer,
 /// compressed with `codec` (or sent uncompressed for `None`) and communicated as one collective.
@@ -173,26 +172,11 @@ impl Plan {
         }
         Ok(())
     }
+}
 
-    /// Parses a plan from JSON text (validate it against a profile with [`Plan::validate`]).
-    pub fn from_json(text: &str) -> Result<Self> {
-        super::from_json("plan", text)
-    }
-
-    /// Pretty JSON (with a trailing newline).
-    pub fn to_json(&self) -> String {
-        super::to_json(self)
-    }
-
-    /// Reads a plan file.
-    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
-        Self::from_json(&super::read_text(path.as_ref())?)
-    }
-
-    /// Writes the plan as pretty JSON.
-    pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
-        super::write_text(path.as_ref(), &self.to_json())
-    }
+/// A plan file is checked against its profile by [`Plan::validate`], not on reading.
+impl super::JsonFile for Plan {
+    const WHAT: &'static str = "plan";
 }
 
 #[cfg(test)]
@@ -200,6 +184,7 @@ mod tests {
     use super::*;
     use crate::plan::cost::Linear;
     use crate::plan::profile::TensorProfile;
+    use crate::plan::JsonFile;
 
     fn prof(sizes: &[usize]) -> Profile {
         Profile {

@@ -44,6 +44,39 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::Path;
 
+/// The planners' files (profiles, cost models, plans): JSON text and files, checked on reading.
+pub trait JsonFile: Serialize + DeserializeOwned {
+    /// What the file holds, for error messages.
+    const WHAT: &'static str;
+
+    /// Checks a parsed value (default: nothing to check).
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Parses and checks a value from JSON text.
+    fn from_json(text: &str) -> Result<Self> {
+        let v: Self = from_json(Self::WHAT, text)?;
+        v.check()?;
+        Ok(v)
+    }
+
+    /// Pretty JSON (with a trailing newline).
+    fn to_json(&self) -> String {
+        to_json(self)
+    }
+
+    /// Reads and checks a file.
+    fn read(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_json(&read_text(path.as_ref())?)
+    }
+
+    /// Writes the value as pretty JSON.
+    fn write(&self, path: impl AsRef<Path>) -> Result<()> {
+        write_text(path.as_ref(), &self.to_json())
+    }
+}
+
 /// Parses a planner file from JSON text; parse errors become [`Error::InvalidArgument`].
 pub(crate) fn from_json<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| Error::InvalidArgument(format!("{what} JSON: {e}")))

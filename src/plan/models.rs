@@ -152,6 +152,7 @@ pub fn shipped() -> Vec<(&'static str, Profile)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::JsonFile;
     use std::path::PathBuf;
 
     #[test]

@@ -2,7 +2,6 @@
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 
 /// One gradient tensor: its size and how long backprop takes to produce it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,33 +67,19 @@ impl Profile {
         }
         Ok(())
     }
+}
 
-    /// Parses and validates a profile from JSON text.
-    pub fn from_json(text: &str) -> Result<Self> {
-        let p: Profile = super::from_json("profile", text)?;
-        p.validate()?;
-        Ok(p)
-    }
-
-    /// Pretty JSON (with a trailing newline).
-    pub fn to_json(&self) -> String {
-        super::to_json(self)
-    }
-
-    /// Reads and validates a profile file.
-    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
-        Self::from_json(&super::read_text(path.as_ref())?)
-    }
-
-    /// Writes the profile as pretty JSON.
-    pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
-        super::write_text(path.as_ref(), &self.to_json())
+impl super::JsonFile for Profile {
+    const WHAT: &'static str = "profile";
+    fn check(&self) -> Result<()> {
+        self.validate()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::JsonFile;
 
     #[test]
     fn json_round_trip_and_validation() {
