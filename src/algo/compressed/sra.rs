@@ -42,22 +42,7 @@ fn scatter_reduce(
             cd.encode(work, s(p), &mut out[p])?;
             land[p].resize(cd.len(&s(r)), 0);
         }
-        {
-            let sends: Vec<SendReq<'_>> = peers
-                .iter()
-                .map(|&p| SendReq {
-                    peer: p,
-                    data: &out[p],
-                })
-                .collect();
-            let mut recvs: Vec<RecvReq<'_>> = land
-                .iter_mut()
-                .enumerate()
-                .filter(|(p, _)| *p != r)
-                .map(|(p, l)| RecvReq::new(p, l))
-                .collect();
-            ctx.exchange(&sends, &mut recvs)?;
-        }
+        swap(ctx, &peers, |p| &out[p], &mut land)?;
         // Own data exact, then the peers in rank order: the same arithmetic on every run.
         for &p in &peers {
             cd.decode(&land[p], work, s(r), true)?;
@@ -70,25 +55,35 @@ fn scatter_reduce(
         for &p in &peers {
             land[p].resize(cd.len(&s(p)), 0);
         }
-        {
-            let sends: Vec<SendReq<'_>> = peers
-                .iter()
-                .map(|&p| SendReq {
-                    peer: p,
-                    data: &result,
-                })
-                .collect();
-            let mut recvs: Vec<RecvReq<'_>> = land
-                .iter_mut()
-                .enumerate()
-                .filter(|(p, _)| *p != r)
-                .map(|(p, l)| RecvReq::new(p, l))
-                .collect();
-            ctx.exchange(&sends, &mut recvs)?;
-        }
+        swap(ctx, &peers, |_| &result, &mut land)?;
         for &p in &peers {
             cd.decode(&land[p], work, s(p), false)?;
         }
     }
     Ok(())
+}
+
+/// One exchange with every peer: `send(p)` goes to peer p while `land[p]` (sized by the
+/// caller) receives from it.
+fn swap<'a>(
+    ctx: &mut Ctx<'_>,
+    peers: &[usize],
+    send: impl Fn(usize) -> &'a [u8],
+    land: &mut [Vec<u8>],
+) -> Result<()> {
+    let sends: Vec<SendReq<'_>> = peers
+        .iter()
+        .map(|&p| SendReq {
+            peer: p,
+            data: send(p),
+        })
+        .collect();
+    let r = ctx.rank;
+    let mut recvs: Vec<RecvReq<'_>> = land
+        .iter_mut()
+        .enumerate()
+        .filter(|(p, _)| *p != r)
+        .map(|(p, l)| RecvReq::new(p, l))
+        .collect();
+    ctx.exchange(&sends, &mut recvs)
 }
