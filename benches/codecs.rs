@@ -9,10 +9,13 @@
 //! Each figure is the best of the runs. Specs not implemented in this build are skipped with a
 //! note.
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{best_of, gaussian, gbps};
 use qccl::codec::{Rng, Site};
 use qccl::{CodecSpec, Error};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 const DEFAULT_SPECS: &str = "fp16 bf16 qsgd:bits=8 qsgd:bits=4 qsgd:bits=2 efsign onebit \
      topk:density=0.01 mstopk:density=0.01 mstopk:density=0.001 topk:density=0.001 \
@@ -23,35 +26,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// Standard normal samples (Box-Muller on the codec Rng).
-fn gaussian(n: usize) -> Vec<f32> {
-    let mut r = Rng::from_u64(1);
-    (0..n)
-        .map(|_| {
-            let u1 = 1.0 - r.next_f32() as f64;
-            let u2 = r.next_f32() as f64;
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-        })
-        .collect()
-}
-
-/// Shortest time of `runs` calls of `f` (after one warm-up call).
-fn best_of(runs: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .unwrap()
-}
-
-fn gbps(bytes: usize, t: Duration) -> f64 {
-    bytes as f64 / t.as_secs_f64() / 1e9
 }
 
 fn main() {
@@ -69,7 +43,7 @@ fn main() {
     let runs = env_usize("QCCL_BENCH_RUNS", 15);
     let n = (mib << 20) / 4;
     let bytes = 4 * n;
-    let x = gaussian(n);
+    let x = gaussian(n, 1);
     let mut out = vec![0.5f32; n];
 
     let copy = best_of(runs, || {

@@ -6,10 +6,14 @@
 //! runs: `reduce_into` reads dst, reads src and writes dst (3 × buffer), `reduce3` reads a and b
 //! and writes dst (3 × buffer), memcpy reads and writes (2 × buffer).
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{best_of, gbps};
 use qccl::reduce::{reduce3, reduce_into};
 use qccl::{DType, ReduceOp};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIB: usize = 1 << 20;
 
@@ -41,23 +45,6 @@ fn fill(dtype: DType, buf: &mut [u8], v: f64) {
         DType::Int32 => rep(buf, (v as i32).to_ne_bytes()),
         _ => unimplemented!("bench fill for {dtype}"),
     }
-}
-
-/// Shortest time of `runs` calls of `f` (after one warm-up call).
-fn best_of(runs: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .unwrap()
-}
-
-fn gbps(touched: usize, t: Duration) -> f64 {
-    touched as f64 / t.as_secs_f64() / 1e9
 }
 
 /// Best time of `reps` back-to-back memcpys of `size` bytes.

@@ -3,37 +3,17 @@
 //!
 //! `cargo bench --bench select` (SELECT_N elements, SELECT_DIST=gaussian|uniform|ef|ef-uniform). Prints the best of several runs in ms and ns per element.
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{best_of, gaussian};
 use qccl::codec::mstopk::mstopk_select;
 use qccl::codec::randk::select_randk;
 use qccl::codec::sparse::k_of;
 use qccl::codec::topk::select_topk;
 use qccl::codec::Rng;
 use std::hint::black_box;
-use std::time::{Duration, Instant};
-
-/// Standard normal f32 by Box–Muller from the codecs' own generator (no extra dependency).
-fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng::from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u1 = ((r.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-            let u2 = (r.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-        })
-        .collect()
-}
-
-/// The best time of `runs` calls of `f`.
-fn best(runs: usize, mut f: impl FnMut()) -> Duration {
-    (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .expect("at least one run")
-}
+use std::time::Duration;
 
 fn main() {
     let n = std::env::var("SELECT_N")
@@ -88,14 +68,14 @@ fn main() {
                 d.as_secs_f64() * 1e9 / n as f64
             );
         };
-        let topk = best(5, || select_topk(black_box(&x), k, &mut idx));
+        let topk = best_of(5, || select_topk(black_box(&x), k, &mut idx));
         report("topk", topk);
         let mut rng = Rng::from_u64(2);
-        let ms = best(5, || {
+        let ms = best_of(5, || {
             mstopk_select(black_box(&x), k, 30, &mut rng, &mut idx);
         });
         report("mstopk", ms);
-        let rk = best(5, || select_randk(n, k, &mut rng, &mut idx));
+        let rk = best_of(5, || select_randk(n, k, &mut rng, &mut idx));
         report("randk", rk);
         println!(
             "mstopk is {:.1}x faster than topk at density {density}",

@@ -157,3 +157,21 @@ pub(crate) fn checked_payload<'b, C: Codec + ?Sized>(
     }
     Ok(&bytes[HEADER_LEN..])
 }
+
+/// Helpers shared by the codecs' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Rng;
+
+    /// Standard normal samples by Box-Muller on the codec Rng.
+    pub fn gaussian(n: usize, seed: u64) -> Vec<f32> {
+        let mut r = Rng::from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let u1 = 1.0 - r.next_f32() as f64; // (0, 1]
+                let u2 = r.next_f32() as f64;
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+            })
+            .collect()
+    }
+}

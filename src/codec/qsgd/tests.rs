@@ -1,17 +1,6 @@
 use super::*;
+use crate::codec::testing::gaussian;
 use crate::codec::{CodecSpec, Site, HEADER_LEN};
-
-/// Standard normal samples by Box-Muller on the codec Rng.
-fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-    let mut r = Rng::from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u1 = 1.0 - r.next_f32() as f64; // (0, 1]
-            let u2 = r.next_f32() as f64;
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-        })
-        .collect()
-}
 
 fn rel_err(x: &[f32], y: &[f32]) -> f64 {
     let num: f64 = x
