@@ -92,6 +92,10 @@ impl<'a> Coder<'a> {
         out: &mut Vec<u8>,
     ) -> Result<()> {
         self.encode_inner(work, &r, out)?;
+        if self.residual.is_none() {
+            // Nothing to remember: decode straight over the input (no scratch, no copy).
+            return self.decode(out, work, r, false);
+        }
         self.decode_scratch(&r, out)?;
         if let Some(res) = self.residual.as_deref_mut() {
             ef::record(&mut res[r.clone()], &work[r.clone()], &self.decoded);
