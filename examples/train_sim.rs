@@ -283,15 +283,23 @@ fn fit(points: &[(f64, f64)]) -> Linear {
     }
 }
 
-/// Median seconds of `reps` runs of `f`, after one untimed run.
-fn time_it(comm: &Comm, reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+/// Median seconds of `reps` runs of `f` on the buffer `prepare` returns (made before the clock
+/// starts: allocating and page-faulting a fresh buffer of tens of MB is not the collective's
+/// cost, and the training loop reuses its buffers), after one untimed run.
+fn time_it<B>(
+    comm: &Comm,
+    reps: usize,
+    mut prepare: impl FnMut() -> B,
+    mut f: impl FnMut(B) -> Res<()>,
+) -> Res<f64> {
     comm.barrier()?;
-    f()?;
+    f(prepare())?;
     let mut t = Vec::with_capacity(reps);
     for _ in 0..reps {
+        let b = prepare();
         comm.barrier()?;
         let t0 = Instant::now();
-        f()?;
+        f(b)?;
         t.push(t0.elapsed().as_secs_f64());
     }
     t.sort_by(f64::total_cmp);
@@ -310,25 +318,42 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
     for &n in sizes {
         let n = n.div_ceil(size) * size; // reduce-scatter needs a multiple of the rank count
         let buf = vec![0.5f32; n];
-        m.push(time_it(comm, reps, || {
-            let mut b = buf.clone();
-            comm.all_reduce_in_place(&mut b, ReduceOp::Avg)?;
-            Ok(())
-        })?);
-        m.push(time_it(comm, reps, || {
-            comm.reduce_scatter_async(buf.clone(), ReduceOp::Avg)?
-                .wait()?;
-            Ok(())
-        })?);
-        m.push(time_it(comm, reps, || {
-            comm.all_gather_async(buf[..n / size].to_vec())?.wait()?;
-            Ok(())
-        })?);
-        m.push(time_it(comm, reps, || {
-            let mut b = buf.clone();
-            comm.all_reduce_compressed(&mut b, ReduceOp::Avg, &c)?;
-            Ok(())
-        })?);
+        m.push(time_it(
+            comm,
+            reps,
+            || buf.clone(),
+            |mut b| {
+                comm.all_reduce_in_place(&mut b, ReduceOp::Avg)?;
+                Ok(())
+            },
+        )?);
+        m.push(time_it(
+            comm,
+            reps,
+            || buf.clone(),
+            |b| {
+                comm.reduce_scatter_async(b, ReduceOp::Avg)?.wait()?;
+                Ok(())
+            },
+        )?);
+        m.push(time_it(
+            comm,
+            reps,
+            || buf[..n / size].to_vec(),
+            |b| {
+                comm.all_gather_async(b)?.wait()?;
+                Ok(())
+            },
+        )?);
+        m.push(time_it(
+            comm,
+            reps,
+            || buf.clone(),
+            |mut b| {
+                comm.all_reduce_compressed(&mut b, ReduceOp::Avg, &c)?;
+                Ok(())
+            },
+        )?);
         let w0 = comm.wire()?;
         comm.all_reduce_in_place(&mut buf.clone(), ReduceOp::Avg)?;
         let w1 = comm.wire()?;
@@ -348,6 +373,22 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
             .collect()
     };
     let (ar, rs, ag, comp) = (fit(&pts(0)), fit(&pts(1)), fit(&pts(2)), fit(&pts(3)));
+    if comm.rank() == 0 {
+        // How well the lines fit: what the simulator's error can be no better than.
+        println!("calibration: bytes, then per link measured / fitted ms");
+        for (i, &n) in sizes.iter().enumerate() {
+            let x = (4 * n.div_ceil(size) * size) as f64;
+            let cell =
+                |k: usize, l: &Linear| format!("{:.2}/{:.2}", 1e3 * m[4 * i + k], 1e3 * l.time(x));
+            println!(
+                "  {x:>11} AR {:>17} RS {:>17} AG {:>17} coded AR {:>17}",
+                cell(0, &ar),
+                cell(1, &rs),
+                cell(2, &ag),
+                cell(3, &comp)
+            );
+        }
+    }
     // Dense collectives may not count wire bytes (some paths do not); then use what a
     // bandwidth-optimal all-reduce sends, 2(n−1)/n of the buffer.
     let largest = (4 * sizes.last().map_or(1, |n| n.div_ceil(size) * size)) as f64;

@@ -74,6 +74,10 @@ pub struct Config {
     pub init_timeout: Duration,
     /// Slice size in bytes that messages are cut into (QCCL_BUFFSIZE, default 512 KiB).
     pub buffsize: usize,
+    /// Bytes per piece of a pipelined hierarchical all-reduce (QCCL_CHUNKSIZE, default 4 MiB;
+    /// 0 = no pipelining): larger buffers go through in pieces, the network phase of one
+    /// overlapping the shared-memory phase of the next.
+    pub chunksize: usize,
     /// Default all-reduce algorithm (QCCL_ALGO).
     pub algo: Algo,
     /// Interface selection for the TCP transport, NCCL_SOCKET_IFNAME syntax (QCCL_SOCKET_IFNAME).
@@ -100,6 +104,7 @@ impl Default for Config {
             timeout: Duration::from_millis(300_000),
             init_timeout: Duration::from_millis(300_000),
             buffsize: 512 * 1024,
+            chunksize: 4 << 20,
             algo: Algo::Auto,
             socket_ifname: None,
             nsocks_per_peer: 1,
@@ -157,6 +162,14 @@ impl Config {
                 )));
             }
             c.buffsize = b as usize;
+        }
+        if let Some(b) = env_num("QCCL_CHUNKSIZE")? {
+            if b != 0 && b < 4096 {
+                return Err(Error::invalid(format!(
+                    "QCCL_CHUNKSIZE={b} is below the minimum of 4096 bytes (0 disables pipelining)"
+                )));
+            }
+            c.chunksize = b as usize;
         }
         if let Some(a) = env_var("QCCL_ALGO") {
             c.algo = Algo::parse(&a).map_err(|e| Error::invalid(format!("QCCL_ALGO: {e}")))?;

@@ -297,7 +297,14 @@ fn emulated_hosts_use_shm_inside_a_host_and_tcp_between_hosts() {
     let children: Vec<Child> = (0..4)
         .map(|r| {
             let host = if r < 2 { "host-a" } else { "host-b" };
-            job.spawn(r, "suite", &[("QCCL_HOSTID", host), ("QCCL_DEBUG", "INFO")])
+            // Small pieces, so that the 1M-element cases run the hierarchical all-reduce's
+            // pipeline over many pieces.
+            let env = [
+                ("QCCL_HOSTID", host),
+                ("QCCL_DEBUG", "INFO"),
+                ("QCCL_CHUNKSIZE", "65536"),
+            ];
+            job.spawn(r, "suite", &env)
         })
         .collect();
     for (r, c) in children.into_iter().enumerate() {
@@ -499,7 +506,12 @@ fn compressed_on_2_emulated_hosts_x_2_ranks() {
     let children: Vec<Child> = (0..4)
         .map(|r| {
             let host = if r % 2 == 0 { "host-a" } else { "host-b" };
-            job.spawn(r, "compressed", &[("QCCL_HOSTID", host)])
+            // 100_003-element cases go through the pipeline in 7 pieces.
+            job.spawn(
+                r,
+                "compressed",
+                &[("QCCL_HOSTID", host), ("QCCL_CHUNKSIZE", "65536")],
+            )
         })
         .collect();
     for (r, c) in children.into_iter().enumerate() {

@@ -139,7 +139,7 @@ pub fn split_ref_mut(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8]
 }
 
 /// Splits `buf` at the given ascending, contiguous ranges covering it.
-pub fn split_parts<'b>(mut buf: &'b mut [u8], ranges: &[Range<usize>]) -> Vec<&'b mut [u8]> {
+pub fn split_parts<'b, T>(mut buf: &'b mut [T], ranges: &[Range<usize>]) -> Vec<&'b mut [T]> {
     let mut out = Vec::with_capacity(ranges.len());
     let mut at = 0;
     for r in ranges {

@@ -404,9 +404,19 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<Request<Vec<T>>> {
         check::op("all_reduce", op, T::DTYPE)?;
+        // Resolved now, as the blocking call would: on multi-host comms the hierarchical
+        // algorithm (its sub-communicators are split here, in call order, if not yet made).
+        let hier = if self.wants_hier(None)? {
+            Some(self.hierarchy()?)
+        } else {
+            None
+        };
         self.queue.submit(move |e| {
             let n = buf.len();
-            e.all_reduce(None, bytes_mut(&mut buf), n, T::DTYPE, op, None)?;
+            match hier {
+                Some(h) => super::hier::all_reduce(&h, None, bytes_mut(&mut buf), n, T::DTYPE, op)?,
+                None => drop(e.all_reduce(None, bytes_mut(&mut buf), n, T::DTYPE, op, None)?),
+            }
             Ok(buf)
         })
     }

@@ -3,8 +3,8 @@
 //! with the same local rank across hosts (the network), all-gather inside each host. Only
 //! 1/local_size of the data crosses the network per rank.
 
-use super::Comm;
-use crate::algo::{part, Wire};
+use super::{pipeline, Comm};
+use crate::algo::{part, split_parts, Wire};
 use crate::codec::plan::Plan;
 use crate::codec::Site;
 use crate::coll::compressed::Coded;
@@ -22,6 +22,8 @@ pub struct Hier {
     inter: Comm,
     /// Ranks in the parent comm (for Avg).
     size: usize,
+    /// Bytes per pipelined piece (QCCL_CHUNKSIZE; 0: one piece).
+    piece_bytes: usize,
 }
 
 impl Comm {
@@ -71,13 +73,16 @@ impl Comm {
             intra,
             inter,
             size: self.size,
+            piece_bytes: self.config.chunksize,
         });
         *slot = Some(h.clone());
         Ok(h)
     }
 }
 
-/// The hierarchical all-reduce of `count` elements; in place when `send` is None.
+/// The hierarchical all-reduce of `count` elements; in place when `send` is None. Buffers
+/// larger than QCCL_CHUNKSIZE go through in pieces, pipelined (`pipeline`): the inter-host
+/// all-reduce of one piece runs while the next piece is reduce-scattered inside the host.
 pub fn all_reduce(
     h: &Hier,
     send: Option<&[u8]>,
@@ -97,71 +102,134 @@ pub fn all_reduce(
     };
     let (local, me) = (h.intra.size(), h.intra.rank());
     let es = dtype.size();
-    h.intra
-        .execute(|e| e.reduce_scatter_parts(send, recv, count, dtype, sum_op))?;
-    let mine = part(count, local, me, es);
-    let n = mine.len() / es;
-    h.inter
-        .all_reduce_raw(None, &mut recv[mine.clone()], n, dtype, sum_op, None)?;
-    if op == ReduceOp::Avg {
-        reduce::finish_avg(dtype, &mut recv[mine], h.size);
-    }
-    h.intra.execute(|e| e.all_gather_parts(recv, count, dtype))
+    let bytes: Vec<_> = pipeline::pieces(count, h.piece_bytes / es)
+        .into_iter()
+        .map(|r| r.start * es..r.end * es)
+        .collect();
+    let sends = bytes.iter().map(|r| send.map(|s| &s[r.clone()]));
+    let pieces: Vec<_> = sends.zip(split_parts(recv, &bytes)).collect();
+    pipeline::run(
+        pieces,
+        |(s, r)| {
+            let n = r.len() / es;
+            h.intra
+                .execute(|e| e.reduce_scatter_parts(*s, r, n, dtype, sum_op))
+        },
+        |(_, r)| {
+            let mine = part(r.len() / es, local, me, es);
+            let n = mine.len() / es;
+            h.inter
+                .all_reduce_raw(None, &mut r[mine.clone()], n, dtype, sum_op, None)?;
+            if op == ReduceOp::Avg {
+                reduce::finish_avg(dtype, &mut r[mine], h.size);
+            }
+            Ok(())
+        },
+        |(_, r)| {
+            let n = r.len() / es;
+            h.intra.execute(|e| e.all_gather_parts(r, n, dtype))
+        },
+    )
+}
+
+/// One piece of a compressed hierarchical all-reduce: its elements, their plan position, their
+/// error-feedback residual, and the bytes its phases moved.
+struct CodedPiece<'a> {
+    base: usize,
+    work: &'a mut [f32],
+    residual: Option<&'a mut [f32]>,
+    wire: Wire,
 }
 
 impl Hier {
     /// The compressed hierarchical all-reduce (sum) of `work`: intra-host reduce-scatter,
     /// compressed all-reduce of this rank's part among the ranks with the same local rank,
-    /// intra-host all-gather. The intra-host phases are compressed too when `intra_host`.
-    /// Returns the bytes this rank moved over all three phases.
+    /// intra-host all-gather, pipelined over pieces as the dense one. The intra-host phases
+    /// are compressed too when `intra_host`. Returns the bytes this rank moved over all three
+    /// phases.
     pub(super) fn all_reduce_coded(
         &self,
         work: &mut [f32],
         plan: &Plan,
         site: Site,
-        mut residual: Option<&mut [f32]>,
+        residual: Option<&mut [f32]>,
         intra_host: bool,
         dtype: DType,
     ) -> Result<Wire> {
-        let count = work.len();
-        if count == 0 {
+        if work.is_empty() {
             return Ok(Wire::default());
         }
+        let ranges = pipeline::pieces(work.len(), self.piece_bytes / 4);
+        let mut residuals: Vec<Option<&mut [f32]>> = match residual {
+            Some(r) => split_parts(r, &ranges).into_iter().map(Some).collect(),
+            None => ranges.iter().map(|_| None).collect(),
+        };
+        let mut pieces: Vec<CodedPiece<'_>> = ranges
+            .iter()
+            .zip(split_parts(work, &ranges))
+            .zip(residuals.iter_mut())
+            .map(|((r, work), res)| CodedPiece {
+                base: r.start,
+                work,
+                residual: res.take(),
+                wire: Wire::default(),
+            })
+            .collect();
         let (local, me) = (self.intra.size(), self.intra.rank());
-        let mine = part(count, local, me, 1);
-        let mut wire = self.intra.execute(|e| {
-            let w0 = e.wire;
-            if intra_host {
-                e.reduce_scatter_coded(
-                    work,
-                    Coded::new(plan, site, 0, residual.as_deref_mut(), dtype),
-                )?;
-            } else {
-                let bytes = bytemuck::cast_slice_mut(&mut *work);
-                e.reduce_scatter_parts(None, bytes, count, DType::Float32, ReduceOp::Sum)?;
-            }
-            Ok(e.wire - w0)
-        })?;
-        wire += self.inter.execute(|e| {
-            let w0 = e.wire;
-            let res = residual.as_deref_mut().map(|r| &mut r[mine.clone()]);
-            e.all_reduce_coded(
-                &mut work[mine.clone()],
-                Coded::new(plan, site, mine.start, res, dtype),
-                Algo::Auto,
-            )?;
-            Ok(e.wire - w0)
-        })?;
-        wire += self.intra.execute(|e| {
-            let w0 = e.wire;
-            if intra_host {
-                e.all_gather_coded(work, Coded::new(plan, site, 0, residual, dtype))?;
-            } else {
-                let bytes = bytemuck::cast_slice_mut(&mut *work);
-                e.all_gather_parts(bytes, count, DType::Float32)?;
-            }
-            Ok(e.wire - w0)
-        })?;
+        pipeline::run(
+            pieces.iter_mut().collect(),
+            |p| {
+                let wire = self.intra.execute(|e| {
+                    let w0 = e.wire;
+                    if intra_host {
+                        let res = p.residual.as_deref_mut();
+                        e.reduce_scatter_coded(p.work, Coded::new(plan, site, p.base, res, dtype))?;
+                    } else {
+                        let count = p.work.len();
+                        let bytes = bytemuck::cast_slice_mut(&mut *p.work);
+                        e.reduce_scatter_parts(None, bytes, count, DType::Float32, ReduceOp::Sum)?;
+                    }
+                    Ok(e.wire - w0)
+                })?;
+                p.wire += wire;
+                Ok(())
+            },
+            |p| {
+                let mine = part(p.work.len(), local, me, 1);
+                let wire = self.inter.execute(|e| {
+                    let w0 = e.wire;
+                    let res = p.residual.as_deref_mut().map(|r| &mut r[mine.clone()]);
+                    e.all_reduce_coded(
+                        &mut p.work[mine.clone()],
+                        Coded::new(plan, site, p.base + mine.start, res, dtype),
+                        Algo::Auto,
+                    )?;
+                    Ok(e.wire - w0)
+                })?;
+                p.wire += wire;
+                Ok(())
+            },
+            |p| {
+                let wire = self.intra.execute(|e| {
+                    let w0 = e.wire;
+                    if intra_host {
+                        let res = p.residual.as_deref_mut();
+                        e.all_gather_coded(p.work, Coded::new(plan, site, p.base, res, dtype))?;
+                    } else {
+                        let count = p.work.len();
+                        let bytes = bytemuck::cast_slice_mut(&mut *p.work);
+                        e.all_gather_parts(bytes, count, DType::Float32)?;
+                    }
+                    Ok(e.wire - w0)
+                })?;
+                p.wire += wire;
+                Ok(())
+            },
+        )?;
+        let mut wire = Wire::default();
+        for p in &pieces {
+            wire += p.wire;
+        }
         Ok(wire)
     }
 }

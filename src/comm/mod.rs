@@ -4,6 +4,7 @@ mod api;
 mod compress;
 mod hier;
 mod hitopk;
+mod pipeline;
 mod queue;
 mod split;
 
