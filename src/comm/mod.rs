@@ -5,11 +5,13 @@ mod compress;
 mod hier;
 mod hitopk;
 mod queue;
+mod route;
 mod split;
 
 pub use compress::{Compression, PreparedAllReduce, Report};
 pub use hitopk::{PreparedTopK, TopK, TopKReport, TopKScheme};
 pub use queue::Request;
+pub use route::AllReduceCall;
 
 use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
 use crate::coll::Engine;
