@@ -6,6 +6,7 @@
 use crate::buf::RawBuf;
 use crate::types::*;
 use qccl_core::coll::Engine;
+use qccl_core::plan::{FusedAllReduce, Part};
 use qccl_core::transport::frame::{CollKind, OpDesc};
 use qccl_core::transport::{RecvReq, SendReq};
 use qccl_core::{
@@ -77,6 +78,12 @@ pub(crate) enum Op {
         recv: RawBuf,
         call: Arc<PreparedTopK>,
     },
+    /// A fusion plan's group (`plan.rs`): its tensors (send None: in place) reduced as one
+    /// buffer.
+    Fused {
+        call: Box<FusedAllReduce>,
+        parts: Vec<(Option<RawBuf>, RawBuf)>,
+    },
 }
 
 fn dtype(v: qcclDataType_t) -> Result<DType> {
@@ -139,19 +146,44 @@ fn overlap_error(a: &str, b: &str) -> Error {
     ))
 }
 
-impl Op {
-    pub(crate) fn all_reduce(
-        c: &Comm,
+/// A `qcclAllReduce`/`qcclIAllReduce` call's arguments, checked (before a fusion plan or
+/// `Op::all_reduce` takes them).
+pub(crate) struct AllReduceArgs {
+    pub send: Option<RawBuf>,
+    pub recv: RawBuf,
+    pub count: usize,
+    pub dtype: DType,
+    pub op: ReduceOp,
+}
+
+impl AllReduceArgs {
+    pub(crate) fn new(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
         count: usize,
         datatype: qcclDataType_t,
         op: qcclRedOp_t,
-    ) -> Result<Op> {
+    ) -> Result<AllReduceArgs> {
         let (send, recv, dtype, op) = all_reduce_buffers(sendbuff, recvbuff, count, datatype, op)?;
+        Ok(AllReduceArgs {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        })
+    }
+}
+
+impl Op {
+    pub(crate) fn all_reduce(c: &Comm, a: AllReduceArgs) -> Result<Op> {
         // QCCL_COMPRESSION and the hierarchical choice are the core's (Comm::prepare_all_reduce).
-        let call = Box::new(c.prepare_all_reduce(count, dtype, op, None)?);
-        Ok(Op::AllReduce { send, recv, call })
+        let call = Box::new(c.prepare_all_reduce(a.count, a.dtype, a.op, None)?);
+        Ok(Op::AllReduce {
+            send: a.send,
+            recv: a.recv,
+            call,
+        })
     }
 
     pub(crate) fn broadcast(
@@ -471,6 +503,15 @@ impl Op {
                     r.copy_from_slice(s);
                 }
                 call.run(e, r).map(drop)
+            }
+            Op::Fused { call, parts } => {
+                // As above; plan.rs refused tensors whose buffers overlap another tensor's
+                // output, so the outputs alias nothing.
+                let mut views: Vec<Part<'_>> = parts
+                    .iter()
+                    .map(|(s, r)| unsafe { (s.map(|b| b.slice()), r.slice_mut()) })
+                    .collect();
+                call.run(e, &mut views)
             }
             // Alone (outside a group): the engine's own send and receive, whose frames match
             // a grouped peer's (see P2pPlan).

@@ -126,7 +126,14 @@ fn setup() -> &'static Setup {
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let dynamic = flags(&prefix, false);
-        for name in ["collectives", "group_threads", "errors", "init_env", "hier"] {
+        for name in [
+            "collectives",
+            "group_threads",
+            "errors",
+            "init_env",
+            "hier",
+            "plan",
+        ] {
             let src = root().join(format!("tests/c/{name}.c"));
             compile(&cc, "-std=c11", &src, &bin.join(name), &dynamic);
         }
@@ -282,6 +289,22 @@ fn c_grouped_and_nonblocking_all_reduce_go_hierarchical() {
             "\"{needle}\" logged by ranks {ranks:?}:\n{out}"
         );
     }
+}
+
+#[test]
+fn c_fusion_plan_on_3_processes() {
+    if skip() {
+        return;
+    }
+    assert!(run("plan", &["3"]).contains("fusion plan on 3 processes: ok"));
+}
+
+#[test]
+fn c_fusion_plan_on_1_process() {
+    if skip() {
+        return;
+    }
+    assert!(run("plan", &["1"]).contains("fusion plan on 1 processes: ok"));
 }
 
 #[test]
