@@ -505,7 +505,7 @@ impl Op {
                 call.run(e, r).map(drop)
             }
             Op::Fused { call, parts } => {
-                // As above; plan.rs refused tensors whose buffers overlap another tensor's
+                // SAFETY: as above; plan.rs refused tensors whose buffers overlap another tensor's
                 // output, so the outputs alias nothing.
                 let mut views: Vec<Part<'_>> = parts
                     .iter()
