@@ -127,6 +127,14 @@ qcclResult_t qcclHiTopKAllReduce(const void* sendbuff, void* recvbuff, size_t co
 qcclResult_t qcclCommSetLayout(qcclComm_t comm, int nlayers, const char* const* names, const size_t* counts);
 qcclResult_t qcclCommExcludeLayers(qcclComm_t comm, const char* pattern);
 
+/* ---- fusion plans ---------------------------------------------------------------------- */
+/* A plan (JSON written by qccl-plan: groups of consecutive tensors, each dense or with a codec
+ * spec) from QCCL_PLAN_FILE at init, or set here (NULL path clears it). While a comm has one,
+ * its float32 sum/avg all-reduces issued with qcclIAllReduce or inside a group are the plan's
+ * tensors in order; each fusion group is reduced as one buffer when its last tensor is
+ * issued, and every tensor's request completes with its group. */
+qcclResult_t qcclCommSetPlan(qcclComm_t comm, const char* path);
+
 /* ---- non-blocking forms: same arguments, a request out instead of a stream ------------- */
 /* The buffers stay valid and untouched until qcclWait. Not allowed inside a group. */
 

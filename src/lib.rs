@@ -54,8 +54,8 @@ pub use codec::ef::TensorKey;
 pub use codec::plan::{Layer, Layout};
 pub use codec::{Codec, CodecSpec};
 pub use comm::{
-    Comm, Compression, PreparedAllReduce, PreparedTopK, Report, Request, TopK, TopKReport,
-    TopKScheme,
+    AllReduceCall, Comm, Compression, PreparedAllReduce, PreparedTopK, Report, Request, TopK,
+    TopKReport, TopKScheme,
 };
 pub use config::{Algo, Config, TransportChoice};
 pub use error::{Error, Result};

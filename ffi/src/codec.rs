@@ -1,7 +1,7 @@
 //! Compression entry points: codecs from spec strings, compressed all-reduce (blocking,
 //! grouped, non-blocking), layouts, and the HiTopKComm all-reduce.
 
-use crate::coll::{no_stream, start};
+use crate::coll::{no_stream, start, Started};
 use crate::group::{guard_op, launch};
 use crate::handle;
 use crate::last_error::guard;
@@ -128,9 +128,10 @@ pub unsafe extern "C" fn qcclIAllReduceCompressed(
     guard("qcclIAllReduceCompressed", comm, || {
         // SAFETY: `request` per this function's contract.
         unsafe {
-            start(comm, request, |c| {
+            start(comm, request, |h| {
                 let comp = compression(codec, tensorKey)?;
-                Op::all_reduce_compressed(c, sendbuff, recvbuff, count, datatype, op, &comp)
+                Op::all_reduce_compressed(&h.comm, sendbuff, recvbuff, count, datatype, op, &comp)
+                    .map(Started::Op)
             })
         }
     })

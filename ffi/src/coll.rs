@@ -1,13 +1,15 @@
 //! Collective and point-to-point entry points, blocking and non-blocking, and
 //! `qcclTest` / `qcclWait`.
 
-use crate::group::{guard_op, in_group, launch};
-use crate::handle;
+use crate::group::{guard_op, hold, in_group, launch};
+use crate::handle::{self, CommHandle, ReqState};
 use crate::last_error::{guard, no_panic};
-use crate::op::Op;
+use crate::op::{AllReduceArgs, Op};
+use crate::plan::{self, GroupSlot, Mode, Routed};
 use crate::types::*;
 use qccl_core::{Error, Result};
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
 /// Only host memory (`stream == NULL`) in this build.
 pub(crate) fn no_stream(stream: qcclStream_t) -> Result<()> {
@@ -50,9 +52,28 @@ pub unsafe extern "C" fn qcclAllReduce(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclAllReduce", comm, stream, |c| Op::all_reduce(
-        c, sendbuff, recvbuff, count, datatype, op
-    ))
+    guard_op("qcclAllReduce", comm, || {
+        let h = handle::comm(comm)?;
+        no_stream(stream)?;
+        let a = AllReduceArgs::new(sendbuff, recvbuff, count, datatype, op)?;
+        let mode = if in_group() {
+            Mode::Grouped
+        } else {
+            Mode::Blocking
+        };
+        match plan::route(&h, mode, a.send, a.recv, a.dtype, a.op)? {
+            Routed::Plain => {
+                let op = Op::all_reduce(&h.comm, a)?;
+                launch(comm, h, op)
+            }
+            Routed::Run(op) => launch(comm, h, op),
+            Routed::Held => {
+                hold(comm, h);
+                Ok(())
+            }
+            Routed::Request(..) => Err(Error::Internal("a request for a blocking call".into())),
+        }
+    })
 }
 
 /// Root's `sendbuff` lands in every rank's `recvbuff` (in place when they are equal on the
@@ -200,7 +221,7 @@ pub unsafe extern "C" fn qcclRecv(
 pub(crate) unsafe fn start(
     comm: qcclComm_t,
     request: *mut qcclRequest_t,
-    make: impl FnOnce(&qccl_core::Comm) -> Result<Op>,
+    make: impl FnOnce(&CommHandle) -> Result<Started>,
 ) -> Result<()> {
     if request.is_null() {
         return Err(Error::invalid("request is NULL"));
@@ -213,11 +234,19 @@ pub(crate) unsafe fn start(
             "non-blocking calls cannot be made between qcclGroupStart and qcclGroupEnd".into(),
         ));
     }
-    let op = make(&h.comm)?;
-    let req = h.comm.submit(move |e| no_panic(|| op.run(e)))?;
+    let state = match make(&h)? {
+        Started::Op(op) => ReqState::Pending(h.comm.submit(move |e| no_panic(|| op.run(e)))?),
+        Started::Fused(slot, tensor) => ReqState::Fused(slot, tensor),
+    };
     // SAFETY: as above.
-    unsafe { request.write(handle::register_request(req, comm)) };
+    unsafe { request.write(handle::register_request(state, comm)) };
     Ok(())
+}
+
+/// What a non-blocking call starts: an operation to queue, or a tensor of a fusion plan.
+pub(crate) enum Started {
+    Op(Op),
+    Fused(Arc<GroupSlot>, usize),
 }
 
 /// Starts an all-reduce (as `qcclAllReduce`); `*request` completes with `qcclWait`. The
@@ -238,8 +267,15 @@ pub unsafe extern "C" fn qcclIAllReduce(
     guard("qcclIAllReduce", comm, || {
         // SAFETY: `request` per this function's contract.
         unsafe {
-            start(comm, request, |c| {
-                Op::all_reduce(c, sendbuff, recvbuff, count, datatype, op)
+            start(comm, request, |h| {
+                let a = AllReduceArgs::new(sendbuff, recvbuff, count, datatype, op)?;
+                match plan::route(h, Mode::NonBlocking, a.send, a.recv, a.dtype, a.op)? {
+                    Routed::Plain => Op::all_reduce(&h.comm, a).map(Started::Op),
+                    Routed::Request(slot, tensor) => Ok(Started::Fused(slot, tensor)),
+                    Routed::Run(_) | Routed::Held => {
+                        Err(Error::Internal("a fusion group without a request".into()))
+                    }
+                }
             })
         }
     })
@@ -262,8 +298,9 @@ pub unsafe extern "C" fn qcclIReduceScatter(
     guard("qcclIReduceScatter", comm, || {
         // SAFETY: `request` per this function's contract.
         unsafe {
-            start(comm, request, |c| {
-                Op::reduce_scatter(c, sendbuff, recvbuff, recvcount, datatype, op)
+            start(comm, request, |h| {
+                Op::reduce_scatter(&h.comm, sendbuff, recvbuff, recvcount, datatype, op)
+                    .map(Started::Op)
             })
         }
     })
@@ -285,8 +322,8 @@ pub unsafe extern "C" fn qcclIAllGather(
     guard("qcclIAllGather", comm, || {
         // SAFETY: `request` per this function's contract.
         unsafe {
-            start(comm, request, |c| {
-                Op::all_gather(c, sendbuff, recvbuff, sendcount, datatype)
+            start(comm, request, |h| {
+                Op::all_gather(&h.comm, sendbuff, recvbuff, sendcount, datatype).map(Started::Op)
             })
         }
     })

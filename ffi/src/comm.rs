@@ -3,9 +3,10 @@
 use crate::group::in_group;
 use crate::handle;
 use crate::last_error::guard;
+use crate::plan;
 use crate::types::*;
 use qccl_core::{Comm, Config, Error, Result, UniqueId};
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, CStr};
 use std::ptr::null_mut;
 
 /// Checks an out pointer.
@@ -92,9 +93,11 @@ pub unsafe extern "C" fn qcclCommInitRank(
         let id = UniqueId::from_bytes(&bytes).map_err(|e| {
             Error::invalid(format!("commId: {e}; pass the bytes qcclGetUniqueId made"))
         })?;
-        let c = Comm::init(&id, r, size, Config::from_env()?)?;
+        let config = Config::from_env()?;
+        let plan = plan::from_env()?; // a bad plan fails before the rendezvous
+        let c = Comm::init(&id, r, size, config)?;
         // SAFETY: as above.
-        unsafe { comm.write(handle::register(c)) };
+        unsafe { comm.write(handle::register(c, plan)) };
         Ok(())
     })
 }
@@ -115,10 +118,14 @@ pub unsafe extern "C" fn qcclCommInitAll(
     guard("qcclCommInitAll", null_mut(), || {
         out("comms", comms)?;
         let n = positive("ndev", ndev)?;
-        let all = Comm::init_threads(n, Config::from_env()?)?;
+        let config = Config::from_env()?;
+        let plan = plan::from_env()?;
+        let all = Comm::init_threads(n, config)?;
         for (i, c) in all.into_iter().enumerate() {
+            // Each comm has its own iteration of the plan.
+            let plan = plan.as_ref().map(plan::PlanState::fresh);
             // SAFETY: `comms` holds `ndev` = n slots by the caller's contract; i < n.
-            unsafe { comms.add(i).write(handle::register(c)) };
+            unsafe { comms.add(i).write(handle::register(c, plan)) };
         }
         Ok(())
     })
@@ -135,9 +142,10 @@ pub unsafe extern "C" fn qcclCommInitFromEnv(comm: *mut qcclComm_t) -> qcclResul
         out("comm", comm)?;
         // SAFETY: non-null and valid for a write by the caller's contract.
         unsafe { comm.write(null_mut()) };
+        let plan = plan::from_env()?;
         let c = Comm::from_env()?;
         // SAFETY: as above.
-        unsafe { comm.write(handle::register(c)) };
+        unsafe { comm.write(handle::register(c, plan)) };
         Ok(())
     })
 }
@@ -173,7 +181,9 @@ pub unsafe extern "C" fn qcclCommSplit(
         }
         if let Some(child) = h.comm.split(color, key)? {
             // SAFETY: as above.
-            unsafe { newcomm.write(handle::register(child)) };
+            // QCCL_PLAN_FILE is the initial comms' (the data-parallel gradients); a split
+            // comm gets a plan only through qcclCommSetPlan.
+            unsafe { newcomm.write(handle::register(child, None)) };
         }
         Ok(())
     })
@@ -255,6 +265,35 @@ pub unsafe extern "C" fn qcclCommGetAsyncError(
         let code = h.comm.async_error().map_or(qcclSuccess, |e| e.code());
         // SAFETY: non-null and valid for a write by the caller's contract.
         unsafe { asyncError.write(code) };
+        Ok(())
+    })
+}
+
+/// Sets `comm`'s fusion plan from the JSON file at `path` (as QCCL_PLAN_FILE does at init);
+/// NULL clears it. Local, not collective: every rank sets the same plan at the same point.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn qcclCommSetPlan(comm: qcclComm_t, path: *const c_char) -> qcclResult_t {
+    guard("qcclCommSetPlan", comm, || {
+        let h = handle::comm(comm)?;
+        if in_group() {
+            return Err(Error::InvalidUsage(
+                "qcclCommSetPlan cannot be called between qcclGroupStart and qcclGroupEnd".into(),
+            ));
+        }
+        let plan = if path.is_null() {
+            None
+        } else {
+            // SAFETY: non-null and NUL-terminated by the caller's contract.
+            let p = unsafe { CStr::from_ptr(path) };
+            let p = p
+                .to_str()
+                .map_err(|_| Error::invalid("path is not UTF-8"))?;
+            Some(plan::load(p, "plan file")?)
+        };
+        plan::set(&h, plan);
         Ok(())
     })
 }

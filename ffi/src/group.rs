@@ -17,6 +17,7 @@
 use crate::handle::CommHandle;
 use crate::last_error::{guard, no_panic, record};
 use crate::op::{Op, P2pPlan};
+use crate::plan;
 use crate::types::*;
 use qccl_core::coll::Engine;
 use qccl_core::{Error, Result};
@@ -89,6 +90,18 @@ pub(crate) fn launch(token: qcclComm_t, h: Arc<CommHandle>, op: Op) -> Result<()
     op.run_blocking(&h.comm)
 }
 
+/// Enlists comm `token` in the open group without an operation: a fusion plan holds a
+/// tensor of it (`plan::Routed::Held`), to be checked at qcclGroupEnd.
+pub(crate) fn hold(token: qcclComm_t, h: Arc<CommHandle>) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        let key = token as usize;
+        if !g.batches.iter().any(|(k, _, _)| *k == key) {
+            g.batches.push((key, h, Vec::new()));
+        }
+    });
+}
+
 /// A comm's batch, checked: collectives in call order, then every send and receive
 /// together.
 struct Prepared {
@@ -114,11 +127,14 @@ impl Prepared {
     }
 }
 
-fn run_batches(batches: Vec<Batch>) -> Result<()> {
-    // Check every batch before any runs: an error found here fails no comm.
+/// Checks every batch before any runs (an error found here fails no comm): fusion plans
+/// with a group begun here must have it complete, and each batch's operations must fit.
+fn prepare_batches(batches: Vec<Batch>) -> Result<Vec<(usize, Arc<CommHandle>, Prepared)>> {
     let mut prepared = Vec::with_capacity(batches.len());
     for (key, h, ops) in batches {
-        match Prepared::new(&h, ops) {
+        match plan::check_group_end(&h).and_then(|()| Prepared::new(&h, ops)) {
+            // A comm enlisted only for a plan's tensors may have nothing to run.
+            Ok(p) if p.colls.is_empty() && p.p2p.is_empty() => {}
             Ok(p) => prepared.push((key, h, p)),
             Err(e) => {
                 let e = prefixed(e, "none of the group's operations ran: ");
@@ -127,6 +143,10 @@ fn run_batches(batches: Vec<Batch>) -> Result<()> {
             }
         }
     }
+    Ok(prepared)
+}
+
+fn run_batches(prepared: Vec<(usize, Arc<CommHandle>, Prepared)>) -> Result<()> {
     let mut handles = Vec::with_capacity(prepared.len());
     let mut pending = Vec::new();
     let mut errors: Vec<(usize, Error)> = Vec::new();
@@ -211,13 +231,30 @@ pub extern "C" fn qcclGroupEnd() -> qcclResult_t {
         let Some((batches, first_error)) = taken else {
             return Ok(());
         };
-        if let Some(e) = first_error {
-            let n: usize = batches.iter().map(|(_, _, ops)| ops.len()).sum();
-            return Err(prefixed(
-                e,
-                &format!("a call in this group failed, so none of the {n} queued operations ran: "),
-            ));
+        let comms: Vec<Arc<CommHandle>> = batches.iter().map(|(_, h, _)| h.clone()).collect();
+        let ready = match first_error {
+            Some(e) => {
+                let n: usize = batches.iter().map(|(_, _, ops)| ops.len()).sum();
+                Err(prefixed(
+                    e,
+                    &format!(
+                        "a call in this group failed, so none of the {n} queued operations ran: "
+                    ),
+                ))
+            }
+            None => prepare_batches(batches),
+        };
+        // Fusion plans follow what happened to the group's tensors: reduced, or never taken.
+        match ready {
+            Err(e) => {
+                comms.iter().for_each(|h| plan::group_abandoned(h));
+                Err(e)
+            }
+            Ok(prepared) => {
+                comms.iter().for_each(|h| plan::group_ran(h));
+                drop(comms);
+                run_batches(prepared)
+            }
         }
-        run_batches(batches)
     })
 }

@@ -6,6 +6,7 @@
 //! touching freed memory, and a comm destroyed while another thread still uses it stays alive
 //! (`Arc`) until that call returns.
 
+use crate::plan::{GroupSlot, PlanState};
 use crate::types::*;
 use qccl_core::{CodecSpec, Comm, Error, Request, Result};
 use std::collections::HashMap;
@@ -16,12 +17,16 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 pub(crate) struct CommHandle {
     pub comm: Comm,
     pub last_error: Mutex<Option<String>>,
+    /// The fusion plan (QCCL_PLAN_FILE, qcclCommSetPlan) and its iteration.
+    pub plan: Mutex<Option<PlanState>>,
 }
 
 /// What a non-blocking call left behind: running, or finished with its result.
 pub(crate) enum ReqState {
     Pending(Request<()>),
     Done(Result<()>),
+    /// Tensor `.1` of a fusion plan: completes with its group.
+    Fused(Arc<GroupSlot>, usize),
 }
 
 pub(crate) struct ReqEntry {
@@ -53,12 +58,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Registers a new comm; returns its handle.
-pub(crate) fn register(comm: Comm) -> qcclComm_t {
+/// Registers a new comm with its fusion plan, if any; returns its handle.
+pub(crate) fn register(comm: Comm, plan: Option<PlanState>) -> qcclComm_t {
     let token = next_token();
     let h = Arc::new(CommHandle {
         comm,
         last_error: Mutex::new(None),
+        plan: Mutex::new(plan),
     });
     lock(&COMMS).insert(token, h);
     token as qcclComm_t
@@ -98,15 +104,9 @@ pub(crate) fn unregister(c: qcclComm_t) -> Result<Arc<CommHandle>> {
 }
 
 /// Registers a request of a non-blocking call on `comm`; returns its handle.
-pub(crate) fn register_request(req: Request<()>, comm: qcclComm_t) -> qcclRequest_t {
+pub(crate) fn register_request(state: ReqState, comm: qcclComm_t) -> qcclRequest_t {
     let token = next_token();
-    lock(&REQUESTS).insert(
-        token,
-        ReqEntry {
-            state: ReqState::Pending(req),
-            comm,
-        },
-    );
+    lock(&REQUESTS).insert(token, ReqEntry { state, comm });
     token as qcclRequest_t
 }
 
@@ -126,6 +126,9 @@ pub(crate) fn test_request(r: qcclRequest_t) -> Result<(bool, qcclComm_t)> {
     let mut reqs = lock(&REQUESTS);
     let entry = reqs.get_mut(&(r as usize)).ok_or_else(|| req_not_live(r))?;
     let comm = entry.comm;
+    if let ReqState::Fused(slot, _) = &entry.state {
+        return slot.test().map(|done| (done, comm));
+    }
     if let ReqState::Pending(req) = &mut entry.state {
         if !req.test() {
             return Ok((false, comm));
@@ -149,11 +152,21 @@ pub(crate) fn wait_request(r: qcclRequest_t) -> Result<(qcclComm_t, Result<()>)>
     if r.is_null() {
         return Err(Error::invalid("request is NULL"));
     }
-    let entry = lock(&REQUESTS).remove(&(r as usize));
-    let entry = entry.ok_or_else(|| req_not_live(r))?;
+    let entry = {
+        let mut reqs = lock(&REQUESTS);
+        let entry = reqs.get(&(r as usize)).ok_or_else(|| req_not_live(r))?;
+        if let ReqState::Fused(slot, tensor) = &entry.state {
+            if let Some(e) = slot.incomplete(*tensor) {
+                // The request stays live, to be waited for once the group is complete.
+                return Ok((entry.comm, Err(e)));
+            }
+        }
+        reqs.remove(&(r as usize)).ok_or_else(|| req_not_live(r))?
+    };
     let result = match entry.state {
         ReqState::Pending(req) => req.wait(),
         ReqState::Done(res) => res,
+        ReqState::Fused(slot, tensor) => slot.wait(tensor),
     };
     Ok((entry.comm, result))
 }

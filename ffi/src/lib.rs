@@ -24,6 +24,7 @@ mod group;
 mod handle;
 mod last_error;
 mod op;
+mod plan;
 pub mod types;
 
 pub use codec::*;

@@ -1,14 +1,16 @@
-//! One C call as an operation: its arguments checked and its buffers resolved with NCCL's
-//! in-place rules when the call is made; run blocking (the raw `Comm` API), on the comm's
-//! engine (grouped and non-blocking calls), or as part of a group's point-to-point batch.
+//! One C call as an operation: its arguments checked, its buffers resolved with NCCL's
+//! in-place rules and its route prepared (`Comm::prepare_all_reduce`) when the call is made;
+//! run on the comm's engine in its turn, the same way whether blocking (`Comm::execute`),
+//! grouped or non-blocking (`Comm::submit`), or as part of a group's point-to-point batch.
 
 use crate::buf::RawBuf;
 use crate::types::*;
 use qccl_core::coll::Engine;
+use qccl_core::plan::{FusedAllReduce, Part};
 use qccl_core::transport::frame::{CollKind, OpDesc};
 use qccl_core::transport::{RecvReq, SendReq};
 use qccl_core::{
-    Comm, Compression, DType, Error, PreparedAllReduce, PreparedTopK, ReduceOp, Result, TopK,
+    AllReduceCall, Comm, Compression, DType, Error, PreparedTopK, ReduceOp, Result, TopK,
     TopKScheme,
 };
 use std::collections::BTreeMap;
@@ -17,12 +19,12 @@ use std::sync::Arc;
 
 /// A checked operation. `send: None` means in place.
 pub(crate) enum Op {
+    /// Every all-reduce (plain, compressed by QCCL_COMPRESSION or a codec, hierarchical),
+    /// its route resolved on the Comm when the call was made.
     AllReduce {
         send: Option<RawBuf>,
         recv: RawBuf,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        call: Box<AllReduceCall>,
     },
     Broadcast {
         send: Option<RawBuf>,
@@ -71,15 +73,16 @@ pub(crate) enum Op {
         dtype: DType,
         peer: usize,
     },
-    AllReduceCompressed {
-        send: Option<RawBuf>,
-        recv: RawBuf,
-        call: Arc<PreparedAllReduce>,
-    },
     HiTopK {
         send: Option<RawBuf>,
         recv: RawBuf,
         call: Arc<PreparedTopK>,
+    },
+    /// A fusion plan's group (`plan.rs`): its tensors (send None: in place) reduced as one
+    /// buffer.
+    Fused {
+        call: Box<FusedAllReduce>,
+        parts: Vec<(Option<RawBuf>, RawBuf)>,
     },
 }
 
@@ -143,31 +146,43 @@ fn overlap_error(a: &str, b: &str) -> Error {
     ))
 }
 
-impl Op {
-    pub(crate) fn all_reduce(
-        c: &Comm,
+/// A `qcclAllReduce`/`qcclIAllReduce` call's arguments, checked (before a fusion plan or
+/// `Op::all_reduce` takes them).
+pub(crate) struct AllReduceArgs {
+    pub send: Option<RawBuf>,
+    pub recv: RawBuf,
+    pub count: usize,
+    pub dtype: DType,
+    pub op: ReduceOp,
+}
+
+impl AllReduceArgs {
+    pub(crate) fn new(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
         count: usize,
         datatype: qcclDataType_t,
         op: qcclRedOp_t,
-    ) -> Result<Op> {
+    ) -> Result<AllReduceArgs> {
         let (send, recv, dtype, op) = all_reduce_buffers(sendbuff, recvbuff, count, datatype, op)?;
-        if let Some(spec) = &c.config().compression {
-            // QCCL_COMPRESSION: grouped and non-blocking float sum/avg all-reduces are
-            // compressed too, as blocking ones are (Comm::all_reduce_raw).
-            if dtype.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-                let z = Compression::new(spec.clone());
-                let call = Arc::new(c.prepare_all_reduce_compressed(count, dtype, op, &z)?);
-                return Ok(Op::AllReduceCompressed { send, recv, call });
-            }
-        }
-        Ok(Op::AllReduce {
+        Ok(AllReduceArgs {
             send,
             recv,
             count,
             dtype,
             op,
+        })
+    }
+}
+
+impl Op {
+    pub(crate) fn all_reduce(c: &Comm, a: AllReduceArgs) -> Result<Op> {
+        // QCCL_COMPRESSION and the hierarchical choice are the core's (Comm::prepare_all_reduce).
+        let call = Box::new(c.prepare_all_reduce(a.count, a.dtype, a.op, None)?);
+        Ok(Op::AllReduce {
+            send: a.send,
+            recv: a.recv,
+            call,
         })
     }
 
@@ -374,8 +389,9 @@ impl Op {
         compression: &Compression,
     ) -> Result<Op> {
         let (send, recv, dtype, op) = all_reduce_buffers(sendbuff, recvbuff, count, datatype, op)?;
-        let call = Arc::new(c.prepare_all_reduce_compressed(count, dtype, op, compression)?);
-        Ok(Op::AllReduceCompressed { send, recv, call })
+        let call = c.prepare_all_reduce_compressed(count, dtype, op, compression)?;
+        let call = Box::new(c.compressed_call(call));
+        Ok(Op::AllReduce { send, recv, call })
     }
 
     /// A HiTopKComm all-reduce (sum): buffers checked like `qcclAllReduce`, the call prepared
@@ -408,119 +424,23 @@ impl Op {
         }
     }
 
-    /// Runs the operation now through the comm's blocking raw API.
+    /// Runs the operation now, in the comm's turn on the caller's thread: the same path as a
+    /// grouped or non-blocking call, only not queued.
     pub(crate) fn run_blocking(self, c: &Comm) -> Result<()> {
-        // SAFETY (every slice below): the RawBufs were checked when the call was made
-        // (buf.rs) and the C caller keeps them valid until this call returns. A shared and a
-        // mutable slice are never made of overlapping buffers: the constructors above turned
-        // the overlapping (in-place) layouts into `send: None`, or refused them.
-        match self {
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                c.all_reduce_raw(s, r, count, dtype, op, None).map(drop)
-            }
-            Op::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                c.broadcast_raw(s, r, count, dtype, root)
-            }
-            Op::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                c.reduce_raw(s, r, count, dtype, op, root)
-            }
-            Op::AllGather {
-                send,
-                recv,
-                sendcount,
-                dtype,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                c.all_gather_raw(s, r, sendcount, dtype)
-            }
-            Op::ReduceScatter {
-                send,
-                recv,
-                recvcount,
-                dtype,
-                op,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                c.reduce_scatter_raw(s, r, recvcount, dtype, op)
-            }
-            Op::AllToAll {
-                send,
-                recv,
-                in_place,
-                count,
-                dtype,
-            } => {
-                if in_place {
-                    // The raw API needs distinct buffers: send from a copy.
-                    let copy = unsafe { send.slice() }.to_vec();
-                    c.all_to_all_raw(&copy, unsafe { recv.slice_mut() }, count, dtype)
-                } else {
-                    let (s, r) = unsafe { (send.slice(), recv.slice_mut()) };
-                    c.all_to_all_raw(s, r, count, dtype)
-                }
-            }
-            Op::Send {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => c.send_raw(unsafe { buf.slice() }, count, dtype, peer),
-            Op::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => c.recv_raw(unsafe { buf.slice_mut() }, count, dtype, peer),
-            Op::AllReduceCompressed { send, recv, call } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                c.execute(|e| call.run(e, s, r)).map(drop)
-            }
-            Op::HiTopK { send, recv, call } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                if let Some(s) = s {
-                    r.copy_from_slice(s);
-                }
-                c.execute(|e| call.run(e, r)).map(drop)
-            }
-        }
+        c.execute(|e| self.run(e))
     }
 
     /// Runs a collective on the comm's engine (inside `Comm::execute` or `Comm::submit`).
     pub(crate) fn run(self, e: &mut Engine) -> Result<()> {
-        // SAFETY (every slice below): as in `run_blocking`; for grouped calls the caller keeps
-        // the buffers valid until qcclGroupEnd returns, for non-blocking ones until qcclWait.
+        // SAFETY (every slice below): the RawBufs were checked when the call was made (buf.rs)
+        // and the C caller keeps them valid until the call completes (its return when
+        // blocking, qcclGroupEnd when grouped, qcclWait when non-blocking). A shared and a
+        // mutable slice are never made of overlapping buffers: the constructors above turned
+        // the overlapping (in-place) layouts into `send: None`, or refused them.
         match self {
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => {
+            Op::AllReduce { send, recv, call } => {
                 let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                e.all_reduce(s, r, count, dtype, op, None).map(drop)
+                call.run(e, s, r).map(drop)
             }
             Op::Broadcast {
                 send,
@@ -577,10 +497,6 @@ impl Op {
                     e.all_to_all(s, r, count, dtype)
                 }
             }
-            Op::AllReduceCompressed { send, recv, call } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                call.run(e, s, r).map(drop)
-            }
             Op::HiTopK { send, recv, call } => {
                 let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
                 if let Some(s) = s {
@@ -588,9 +504,29 @@ impl Op {
                 }
                 call.run(e, r).map(drop)
             }
-            p2p @ (Op::Send { .. } | Op::Recv { .. }) => {
-                P2pPlan::new(e.rank, e.size, vec![p2p])?.run(e)
+            Op::Fused { call, parts } => {
+                // SAFETY: as above; plan.rs refused tensors whose buffers overlap another tensor's
+                // output, so the outputs alias nothing.
+                let mut views: Vec<Part<'_>> = parts
+                    .iter()
+                    .map(|(s, r)| unsafe { (s.map(|b| b.slice()), r.slice_mut()) })
+                    .collect();
+                call.run(e, &mut views)
             }
+            // Alone (outside a group): the engine's own send and receive, whose frames match
+            // a grouped peer's (see P2pPlan).
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => e.send(unsafe { buf.slice() }, count, dtype, peer),
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => e.recv(unsafe { buf.slice_mut() }, count, dtype, peer),
         }
     }
 }

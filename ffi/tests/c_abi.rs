@@ -126,7 +126,14 @@ fn setup() -> &'static Setup {
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let dynamic = flags(&prefix, false);
-        for name in ["collectives", "group_threads", "errors", "init_env"] {
+        for name in [
+            "collectives",
+            "group_threads",
+            "errors",
+            "init_env",
+            "hier",
+            "plan",
+        ] {
             let src = root().join(format!("tests/c/{name}.c"));
             compile(&cc, "-std=c11", &src, &bin.join(name), &dynamic);
         }
@@ -257,6 +264,47 @@ fn c_init_from_env_and_abort() {
     let out = run("init_env", &[]);
     assert!(out.contains("on 3 processes: ok"), "{out}");
     assert!(out.contains("rank 1 called abort()"), "{out}");
+}
+
+#[test]
+fn c_grouped_and_nonblocking_all_reduce_go_hierarchical() {
+    if skip() {
+        return;
+    }
+    let out = run("hier", &[]);
+    assert!(out.contains("on 4 processes (2 hosts): ok"), "{out}");
+    // QCCL_DEBUG=TRACE logs each all-reduce's route: every rank's grouped (1001 elements),
+    // non-blocking (1003) and blocking (1002) call ran hierarchically.
+    for (count, op) in [(1001, "sum"), (1003, "sum"), (1002, "avg")] {
+        let needle = format!("all_reduce(count={count}, float, {op}): hierarchical");
+        let ranks: Vec<usize> = (0..4)
+            .filter(|r| {
+                out.lines()
+                    .any(|l| l.contains(&format!("rank {r}: comm ")) && l.contains(&needle))
+            })
+            .collect();
+        assert_eq!(
+            ranks,
+            [0, 1, 2, 3],
+            "\"{needle}\" logged by ranks {ranks:?}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn c_fusion_plan_on_3_processes() {
+    if skip() {
+        return;
+    }
+    assert!(run("plan", &["3"]).contains("fusion plan on 3 processes: ok"));
+}
+
+#[test]
+fn c_fusion_plan_on_1_process() {
+    if skip() {
+        return;
+    }
+    assert!(run("plan", &["1"]).contains("fusion plan on 1 processes: ok"));
 }
 
 #[test]

@@ -49,28 +49,8 @@ impl Comm {
         if let Some(s) = send {
             need(C, "sendbuff", s.len(), count, dtype)?;
         }
-        check::op(C, op, dtype)?;
-        if let Some(spec) = &self.config.compression {
-            // QCCL_COMPRESSION: every float sum/avg all-reduce is compressed.
-            if dtype.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-                let c = super::Compression {
-                    algo,
-                    ..super::Compression::new(spec.clone())
-                };
-                return self
-                    .all_reduce_compressed_raw(send, recv, count, dtype, op, &c)
-                    .map(|r| r.algo);
-            }
-        }
-        if self.wants_hier(algo)? {
-            let h = self.hierarchy()?;
-            return self
-                .queue
-                .run(|_| super::hier::all_reduce(&h, send, recv, count, dtype, op))
-                .map(|()| Algo::Hier);
-        }
-        self.queue
-            .run(|e| e.all_reduce(send, recv, count, dtype, op, algo))
+        let call = self.prepare_all_reduce(count, dtype, op, algo)?;
+        self.queue.run(|e| call.run(e, send, recv))
     }
 
     /// Reduce-scatter with `recvcount` elements per rank. Out of place, `send` holds

@@ -432,6 +432,16 @@ pub struct PreparedAllReduce {
 }
 
 impl PreparedAllReduce {
+    /// (count, dtype, op) the call was prepared for.
+    pub(super) fn shape(&self) -> (usize, DType, ReduceOp) {
+        (self.count, self.dtype, self.op)
+    }
+
+    /// True when the call runs the hierarchical schedule.
+    pub(super) fn is_hier(&self) -> bool {
+        self.hier.is_some()
+    }
+
     /// Runs the call on `e` (the engine of the comm that prepared it, inside its turn):
     /// `recv` holds `count` elements, `send` (out of place) too.
     pub fn run(&self, e: &mut Engine, send: Option<&[u8]>, recv: &mut [u8]) -> Result<Report> {

@@ -6,11 +6,13 @@ mod hier;
 mod hitopk;
 mod pipeline;
 mod queue;
+mod route;
 mod split;
 
 pub use compress::{Compression, PreparedAllReduce, Report};
 pub use hitopk::{PreparedTopK, TopK, TopKReport, TopKScheme};
 pub use queue::Request;
+pub use route::AllReduceCall;
 
 use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
 use crate::coll::Engine;

@@ -27,75 +27,49 @@
 use super::fusion::Plan;
 use super::profile::Profile;
 use crate::codec::ef::TensorKey;
-use crate::comm::{Comm, Compression, Report, Request};
-use crate::types::ReduceOp;
+use crate::coll::Engine;
+use crate::comm::{AllReduceCall, Comm, Compression, Request};
+use crate::types::{DType, ReduceOp};
 use crate::{Error, Result};
+use std::ops::Range;
 
 /// The key prefix of the error-feedback residuals of a runner's compressed groups.
 pub const DEFAULT_KEY_PREFIX: &str = "plan-group";
 
-/// A group's collective in flight.
-enum InFlight {
-    Dense(Request<Vec<f32>>),
-    Compressed(Request<(Vec<f32>, Report)>),
-}
-
-impl InFlight {
-    fn wait(self) -> Result<Vec<f32>> {
-        match self {
-            InFlight::Dense(r) => r.wait(),
-            InFlight::Compressed(r) => r.wait().map(|(buf, _)| buf),
-        }
-    }
-
-    fn test(&mut self) -> bool {
-        match self {
-            InFlight::Dense(r) => r.test(),
-            InFlight::Compressed(r) => r.test(),
-        }
-    }
-}
-
-/// One plan group as the runner executes it.
+/// One plan group as it is executed.
+#[derive(Clone)]
 struct RunGroup {
     start: usize,
     end: usize,
-    /// `None`: dense all-reduce. Parsed once in `new`, so a bad codec spec fails there and not
-    /// in the middle of an iteration.
+    /// `None`: dense all-reduce. Parsed once, so a bad codec spec fails when the plan is
+    /// checked and not in the middle of an iteration.
     compression: Option<Compression>,
 }
 
-/// Executes a [`Plan`] on a [`Comm`], one iteration at a time: [`submit`](Self::submit) every
-/// tensor's gradient in backprop order, then [`finish`](Self::finish). The runner can be reused
-/// for any number of iterations.
+/// A [`Plan`] checked for execution: its groups (non-empty, tiling the tensors in order), each
+/// group's compression parsed with its error-feedback key, and the group of every tensor. The
+/// execution half shared by [`PlanRunner`] (owned gradients) and the C ABI's QCCL_PLAN_FILE
+/// (the caller's buffers): [`FusionPlan::prepare`] resolves a group's all-reduce, and
+/// [`FusedAllReduce::run`] packs, reduces and unpacks it.
 ///
-/// Each group is all-reduced with [`ReduceOp::Avg`], dense, or compressed with its codec spec
-/// under the tensor key `"{prefix}/{group index}:{start}..{end}"` (prefix
-/// [`DEFAULT_KEY_PREFIX`] unless set with [`with_key_prefix`](Self::with_key_prefix)), so error
-/// feedback keeps one residual per group across iterations; the range is part of the key so
-/// that runners of different plans on one comm never share (or fight over) a residual.
-pub struct PlanRunner<'c> {
-    comm: &'c Comm,
+/// Compressed groups use the tensor key `"{prefix}/{group index}:{start}..{end}"` (prefix
+/// [`DEFAULT_KEY_PREFIX`] unless set with [`with_key_prefix`](Self::with_key_prefix)), so
+/// error feedback keeps one residual per group across iterations; the range is part of the
+/// key so that plans of different shapes on one comm never share (or fight over) a residual.
+#[derive(Clone)]
+pub struct FusionPlan {
     groups: Vec<RunGroup>,
-    /// Element count of every tensor, from the profile.
-    elems: Vec<usize>,
     /// Tensor index -> group index.
     group_of: Vec<usize>,
-    /// The next tensor `submit` expects.
-    next: usize,
-    /// Gradients of the open (not yet complete) group.
-    open: Vec<Vec<f32>>,
-    /// One entry per group started this iteration, in group order.
-    inflight: Vec<InFlight>,
 }
 
-impl<'c> PlanRunner<'c> {
-    /// A runner for `plan` over the tensors of `profile` on `comm`. Checks that the groups are
-    /// non-empty and tile the profile's tensors in order, and that every codec spec parses.
-    pub fn new(comm: &'c Comm, plan: &Plan, profile: &Profile) -> Result<PlanRunner<'c>> {
+impl FusionPlan {
+    /// Checks `plan` for `tensors` tensors (None: as many as its groups cover): the groups are
+    /// non-empty and tile the tensors in order, and every codec spec parses.
+    pub fn new(plan: &Plan, tensors: Option<usize>) -> Result<FusionPlan> {
         let mut next = 0;
         let mut groups = Vec::with_capacity(plan.groups.len());
-        let mut group_of = Vec::with_capacity(profile.len());
+        let mut group_of = Vec::new();
         for (i, g) in plan.groups.iter().enumerate() {
             if g.start != next || g.end <= g.start {
                 return Err(Error::InvalidArgument(format!(
@@ -104,26 +78,17 @@ impl<'c> PlanRunner<'c> {
                     g.start, g.end
                 )));
             }
-            if g.end > profile.len() {
+            if let Some(n) = tensors.filter(|&n| g.end > n) {
                 return Err(Error::InvalidArgument(format!(
-                    "plan group {i} is {}..{} but the profile has only {} tensors",
-                    g.start,
-                    g.end,
-                    profile.len()
+                    "plan group {i} is {}..{} but the profile has only {n} tensors",
+                    g.start, g.end
                 )));
             }
             let compression = match &g.codec {
                 None => None,
-                Some(spec) => Some(
-                    Compression::parse(spec)
-                        .map_err(|e| {
-                            Error::InvalidArgument(format!("plan group {i}: codec {spec:?}: {e}"))
-                        })?
-                        .key(TensorKey::Name(format!(
-                            "{DEFAULT_KEY_PREFIX}/{i}:{}..{}",
-                            g.start, g.end
-                        ))),
-                ),
+                Some(spec) => Some(Compression::parse(spec).map_err(|e| {
+                    Error::InvalidArgument(format!("plan group {i}: codec {spec:?}: {e}"))
+                })?),
             };
             groups.push(RunGroup {
                 start: g.start,
@@ -133,17 +98,149 @@ impl<'c> PlanRunner<'c> {
             group_of.extend(std::iter::repeat_n(i, g.end - g.start));
             next = g.end;
         }
-        if next != profile.len() {
+        if let Some(n) = tensors.filter(|&n| n != next) {
             return Err(Error::InvalidArgument(format!(
-                "plan covers tensors 0..{next} but the profile has {}",
-                profile.len()
+                "plan covers tensors 0..{next} but the profile has {n}"
             )));
         }
+        Ok(FusionPlan { groups, group_of }.with_key_prefix(DEFAULT_KEY_PREFIX))
+    }
+
+    /// Uses `prefix` in the error-feedback keys (to keep two runs of the same plan apart, e.g.
+    /// two models on one comm).
+    pub fn with_key_prefix(mut self, prefix: &str) -> Self {
+        for (i, g) in self.groups.iter_mut().enumerate() {
+            if let Some(c) = g.compression.take() {
+                let key = TensorKey::Name(format!("{prefix}/{i}:{}..{}", g.start, g.end));
+                g.compression = Some(c.key(key));
+            }
+        }
+        self
+    }
+
+    /// Number of groups.
+    pub fn num_groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Number of tensors the groups cover.
+    pub fn num_tensors(&self) -> usize {
+        self.group_of.len()
+    }
+
+    /// The group of tensor `tensor` (< [`num_tensors`](Self::num_tensors)).
+    pub fn group_of(&self, tensor: usize) -> usize {
+        self.group_of[tensor]
+    }
+
+    /// The tensors of group `group`.
+    pub fn tensors(&self, group: usize) -> Range<usize> {
+        let g = &self.groups[group];
+        g.start..g.end
+    }
+
+    /// Group `group`'s codec spec, or None for a dense group.
+    pub fn codec(&self, group: usize) -> Option<String> {
+        self.groups[group]
+            .compression
+            .as_ref()
+            .map(|c| c.codec.to_string())
+    }
+
+    /// Resolves group `group`'s all-reduce of `count` fused float32 elements with `op` (sum or
+    /// avg) on `comm`: dense (hierarchical across hosts; QCCL_COMPRESSION does not apply, the
+    /// plan decides), or compressed with the group's codec under its key.
+    pub fn prepare(
+        &self,
+        comm: &Comm,
+        group: usize,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<FusedAllReduce> {
+        let f32 = DType::Float32;
+        let call = match &self.groups[group].compression {
+            None => comm.prepare_all_reduce_dense(count, f32, op, None)?,
+            Some(c) => comm.compressed_call(comm.prepare_all_reduce_compressed(count, f32, op, c)?),
+        };
+        Ok(FusedAllReduce { call })
+    }
+}
+
+/// One tensor of a fused group, as float32 bytes: its input (None: in place, in the output)
+/// and its output.
+pub type Part<'a> = (Option<&'a [u8]>, &'a mut [u8]);
+
+/// A group's all-reduce, prepared by [`FusionPlan::prepare`].
+pub struct FusedAllReduce {
+    call: AllReduceCall,
+}
+
+impl FusedAllReduce {
+    /// Runs on `e` (the engine of the comm that prepared it, in its turn): packs the parts'
+    /// inputs into one buffer in order, all-reduces it, and writes each part's share of the
+    /// result to its output. A group of one tensor is reduced where it is, without copies.
+    pub fn run(&self, e: &mut Engine, parts: &mut [Part<'_>]) -> Result<()> {
+        let bytes: usize = parts.iter().map(|(_, out)| out.len()).sum();
+        if bytes != self.call.count() * 4
+            || parts
+                .iter()
+                .any(|(i, o)| i.is_some_and(|i| i.len() != o.len()))
+        {
+            return Err(Error::invalid(format!(
+                "fused all_reduce: parts of {bytes} bytes for a group prepared for {} float32 \
+                 elements",
+                self.call.count()
+            )));
+        }
+        if let [(input, out)] = parts {
+            return self.call.run(e, *input, out).map(drop);
+        }
+        let mut fused = vec![0f32; self.call.count()];
+        let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut fused);
+        let mut at = 0;
+        for (input, out) in parts.iter() {
+            let src: &[u8] = input.unwrap_or(out);
+            buf[at..at + src.len()].copy_from_slice(src);
+            at += src.len();
+        }
+        self.call.run(e, None, buf)?;
+        let mut at = 0;
+        for (_, out) in parts.iter_mut() {
+            let n = out.len();
+            out.copy_from_slice(&buf[at..at + n]);
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// Executes a [`Plan`] on a [`Comm`], one iteration at a time: [`submit`](Self::submit) every
+/// tensor's gradient in backprop order, then [`finish`](Self::finish). The runner can be reused
+/// for any number of iterations.
+///
+/// Each group is all-reduced with [`ReduceOp::Avg`], dense, or compressed with its codec spec
+/// under its group's key (see [`FusionPlan`]).
+pub struct PlanRunner<'c> {
+    comm: &'c Comm,
+    plan: FusionPlan,
+    /// Element count of every tensor, from the profile.
+    elems: Vec<usize>,
+    /// The next tensor `submit` expects.
+    next: usize,
+    /// Gradients of the open (not yet complete) group.
+    open: Vec<Vec<f32>>,
+    /// One entry per group started this iteration, in group order: its tensors, reduced.
+    inflight: Vec<Request<Vec<Vec<f32>>>>,
+}
+
+impl<'c> PlanRunner<'c> {
+    /// A runner for `plan` over the tensors of `profile` on `comm`. Checks that the groups are
+    /// non-empty and tile the profile's tensors in order, and that every codec spec parses.
+    pub fn new(comm: &'c Comm, plan: &Plan, profile: &Profile) -> Result<PlanRunner<'c>> {
         Ok(PlanRunner {
             comm,
-            groups,
+            plan: FusionPlan::new(plan, Some(profile.len()))?,
             elems: profile.tensors.iter().map(|t| t.elems).collect(),
-            group_of,
             next: 0,
             open: Vec::new(),
             inflight: Vec::new(),
@@ -153,20 +250,13 @@ impl<'c> PlanRunner<'c> {
     /// Uses `prefix` instead of [`DEFAULT_KEY_PREFIX`] in the error-feedback keys (to keep two
     /// runners of the same plan apart, e.g. two models on one comm).
     pub fn with_key_prefix(mut self, prefix: &str) -> Self {
-        for (i, g) in self.groups.iter_mut().enumerate() {
-            if let Some(c) = g.compression.take() {
-                g.compression = Some(c.key(TensorKey::Name(format!(
-                    "{prefix}/{i}:{}..{}",
-                    g.start, g.end
-                ))));
-            }
-        }
+        self.plan = self.plan.with_key_prefix(prefix);
         self
     }
 
     /// Number of groups in the plan.
     pub fn num_groups(&self) -> usize {
-        self.groups.len()
+        self.plan.num_groups()
     }
 
     /// Groups whose all-reduce has been started this iteration (they are started in order, so
@@ -178,7 +268,7 @@ impl<'c> PlanRunner<'c> {
     /// True once group `group`'s all-reduce has been started this iteration and has finished
     /// (`finish` will not wait for it). Never blocks.
     pub fn is_done(&mut self, group: usize) -> bool {
-        self.inflight.get_mut(group).is_some_and(InFlight::test)
+        self.inflight.get_mut(group).is_some_and(Request::test)
     }
 
     /// Hands over tensor `index`'s gradient (its backprop is done). Tensors must come in
@@ -215,35 +305,26 @@ impl<'c> PlanRunner<'c> {
         }
         self.open.push(grad);
         self.next += 1;
-        let g = self.group_of[index];
-        if self.next == self.groups[g].end {
+        let g = self.plan.group_of(index);
+        if self.next == self.plan.tensors(g).end {
             self.launch(g)?;
         }
         Ok(())
     }
 
-    /// Packs the open group and starts its all-reduce.
+    /// Starts the open group's all-reduce; the job owns the gradients and hands them back.
     fn launch(&mut self, g: usize) -> Result<()> {
-        let parts = std::mem::take(&mut self.open);
-        let buf = if parts.len() == 1 {
-            // A group of one tensor (layer-wise plans) goes as it is: no copy.
-            parts.into_iter().next().unwrap_or_default()
-        } else {
-            let total = parts.iter().map(Vec::len).sum();
-            let mut buf = Vec::with_capacity(total);
-            for p in &parts {
-                buf.extend_from_slice(p);
-            }
-            buf
-        };
-        let req = match &self.groups[g].compression {
-            None => InFlight::Dense(self.comm.all_reduce_async(buf, ReduceOp::Avg)?),
-            Some(c) => InFlight::Compressed(self.comm.all_reduce_compressed_async(
-                buf,
-                ReduceOp::Avg,
-                c,
-            )?),
-        };
+        let mut grads = std::mem::take(&mut self.open);
+        let count = grads.iter().map(Vec::len).sum();
+        let call = self.plan.prepare(self.comm, g, count, ReduceOp::Avg)?;
+        let req = self.comm.submit(move |e| {
+            let mut parts: Vec<Part<'_>> = grads
+                .iter_mut()
+                .map(|t| (None, bytemuck::cast_slice_mut(t)))
+                .collect();
+            call.run(e, &mut parts)?;
+            Ok(grads)
+        })?;
         self.inflight.push(req);
         Ok(())
     }
@@ -267,17 +348,8 @@ impl<'c> PlanRunner<'c> {
             )));
         }
         let mut out = Vec::with_capacity(self.elems.len());
-        for (g, r) in self.groups.iter().zip(inflight) {
-            let buf = r.wait()?;
-            if g.end - g.start == 1 {
-                out.push(buf);
-            } else {
-                let mut at = 0;
-                for &n in &self.elems[g.start..g.end] {
-                    out.push(buf[at..at + n].to_vec());
-                    at += n;
-                }
-            }
+        for r in inflight {
+            out.extend(r.wait()?);
         }
         Ok(out)
     }

@@ -28,7 +28,7 @@ pub mod models;
 pub mod profile;
 pub mod sim;
 
-pub use apply::PlanRunner;
+pub use apply::{FusedAllReduce, FusionPlan, Part, PlanRunner};
 pub use cost::{Choice, CodecCost, CostModel, Linear, Scheme, SyncCost, Topology};
 pub use cupcake::{algorithm1, exhaustive, optimal_fusion, Fusion};
 pub use espresso::{

@@ -1,0 +1,147 @@
+//! What an all-reduce call does, resolved once on the Comm when the call is made: compressed
+//! (QCCL_COMPRESSION, or an explicit codec), hierarchical (several hosts, or QCCL_ALGO=hier),
+//! or flat on the engine. The result runs inside the comm's turn, so the same value serves a
+//! blocking call (`Comm::all_reduce_raw`), a queued one (`Comm::submit`) and a grouped one.
+
+use super::compress::{Compression, PreparedAllReduce};
+use super::hier::{self, Hier};
+use super::Comm;
+use crate::coll::{check, Engine};
+use crate::config::Algo;
+use crate::error::{Error, Result};
+use crate::types::{DType, ReduceOp};
+use std::sync::Arc;
+
+/// Where an all-reduce goes.
+enum Route {
+    /// On this comm's engine with `algo` (None: the comm's default, resolved at run time).
+    Flat(Option<Algo>),
+    /// Above the engine, on the hierarchy's sub-comms.
+    Hier(Arc<Hier>),
+    /// A compressed all-reduce (which makes its own flat/hierarchical choice).
+    Compressed(PreparedAllReduce),
+}
+
+/// A checked all-reduce of `count` elements, its route resolved; run it on the engine of the
+/// comm that prepared it, inside that comm's turn.
+pub struct AllReduceCall {
+    route: Route,
+    count: usize,
+    dtype: DType,
+    op: ReduceOp,
+    rank: usize,
+    comm_id: u64,
+}
+
+impl Comm {
+    /// Checks an all-reduce and resolves its route: QCCL_COMPRESSION compresses a float sum or
+    /// avg; otherwise hierarchical or flat by `algo` (None: QCCL_ALGO) and the hosts. May split
+    /// off the hierarchy's sub-comms (a collective) the first time a call needs them.
+    pub fn prepare_all_reduce(
+        &self,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        algo: Option<Algo>,
+    ) -> Result<AllReduceCall> {
+        check::op("all_reduce", op, dtype)?;
+        if let Some(spec) = &self.config.compression {
+            if dtype.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+                let c = Compression {
+                    algo,
+                    ..Compression::new(spec.clone())
+                };
+                let call = self.prepare_all_reduce_compressed(count, dtype, op, &c)?;
+                return Ok(self.call(Route::Compressed(call), count, dtype, op));
+            }
+        }
+        self.prepare_all_reduce_dense(count, dtype, op, algo)
+    }
+
+    /// As [`Comm::prepare_all_reduce`], never compressed (QCCL_COMPRESSION does not apply):
+    /// for callers that decide compression themselves, like a fusion plan's dense groups.
+    pub fn prepare_all_reduce_dense(
+        &self,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        algo: Option<Algo>,
+    ) -> Result<AllReduceCall> {
+        check::op("all_reduce", op, dtype)?;
+        let route = if self.wants_hier(algo)? {
+            Route::Hier(self.hierarchy()?)
+        } else {
+            Route::Flat(algo)
+        };
+        Ok(self.call(route, count, dtype, op))
+    }
+
+    /// A compressed all-reduce prepared with [`Comm::prepare_all_reduce_compressed`], as an
+    /// [`AllReduceCall`].
+    pub fn compressed_call(&self, call: PreparedAllReduce) -> AllReduceCall {
+        let (count, dtype, op) = call.shape();
+        self.call(Route::Compressed(call), count, dtype, op)
+    }
+
+    fn call(&self, route: Route, count: usize, dtype: DType, op: ReduceOp) -> AllReduceCall {
+        AllReduceCall {
+            route,
+            count,
+            dtype,
+            op,
+            rank: self.rank,
+            comm_id: self.comm_id,
+        }
+    }
+}
+
+impl AllReduceCall {
+    /// Runs the call on `e` (the preparing comm's engine, inside its turn): `recv` holds
+    /// `count` elements, `send` (out of place) too. Returns the algorithm that ran.
+    pub fn run(&self, e: &mut Engine, send: Option<&[u8]>, recv: &mut [u8]) -> Result<Algo> {
+        let bytes = self.count * self.dtype.size();
+        if recv.len() != bytes || send.is_some_and(|s| s.len() != bytes) {
+            return Err(Error::invalid(format!(
+                "all_reduce: buffers of {} and {:?} bytes for a call prepared for {} elements of {}",
+                recv.len(),
+                send.map(<[u8]>::len),
+                self.count,
+                self.dtype
+            )));
+        }
+        // One line per call at TRACE: which route each all-reduce took (tests read it).
+        crate::qlog!(
+            Trace,
+            "rank {}: comm {:#018x}: all_reduce(count={}, {}, {}): {}",
+            self.rank,
+            self.comm_id,
+            self.count,
+            self.dtype,
+            self.op,
+            self.describe()
+        );
+        let (count, dtype, op) = (self.count, self.dtype, self.op);
+        match &self.route {
+            Route::Flat(algo) => e.all_reduce(send, recv, count, dtype, op, *algo),
+            Route::Hier(h) => {
+                hier::all_reduce(h, send, recv, count, dtype, op).map(|()| Algo::Hier)
+            }
+            Route::Compressed(c) => c.run(e, send, recv).map(|r| r.algo),
+        }
+    }
+
+    /// The route, for logs: "flat", "hierarchical", "compressed" or "compressed hierarchical".
+    pub fn describe(&self) -> &'static str {
+        match &self.route {
+            Route::Flat(_) => "flat",
+            Route::Hier(_) => "hierarchical",
+            Route::Compressed(c) if c.is_hier() => "compressed hierarchical",
+            Route::Compressed(_) => "compressed",
+        }
+    }
+
+    /// Number of elements the call was prepared for.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+}
