@@ -5,7 +5,7 @@
 //! 1. **dense, layer-wise**: one uncompressed all-reduce per tensor.
 //! 2. **codec, layer-wise**: one compressed all-reduce per tensor (`--codec`, qsgd 4-bit).
 //! 3. **codec, Cupcake**: the tensors fused by `optimal_fusion` under the cost model, each group
-//!    compressed once ([`qccl::plan::PlanRunner`]).
+//!    compressed once ([`qccl::plan::BucketRunner`]).
 //! 4. **DeAR**: uncompressed, decoupled: each fusion group's reduce-scatter starts during
 //!    backward, its all-gather runs during the next forward and is waited for just before the
 //!    group's first layer needs its parameters.
@@ -50,7 +50,7 @@
 
 use qccl::plan::JsonFile;
 use qccl::plan::{
-    models, optimal_fusion, simulate, CodecCost, CompressOn, CostModel, Linear, Plan, PlanRunner,
+    models, optimal_fusion, simulate, BucketRunner, CodecCost, CompressOn, CostModel, Linear, Plan,
     Profile,
 };
 use qccl::{Comm, ReduceOp, Request};
@@ -283,12 +283,15 @@ fn fit(points: &[(f64, f64)]) -> Linear {
     }
 }
 
-/// Median seconds of `reps` runs of `f` on the buffer `prepare` returns (made before the clock
-/// starts: allocating and page-faulting a fresh buffer of tens of MB is not the collective's
-/// cost, and the training loop reuses its buffers), after one untimed run.
+/// Median seconds per call of `f`, from `reps` timed batches of `batch` calls back to back, each
+/// on a buffer `prepare` returned (made before the clock starts: allocating and page-faulting
+/// a fresh buffer of tens of MB is not the collective's cost, and the training loop reuses its
+/// buffers), after one untimed call. Batches measure what the simulator charges a call in a
+/// stream of them; a single small call after a barrier mostly measures the barrier's skew.
 fn time_it<B>(
     comm: &Comm,
     reps: usize,
+    batch: usize,
     mut prepare: impl FnMut() -> B,
     mut f: impl FnMut(B) -> Res<()>,
 ) -> Res<f64> {
@@ -296,11 +299,13 @@ fn time_it<B>(
     f(prepare())?;
     let mut t = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let b = prepare();
+        let bufs: Vec<B> = (0..batch).map(|_| prepare()).collect();
         comm.barrier()?;
         let t0 = Instant::now();
-        f(b)?;
-        t.push(t0.elapsed().as_secs_f64());
+        for b in bufs {
+            f(b)?;
+        }
+        t.push(t0.elapsed().as_secs_f64() / batch as f64);
     }
     t.sort_by(f64::total_cmp);
     Ok(t[t.len() / 2])
@@ -316,11 +321,15 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
     let mut m = Vec::new();
     let mut wires = [0.0; 2];
     for &n in sizes {
-        let n = n.div_ceil(size) * size; // reduce-scatter needs a multiple of the rank count
-        let buf = vec![0.5f32; n];
+        // A multiple of the rank count (for the reduce-scatter), of gradient-like values (a
+        // constant would make every quantization bucket trivial).
+        let n = n.div_ceil(size) * size;
+        let batch = ((4 << 20) / (4 * n)).clamp(1, 32);
+        let buf: Vec<f32> = (0..n).map(|i| (i % 211) as f32 * 1e-3 - 0.1).collect();
         m.push(time_it(
             comm,
             reps,
+            batch,
             || buf.clone(),
             |mut b| {
                 comm.all_reduce_in_place(&mut b, ReduceOp::Avg)?;
@@ -330,6 +339,7 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
         m.push(time_it(
             comm,
             reps,
+            batch,
             || buf.clone(),
             |b| {
                 comm.reduce_scatter_async(b, ReduceOp::Avg)?.wait()?;
@@ -339,6 +349,7 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
         m.push(time_it(
             comm,
             reps,
+            batch,
             || buf[..n / size].to_vec(),
             |b| {
                 comm.all_gather_async(b)?.wait()?;
@@ -348,6 +359,7 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
         m.push(time_it(
             comm,
             reps,
+            batch,
             || buf.clone(),
             |mut b| {
                 comm.all_reduce_compressed(&mut b, ReduceOp::Avg, &c)?;
@@ -409,9 +421,19 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
         compressed_link(codec),
         Linear::new(comp.alpha, comp.beta / ratio),
     );
+    // The measured points refine the lines where the planners evaluate them (a line misses
+    // the biggest fused groups by 10-15% here; see qccl::plan::curve).
+    for (k, name) in [AR, RS, AG].into_iter().enumerate() {
+        cost.measured
+            .insert(name.into(), pts(k).iter().map(|&(x, t)| [x, t]).collect());
+    }
+    cost.measured.insert(
+        compressed_link(codec),
+        pts(3).iter().map(|&(x, t)| [ratio * x, t]).collect(),
+    );
     cost.note = format!(
         "train_sim self-calibration: {size} ranks, sizes {sizes:?} f32 elements, median of \
-         {reps}, max over ranks"
+         {reps}, max over ranks; lines refined by the measured points"
     );
     Ok(cost.codec_entry(
         codec,
@@ -499,12 +521,16 @@ fn initial_grads(p: &Profile, rank: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Timed iterations of strategies 1–3: forward, then backward handing every gradient to the
-/// runner as it is produced, then waiting for the averaged gradients. Returns seconds per
-/// iteration (warm-up excluded).
+/// Timed iterations of strategies 1–3: forward, then backward marking every gradient ready as
+/// it is produced, then waiting for the averaged gradients. The gradients live in the plan's
+/// buckets ([`BucketRunner`]: backprop would write them in place, so nothing is packed or
+/// copied); each iteration's "gradients" are the previous averages, left where they are.
+/// Returns seconds per iteration (warm-up excluded).
 fn run_plan(comm: &Comm, o: &Opts, p: &Profile, plan: &Plan) -> Res<Vec<f64>> {
-    let mut runner = PlanRunner::new(comm, plan, p)?;
-    let mut grads = initial_grads(p, comm.rank());
+    let mut runner = BucketRunner::new(comm, plan, p)?;
+    for (i, g) in initial_grads(p, comm.rank()).into_iter().enumerate() {
+        runner.grad_mut(i)?.copy_from_slice(&g);
+    }
     let mut times = Vec::new();
     comm.barrier()?;
     for it in 0..o.warmup + o.iters {
@@ -512,11 +538,11 @@ fn run_plan(comm: &Comm, o: &Opts, p: &Profile, plan: &Plan) -> Res<Vec<f64>> {
         for t in p.tensors.iter().rev() {
             compute(o.fwd_ratio * t.backprop, o.spin);
         }
-        for (i, g) in std::mem::take(&mut grads).into_iter().enumerate() {
-            compute(p.tensors[i].backprop, o.spin);
-            runner.submit(i, g)?;
+        for (i, t) in p.tensors.iter().enumerate() {
+            compute(t.backprop, o.spin);
+            runner.ready(i)?;
         }
-        grads = runner.finish()?;
+        runner.wait()?;
         if it >= o.warmup {
             times.push(t0.elapsed().as_secs_f64());
         }
@@ -634,7 +660,11 @@ fn rank_main(o: &Opts) -> Res<()> {
                 let total = p.tensors.iter().map(|t| t.elems).sum::<usize>();
                 let mut v = vec![1 << 10, 1 << 14, 1 << 18, largest.max(1 << 20)];
                 let floor = v[3];
-                v.extend([total / 4, total].into_iter().filter(|&n| n > floor));
+                v.extend(
+                    [total / 4, total / 2, total]
+                        .into_iter()
+                        .filter(|&n| n > floor),
+                );
                 v
             };
             calibrate(&comm, &o.codec, &sizes, if o.quick { 2 } else { 3 })?
@@ -679,6 +709,17 @@ fn rank_main(o: &Opts) -> Res<()> {
         ("DeAR (RS in bwd, AG in fwd)".into(), dear),
     ];
 
+    for (name, plan) in &strategies[2..] {
+        let mb: Vec<String> = plan
+            .groups
+            .iter()
+            .map(|g| {
+                let bytes: usize = p.tensors[g.start..g.end].iter().map(|t| t.bytes()).sum();
+                format!("{:.1}", bytes as f64 / 1e6)
+            })
+            .collect();
+        say(format!("  {name}: groups of {} MB", mb.join(", ")));
+    }
     let fwd = o.fwd_ratio * p.total_backprop();
     let mut rows = Vec::new();
     for (i, (name, plan)) in strategies.iter().enumerate() {

@@ -55,6 +55,22 @@ fn run_child(scenario: &str) -> Result<(), String> {
             }
             Ok(())
         }
+        "async" => {
+            // A non-blocking all-reduce, checked exactly (small integers sum exactly).
+            let buf: Vec<f32> = (0..1000).map(|i| (comm.rank() * 1000 + i) as f32).collect();
+            let out = comm
+                .all_reduce_async(buf, ReduceOp::Sum)
+                .and_then(|r| r.wait())
+                .map_err(|e| e.to_string())?;
+            let n = comm.size();
+            for (i, &x) in out.iter().enumerate() {
+                let want: usize = (0..n).map(|r| r * 1000 + i).sum();
+                if x != want as f32 {
+                    return Err(format!("all_reduce_async: element {i} is {x}, want {want}"));
+                }
+            }
+            Ok(())
+        }
         "loop" => {
             // Large all-reduces until something fails (the parent kills a rank).
             let mut buf = vec![1f32; 4 << 20];
@@ -517,6 +533,31 @@ fn compressed_on_2_emulated_hosts_x_2_ranks() {
     for (r, c) in children.into_iter().enumerate() {
         let o = wait(c, Duration::from_secs(600));
         assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
+    }
+}
+
+#[test]
+fn async_all_reduce_goes_hierarchical_across_emulated_hosts() {
+    let job = Job::new(4);
+    let children: Vec<Child> = (0..4)
+        .map(|r| {
+            let host = if r < 2 { "host-a" } else { "host-b" };
+            job.spawn(
+                r,
+                "async",
+                &[("QCCL_HOSTID", host), ("QCCL_DEBUG", "TRACE")],
+            )
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(300));
+        assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
+        let log = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("all_reduce(count=1000,") && l.ends_with(": hierarchical")),
+            "rank {r}: the async all-reduce did not go hierarchical: {log}"
+        );
     }
 }
 

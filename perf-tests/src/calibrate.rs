@@ -327,6 +327,16 @@ impl Calibration {
                     )
                 })
                 .collect::<BTreeMap<_, _>>(),
+            measured: self
+                .links
+                .iter()
+                .map(|(k, f)| {
+                    (
+                        k.clone(),
+                        f.points.iter().map(|p| [p.bytes, p.secs]).collect(),
+                    )
+                })
+                .collect(),
         }
     }
 

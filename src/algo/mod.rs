@@ -24,6 +24,9 @@ pub struct Scratch {
     pub main: Buf,
     /// Decoded chunks of the compressed schedules (lent to their `Coder`).
     pub decoded: Vec<f32>,
+    /// The packed buffer of a fusion plan's multi-tensor groups (`plan::FusedAllReduce`),
+    /// kept across calls: a fresh buffer of tens of MB would be page-faulted in every time.
+    pub fused: Vec<f32>,
 }
 
 /// One growable, 8-byte aligned byte buffer.

@@ -383,20 +383,11 @@ impl Comm {
         mut buf: Vec<T>,
         op: ReduceOp,
     ) -> Result<Request<Vec<T>>> {
-        check::op("all_reduce", op, T::DTYPE)?;
-        // Resolved now, as the blocking call would: on multi-host comms the hierarchical
-        // algorithm (its sub-communicators are split here, in call order, if not yet made).
-        let hier = if self.wants_hier(None)? {
-            Some(self.hierarchy()?)
-        } else {
-            None
-        };
+        // Resolved now, as the blocking call is: QCCL_COMPRESSION, and the hierarchical
+        // algorithm on multi-host comms (its sub-comms are split here, in call order).
+        let call = self.prepare_all_reduce(buf.len(), T::DTYPE, op, None)?;
         self.queue.submit(move |e| {
-            let n = buf.len();
-            match hier {
-                Some(h) => super::hier::all_reduce(&h, None, bytes_mut(&mut buf), n, T::DTYPE, op)?,
-                None => drop(e.all_reduce(None, bytes_mut(&mut buf), n, T::DTYPE, op, None)?),
-            }
+            call.run(e, None, bytes_mut(&mut buf))?;
             Ok(buf)
         })
     }

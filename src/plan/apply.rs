@@ -195,22 +195,28 @@ impl FusedAllReduce {
         if let [(input, out)] = parts {
             return self.call.run(e, *input, out).map(drop);
         }
-        let mut fused = vec![0f32; self.call.count()];
-        let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut fused);
+        let mut fused = std::mem::take(&mut e.scratch.fused);
+        if fused.len() < self.call.count() {
+            fused.resize(self.call.count(), 0.0);
+        }
+        let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut fused[..self.call.count()]);
         let mut at = 0;
         for (input, out) in parts.iter() {
             let src: &[u8] = input.unwrap_or(out);
             buf[at..at + src.len()].copy_from_slice(src);
             at += src.len();
         }
-        self.call.run(e, None, buf)?;
-        let mut at = 0;
-        for (_, out) in parts.iter_mut() {
-            let n = out.len();
-            out.copy_from_slice(&buf[at..at + n]);
-            at += n;
+        let done = self.call.run(e, None, buf);
+        if done.is_ok() {
+            let mut at = 0;
+            for (_, out) in parts.iter_mut() {
+                let n = out.len();
+                out.copy_from_slice(&buf[at..at + n]);
+                at += n;
+            }
         }
-        Ok(())
+        e.scratch.fused = fused;
+        done.map(drop)
     }
 }
 

@@ -19,6 +19,7 @@
 //! [`CostModel::sync`] puts these together with the codec's costs into the time one tensor's
 //! synchronisation occupies the channel, for a flat or a two-level ([`Topology`]) job.
 
+use super::curve::LinkCost;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -248,6 +249,11 @@ pub struct CostModel {
     pub links: BTreeMap<String, Linear>,
     /// Codec costs by codec name (the names the comm's codec specs use).
     pub codecs: BTreeMap<String, CodecCost>,
+    /// Measured (bytes, seconds) points of some links, which refine their lines where the
+    /// simulator and Cupcake evaluate them ([`LinkCost`]); Espresso's derived collectives use
+    /// the lines alone.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub measured: BTreeMap<String, Vec<[f64; 2]>>,
 }
 
 impl CostModel {
@@ -258,6 +264,7 @@ impl CostModel {
             default_link: name.to_string(),
             links: BTreeMap::from([(name.to_string(), link)]),
             codecs: BTreeMap::new(),
+            measured: BTreeMap::new(),
         }
     }
 
@@ -273,6 +280,16 @@ impl CostModel {
         self.links
             .get(name)
             .ok_or_else(|| Error::InvalidArgument(format!("cost model has no link {name:?}")))
+    }
+
+    /// The link called `name` (`None`: the default) with its measured points, if any.
+    pub fn link_cost(&self, name: Option<&str>) -> Result<LinkCost> {
+        let line = *self.link(name)?;
+        let name = name.unwrap_or(&self.default_link);
+        Ok(match self.measured.get(name) {
+            Some(points) => LinkCost::with_points(line, points.clone()),
+            None => LinkCost::line(line),
+        })
     }
 
     /// The codec called `name`.
@@ -388,6 +405,22 @@ impl CostModel {
         self.link(None)?;
         for (name, l) in &self.links {
             l.validate(&format!("link {name}"))?;
+        }
+        for (name, points) in &self.measured {
+            if !self.links.contains_key(name) {
+                return Err(Error::InvalidArgument(format!(
+                    "measured points for {name:?}, which is not a link of the model"
+                )));
+            }
+            if let Some([b, t]) = points
+                .iter()
+                .find(|[b, t]| !(b.is_finite() && *b > 0.0 && t.is_finite() && *t >= 0.0))
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "link {name}: measured point ({b} bytes, {t} s) must have bytes > 0 and \
+                     seconds >= 0"
+                )));
+            }
         }
         for (name, c) in &self.codecs {
             c.compress.validate(&format!("codec {name} compress"))?;

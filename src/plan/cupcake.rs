@@ -17,7 +17,8 @@
 //! All three return the same iteration time (up to float rounding); ties between plans may be
 //! broken differently.
 
-use super::cost::{CodecCost, CostModel, Linear};
+use super::cost::{CodecCost, CostModel};
+use super::curve::LinkCost;
 use super::fusion::Plan;
 use super::profile::Profile;
 use super::sim::{simulate, CompressOn};
@@ -44,7 +45,7 @@ struct Costs {
     bp: Vec<f64>,
     /// `bytes[j]` = f32 bytes of tensors `0..j`.
     bytes: Vec<f64>,
-    link: Linear,
+    link: LinkCost,
     codec: Option<CodecCost>,
     on: CompressOn,
 }
@@ -69,7 +70,7 @@ impl Costs {
             n: profile.len(),
             bp,
             bytes,
-            link: *cost.link(link)?,
+            link: cost.link_cost(link)?,
             codec: codec.map(|c| cost.codec(c).copied()).transpose()?,
             on,
         })
@@ -102,6 +103,20 @@ impl Costs {
         match &self.codec {
             Some(c) => self.link.time(c.ratio * bytes) + c.decompress.time(bytes),
             None => self.link.time(bytes),
+        }
+    }
+
+    /// A lower bound on the channel occupancy of tensors `k..j` however they are cut into
+    /// groups: the fused group's for a line (α ≥ 0 makes costs subadditive), the curve's
+    /// bound for a measured link ([`LinkCost::fused_lower_bound`]).
+    fn ch_lower(&self, k: usize, j: usize) -> f64 {
+        if j <= k {
+            return 0.0;
+        }
+        let bytes = self.bytes(k, j);
+        match &self.codec {
+            Some(c) => self.link.fused_lower_bound(c.ratio * bytes) + c.decompress.time(bytes),
+            None => self.link.fused_lower_bound(bytes),
         }
     }
 
@@ -140,9 +155,11 @@ impl Costs {
     }
 
     /// A lower bound on the iteration time of any completion of a prefix `0..j` in state
-    /// `(a, c)`. It uses that costs are subadditive (α ≥ 0): the rest, however cut, needs at
-    /// least the channel time and the compression time of the rest fused into one group, and
-    /// the last group (which holds tensor n−1) goes on the channel only after it is compressed.
+    /// `(a, c)`. The rest, however cut, needs at least [`Self::ch_lower`] on the channel and
+    /// the compression time of the rest fused into one group (compression is linear with
+    /// α ≥ 0, so subadditive), and the last group (which holds tensor n−1, and costs at least
+    /// what that tensor alone does: link costs never decrease with bytes) goes on the channel
+    /// only after it is compressed.
     fn lower_bound(&self, a: f64, c: f64, j: usize) -> f64 {
         let n = self.n;
         if j == n {
@@ -153,7 +170,7 @@ impl Costs {
             CompressOn::Compute => a + self.b(j, n) + self.h(j, n),
             CompressOn::Separate => f64::max(a + self.h(j, n), self.bp[n] + self.h(n - 1, n)),
         };
-        f64::max(c + self.ch(j, n), compressed_by + last)
+        f64::max(c + self.ch_lower(j, n), compressed_by + last)
     }
 
     fn plan(&self, ends: &[usize], link: Option<&str>, codec: Option<&str>) -> Plan {
@@ -461,6 +478,7 @@ pub fn exhaustive(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::cost::Linear;
     use crate::plan::models;
     use crate::plan::profile::TensorProfile;
     use rand::rngs::StdRng;
@@ -582,6 +600,45 @@ mod tests {
             "only {nontrivial} of {cases} optima beat the baselines"
         );
         println!("{nontrivial} of {cases} optima beat every baseline");
+    }
+
+    /// `cost` with measured points on its link that bend it upwards (fusing can cost more than
+    /// the parts) and add noise (a bigger size may measure faster), as calibrations produce.
+    fn with_curve(mut cost: CostModel, seed: u64) -> CostModel {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xc0ffee);
+        let line = *cost.link(None).unwrap();
+        let bend = rng.gen_range(0.0..3.0);
+        let points = (0..8)
+            .map(|i| {
+                let x = 10f64.powf(2.0 + i as f64 * 0.9);
+                let noise = rng.gen_range(0.8..1.2);
+                [x, line.time(x) * (1.0 + bend * x / 1e8) * noise]
+            })
+            .collect();
+        cost.measured.insert("l".into(), points);
+        cost
+    }
+
+    #[test]
+    fn dp_matches_brute_force_on_measured_curves() {
+        for seed in 0..300u64 {
+            let n = 1 + (seed as usize % 12);
+            let (p, cost) = random_case(seed, n);
+            let cost = with_curve(cost, seed);
+            for codec in [Some("c"), None] {
+                for on in [CompressOn::Compute, CompressOn::Separate] {
+                    let brute = exhaustive(&p, &cost, None, codec, on).unwrap();
+                    let dp = optimal_fusion(&p, &cost, None, codec, on).unwrap();
+                    assert!(
+                        same(dp.time, brute.time),
+                        "seed {seed} n {n} {codec:?} {on:?}: dp {} brute {}",
+                        dp.time,
+                        brute.time
+                    );
+                    check_consistent(&p, &cost, &dp);
+                }
+            }
+        }
     }
 
     fn baselines(p: &Profile, codec: Option<&str>, on: CompressOn) -> Vec<Plan> {

@@ -20,8 +20,10 @@
 //! tools can read and write profiles and plans.
 
 pub mod apply;
+pub mod buckets;
 pub mod cost;
 pub mod cupcake;
+pub mod curve;
 pub mod espresso;
 pub mod fusion;
 pub mod models;
@@ -29,8 +31,10 @@ pub mod profile;
 pub mod sim;
 
 pub use apply::{FusedAllReduce, FusionPlan, Part, PlanRunner};
+pub use buckets::BucketRunner;
 pub use cost::{Choice, CodecCost, CostModel, Linear, Scheme, SyncCost, Topology};
 pub use cupcake::{algorithm1, exhaustive, optimal_fusion, Fusion};
+pub use curve::LinkCost;
 pub use espresso::{
     best_uniform, espresso, espresso_algorithm1, exhaustive_espresso, uniform, Decision,
     EspressoCtx, EspressoPlan,

@@ -34,7 +34,8 @@
 //! The iteration ends when the last group is decompressed (or communicated, without a codec) —
 //! or when backprop ends, if that is later (only possible with an empty plan).
 
-use super::cost::{Choice, CostModel, Linear, Topology};
+use super::cost::{Choice, CostModel, Topology};
+use super::curve::LinkCost;
 use super::fusion::{Group, Plan};
 use super::profile::Profile;
 use crate::Result;
@@ -118,7 +119,7 @@ pub(crate) struct Stepper<'a> {
     profile: &'a Profile,
     cost: &'a CostModel,
     link_name: Option<&'a str>,
-    link: Linear,
+    link: LinkCost,
     on: CompressOn,
     topology: Option<&'a Topology>,
 }
@@ -130,7 +131,7 @@ impl<'a> Stepper<'a> {
             profile,
             cost,
             link_name: plan.link.as_deref(),
-            link: *cost.link(plan.link.as_deref())?,
+            link: cost.link_cost(plan.link.as_deref())?,
             on: plan.compress_on,
             topology: plan.topology.as_ref(),
         })
