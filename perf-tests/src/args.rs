@@ -146,7 +146,8 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
                              (allreduce only; float -d; sum or avg -o). busbw stays on
                              the uncompressed size; extra columns: wire(B) bytes sent
                              per rank per call (max over ranks), ratio = dense
-                             all-reduce bytes 2(n-1)/n*size over wire(B), relerr =
+                             all-reduce bytes 2(n-1)/n*size over wire(B) (on a
+                             hierarchical run: of the inter-host level alone), relerr =
                              |out - exact|_2 / |exact|_2 (float64 reference, fresh
                              inputs, worst of both modes). #wrong counts non-finite
                              outputs, and when the codec bounds one encode's relative

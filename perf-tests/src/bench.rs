@@ -125,7 +125,13 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
         };
         let codec = oop.codec.map(|(wire, oop_err)| {
             let ip_err = ip.as_ref().and_then(|m| m.codec).map_or(0.0, |c| c.1);
-            CodecCols::new(bytes, n, wire, worst(oop_err, ip_err))
+            let cols = CodecCols::new(bytes, n, wire, worst(oop_err, ip_err));
+            match oop.inter {
+                Some(sent) => {
+                    cols.over_hosts(bytes, n / comm.local_size(), comm.local_size(), sent)
+                }
+                None => cols,
+            }
         });
         let (oop_k, oop_steps) = (oop.k, oop.steps);
         let (algo, oop, ip) = (oop.algo, oop.m, ip.map(|m| m.m));
@@ -166,6 +172,9 @@ struct Mode {
     /// With a codec or a top-k collective: the last timed call's wire bytes (max over ranks)
     /// and the relative error of the call on fresh inputs.
     codec: Option<(Wire, f64)>,
+    /// With a codec on the hierarchical path: the checked call's inter-host bytes sent (max
+    /// over ranks).
+    inter: Option<u64>,
     /// Top-k collectives: elements the last timed call selected (max over ranks).
     k: Option<u64>,
     /// `-C hitopk`: its step times over the timed calls.
@@ -229,6 +238,7 @@ fn measure<T: Elem>(
         None
     };
     let mut codec = None;
+    let mut inter = None;
     let mut k = None;
     let wrong = if let (Some(z), Some(wire)) = (&ctx.compression, ran.wire) {
         // Fresh residual: the checked call measures one compressed all-reduce of these
@@ -242,13 +252,20 @@ fn measure<T: Elem>(
         let acc = coll::accuracy(ctx, recv, z.codec.codec().error_bound());
         // Every rank holds the whole (bit-identical) result and should report the same;
         // the max makes the table hold even if not. Byte counts < 2^53 are exact in f64.
-        let mut v = [acc.rel_err, wire.sent as f64, wire.received as f64];
+        let inter_sent = ran.inter.map_or(-1.0, |w| w.sent as f64);
+        let mut v = [
+            acc.rel_err,
+            wire.sent as f64,
+            wire.received as f64,
+            inter_sent,
+        ];
         ctx.comm.all_reduce_in_place(&mut v, ReduceOp::Max)?;
         let wire = Wire {
             sent: v[1] as u64,
             received: v[2] as u64,
         };
         codec = Some((wire, v[0]));
+        inter = (v[3] >= 0.0).then_some(v[3] as u64);
         if a.check {
             let mut total = [0u64];
             ctx.comm
@@ -320,6 +337,7 @@ fn measure<T: Elem>(
         },
         algo: ran.algo,
         codec,
+        inter,
         k,
         steps,
     })

@@ -237,6 +237,8 @@ pub struct Ran {
     pub algo: Option<Algo>,
     /// Payload bytes this rank moved, for compressed and top-k calls.
     pub wire: Option<Wire>,
+    /// Of `wire`, the inter-host level's bytes of a hierarchical compressed all-reduce.
+    pub inter: Option<Wire>,
     /// A top-k call's step times (HiTopKComm's four, zero for the baselines) and, of the
     /// third, the scatter-add alone.
     pub steps: Option<([Duration; 4], Duration)>,
@@ -291,6 +293,7 @@ pub fn run<T: Elem>(
         return Ok(Ran {
             algo: Some(rep.algo),
             wire: Some(rep.wire),
+            inter: rep.inter,
             ..Ran::default()
         });
     }
@@ -308,6 +311,7 @@ pub fn run<T: Elem>(
         return Ok(Ran {
             algo: None,
             wire: Some(rep.wire),
+            inter: None,
             steps: Some((rep.steps, rep.scatter_add)),
             k: rep.k,
         });

@@ -77,8 +77,11 @@ pub struct CodecCols {
     /// Payload bytes one rank received in that call (max over ranks).
     pub wire_received: u64,
     /// Bytes an uncompressed bandwidth-optimal all-reduce sends per rank, size·2(n−1)/n, over
-    /// `wire_sent`; None when nothing was sent (one rank, empty buffer).
+    /// `wire_sent`; under the hierarchy the same for the inter-host level alone (see
+    /// [`CodecCols::over_hosts`]). None when nothing was sent (one rank, empty buffer).
     pub ratio: Option<f64>,
+    /// Hierarchical calls: the inter-host level's bytes sent per rank (max over ranks).
+    pub inter_sent: Option<u64>,
     /// ‖out − exact‖₂ / ‖exact‖₂ of one call on fresh inputs, the worse of the two modes.
     pub rel_err: f64,
 }
@@ -91,8 +94,21 @@ impl CodecCols {
             wire_sent: wire.sent,
             wire_received: wire.received,
             ratio: (wire.sent > 0 && dense > 0.0).then(|| dense / wire.sent as f64),
+            inter_sent: None,
             rel_err,
         }
+    }
+
+    /// A hierarchical call on `hosts` × `local` ranks that sent `inter_sent` bytes per rank
+    /// between hosts: the ratio compares those with the uncompressed inter-host all-reduce of
+    /// each rank's 1/local part, size/local·2(hosts−1)/hosts. The intra-host levels move the
+    /// same dense bytes either way, through shared memory, so counting them would say little
+    /// about what crosses the network.
+    pub fn over_hosts(mut self, size: u64, hosts: usize, local: usize, inter_sent: u64) -> Self {
+        let dense = size as f64 / local as f64 * 2.0 * (hosts as f64 - 1.0) / hosts as f64;
+        self.ratio = (inter_sent > 0 && dense > 0.0).then(|| dense / inter_sent as f64);
+        self.inter_sent = Some(inter_sent);
+        self
     }
 }
 
@@ -238,7 +254,8 @@ pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
             s,
             "# codec {z}: all_reduce compressed (error bound per encode {bound}); busbw on the \
              uncompressed size; wire(B) = payload bytes sent per rank per call (max over ranks); \
-             ratio = size*2(n-1)/n / wire(B); relerr = |out-exact|_2/|exact|_2 vs float64, fresh \
+             ratio = size*2(n-1)/n / wire(B), or on a hierarchical run size/L*2(H-1)/H over the \
+             inter-host bytes alone (H hosts of L ranks); relerr = |out-exact|_2/|exact|_2 vs float64, fresh \
              inputs, worse mode; #wrong: {CODEC_WRONG_RULE}"
         );
     }
@@ -468,9 +485,11 @@ pub fn json(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> String {
             s.pop();
             let _ = write!(
                 s,
-                ", \"wire_sent\": {}, \"wire_received\": {}, \"ratio\": {}, \"rel_err\": {}}}",
+                ", \"wire_sent\": {}, \"wire_received\": {}, \"inter_sent\": {}, \"ratio\": {}, \
+                 \"rel_err\": {}}}",
                 c.wire_sent,
                 c.wire_received,
+                opt(c.inter_sent, |x| x.to_string()),
                 opt(c.ratio, num),
                 num(c.rel_err)
             );
@@ -550,6 +569,10 @@ mod tests {
         let c = CodecCols::new(4096, 4, wire, 2.5e-4);
         assert_eq!(c.ratio, Some(2.0));
         assert_eq!(CodecCols::new(4096, 1, Wire::default(), 0.0).ratio, None);
+        // 2 hosts x 2 ranks, 4-bit between hosts: each rank's half, 2048 B, goes over the
+        // network as an all-reduce among 2 (2048 dense bytes sent), compressed 8x.
+        let h = CodecCols::new(4096, 4, wire, 0.0).over_hosts(4096, 2, 2, 256);
+        assert_eq!((h.ratio, h.inter_sent), (Some(8.0), Some(256)));
         let r = Row {
             codec: Some(c),
             ..r

@@ -75,6 +75,9 @@ pub struct Report {
     pub algo: Algo,
     /// Payload bytes this rank sent and received (all phases).
     pub wire: Wire,
+    /// Of `wire`, the bytes of the inter-host level of a hierarchical call (what crosses the
+    /// network; the rest moved through shared memory); None for flat calls.
+    pub inter: Option<Wire>,
 }
 
 /// Which compressed collective (for messages).
@@ -273,6 +276,7 @@ impl Comm {
                         Ok(Report {
                             algo: Algo::Sra,
                             wire: e.wire - w0,
+                            inter: None,
                         })
                     },
                 )
@@ -309,6 +313,7 @@ impl Comm {
                         Ok(Report {
                             algo: Algo::Ring,
                             wire: e.wire - w0,
+                            inter: None,
                         })
                     },
                 )
@@ -467,9 +472,10 @@ impl PreparedAllReduce {
                 |e, work, site, res| match &self.hier {
                     Some(h) => h
                         .all_reduce_coded(work, plan, site, res, self.intra_host, dtype)
-                        .map(|wire| Report {
+                        .map(|(wire, inter)| Report {
                             algo: Algo::Hier,
                             wire,
+                            inter: Some(inter),
                         }),
                     None => {
                         let w0 = e.wire;
@@ -478,6 +484,7 @@ impl PreparedAllReduce {
                             .map(|algo| Report {
                                 algo,
                                 wire: e.wire - w0,
+                                inter: None,
                             })
                     }
                 },

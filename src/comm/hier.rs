@@ -133,12 +133,13 @@ pub fn all_reduce(
 }
 
 /// One piece of a compressed hierarchical all-reduce: its elements, their plan position, their
-/// error-feedback residual, and the bytes its phases moved.
+/// error-feedback residual, and the bytes its intra-host and inter-host phases moved.
 struct CodedPiece<'a> {
     base: usize,
     work: &'a mut [f32],
     residual: Option<&'a mut [f32]>,
-    wire: Wire,
+    intra: Wire,
+    inter: Wire,
 }
 
 impl Hier {
@@ -146,7 +147,7 @@ impl Hier {
     /// compressed all-reduce of this rank's part among the ranks with the same local rank,
     /// intra-host all-gather, pipelined over pieces as the dense one. The intra-host phases
     /// are compressed too when `intra_host`. Returns the bytes this rank moved over all three
-    /// phases.
+    /// phases, and of those the inter-host phase's.
     pub(super) fn all_reduce_coded(
         &self,
         work: &mut [f32],
@@ -155,9 +156,9 @@ impl Hier {
         residual: Option<&mut [f32]>,
         intra_host: bool,
         dtype: DType,
-    ) -> Result<Wire> {
+    ) -> Result<(Wire, Wire)> {
         if work.is_empty() {
-            return Ok(Wire::default());
+            return Ok((Wire::default(), Wire::default()));
         }
         let ranges = pipeline::pieces(work.len(), self.piece_bytes / 4);
         let mut residuals: Vec<Option<&mut [f32]>> = match residual {
@@ -172,7 +173,8 @@ impl Hier {
                 base: r.start,
                 work,
                 residual: res.take(),
-                wire: Wire::default(),
+                intra: Wire::default(),
+                inter: Wire::default(),
             })
             .collect();
         let (local, me) = (self.intra.size(), self.intra.rank());
@@ -191,7 +193,7 @@ impl Hier {
                     }
                     Ok(e.wire - w0)
                 })?;
-                p.wire += wire;
+                p.intra += wire;
                 Ok(())
             },
             |p| {
@@ -206,7 +208,7 @@ impl Hier {
                     )?;
                     Ok(e.wire - w0)
                 })?;
-                p.wire += wire;
+                p.inter += wire;
                 Ok(())
             },
             |p| {
@@ -222,15 +224,17 @@ impl Hier {
                     }
                     Ok(e.wire - w0)
                 })?;
-                p.wire += wire;
+                p.intra += wire;
                 Ok(())
             },
         )?;
-        let mut wire = Wire::default();
+        let (mut total, mut inter) = (Wire::default(), Wire::default());
         for p in &pieces {
-            wire += p.wire;
+            total += p.intra;
+            total += p.inter;
+            inter += p.inter;
         }
-        Ok(wire)
+        Ok((total, inter))
     }
 }
 
