@@ -184,9 +184,10 @@ impl Comm {
         let topo = Topology::new(&host_ids, rank);
         let abort = Arc::new(AtomicBool::new(false));
         let link = link_config(rank, size, topo.local_size, &config, abort.clone());
+        let mut over_sockets = false;
         let transport: Box<dyn Transport> = match (&fabric, listener) {
             (Fabric::Tcp { peers, .. }, Some(l)) => {
-                let shm_peers = (0..size)
+                let shm_peers: Vec<bool> = (0..size)
                     .map(|p| {
                         p != rank
                             && match config.transport {
@@ -196,6 +197,7 @@ impl Comm {
                             }
                     })
                     .collect();
+                over_sockets = (0..size).any(|p| p != rank && !shm_peers[p]);
                 Box::new(TcpTransport::new(
                     l,
                     peers.clone(),
@@ -226,7 +228,7 @@ impl Comm {
             scratch: Default::default(),
             rank,
             size,
-            slice: config.buffsize,
+            slice: config.slice_bytes(over_sockets),
             algo: config.algo,
             wire: Default::default(),
             residuals: Default::default(),
