@@ -15,13 +15,15 @@ pub fn all_reduce(
     buf: &mut [u8],
     count: usize,
 ) -> Result<()> {
-    if let Some(s) = send {
-        buf.copy_from_slice(s);
-    }
     let (n, r, es) = (ctx.size, ctx.rank, ctx.dtype.size());
     if n == 1 {
+        if let Some(s) = send {
+            buf.copy_from_slice(s);
+        }
         return Ok(());
     }
+    // Out of place, `buf` needs no copy of `send`: contributions leave from `send`, the own
+    // chunk is reduced from it, and the all-gather overwrites the rest (a full extra pass).
     let chunks: Vec<_> = (0..n).map(|c| part(count, n, c, es)).collect();
     let nsl = ctx.nslices(chunks[n - 1].len());
     let max_slice = sub(&chunks[n - 1], nsl, nsl - 1, es).len() + es;
