@@ -37,20 +37,23 @@ pub struct Engine {
 }
 
 /// Byte size below which `auto` uses the tree (fewest hops) on more than 2 ranks.
-pub const TREE_MAX_BYTES: usize = 256 * 1024;
-/// World size up to which `auto` prefers SRA to the ring above `TREE_MAX_BYTES`.
+pub const TREE_MAX_BYTES: usize = 64 * 1024;
+/// Byte size from which `auto` prefers SRA to the ring on 3..=`SRA_MAX_RANKS` ranks.
+pub const SRA_MIN_BYTES: usize = 4 << 20;
+/// World size up to which `auto` prefers SRA to the ring from `SRA_MIN_BYTES`.
 pub const SRA_MAX_RANKS: usize = 8;
 
 /// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks.
 ///
-/// Measured with qccl-perf on 2 and 4 processes (docs/PERFORMANCE.md): on 2 ranks the ring
-/// is best at every size; on 4 the tree wins below 256 KiB and SRA above it, since its two
-/// fully concurrent phases suffer less than the ring's 2(n−1) dependent steps when ranks
-/// share cores. A measured cost model (`qccl-perf --calibrate`) is to replace these rules.
+/// Measured with qccl-perf on 2 and 4 processes on 2 cores (docs/PERFORMANCE.md): on 2 ranks
+/// the ring is best at every size; on 4 the tree wins only below 64 KiB, the ring from there
+/// to 1 MiB (its 16 KiB–256 KiB hops stay cheap), and SRA from 4 MiB, where its two fully
+/// concurrent phases suffer less than the ring's 2(n−1) dependent steps when ranks share
+/// cores. A measured cost model (`qccl-perf --calibrate`) is to replace these rules.
 pub fn resolve_algo(algo: Algo, bytes: usize, size: usize) -> Algo {
     match algo {
         Algo::Auto if size > 2 && bytes < TREE_MAX_BYTES => Algo::Tree,
-        Algo::Auto if size > 2 && size <= SRA_MAX_RANKS => Algo::Sra,
+        Algo::Auto if size > 2 && size <= SRA_MAX_RANKS && bytes >= SRA_MIN_BYTES => Algo::Sra,
         Algo::Auto => Algo::Ring,
         a => a,
     }
