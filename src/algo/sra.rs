@@ -26,7 +26,6 @@ pub fn all_reduce(
     // chunk's first reduction reads it (reduce3 / RecvReduce::with) and writes `buf`, and
     // the all-gather fills the rest of `buf` (an extra pass over the whole buffer cost ~30%
     // at 16–64 MiB on 4 ranks).
-
     let chunks: Vec<_> = (0..n).map(|c| part(count, n, c, es)).collect();
     let nsl = ctx.nslices(chunks[n - 1].len());
     let max_slice = sub(&chunks[n - 1], nsl, nsl - 1, es).len() + es;

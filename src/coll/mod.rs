@@ -26,6 +26,8 @@ pub struct Engine {
     pub size: usize,
     /// Slice size (QCCL_BUFFSIZE).
     pub slice: usize,
+    /// Some peer is reached over sockets (not shared memory): `auto` picks by it.
+    pub over_sockets: bool,
     /// Default all-reduce algorithm (QCCL_ALGO).
     pub algo: Algo,
     /// Bytes moved by every collective so far (the counters API).
@@ -36,21 +38,36 @@ pub struct Engine {
     pub coded_calls: u64,
 }
 
-/// Byte size below which `auto` uses the tree (fewest hops) on more than 2 ranks.
-pub const TREE_MAX_BYTES: usize = 256 * 1024;
-/// World size up to which `auto` prefers SRA to the ring above `TREE_MAX_BYTES`.
+/// Shared memory: byte size below which `auto` uses the tree (fewest hops) on more than 2
+/// ranks.
+pub const TREE_MAX_BYTES: usize = 64 * 1024;
+/// Shared memory: byte size from which `auto` prefers SRA to the ring on
+/// 3..=`SRA_MAX_RANKS` ranks.
+pub const SRA_MIN_BYTES: usize = 4 << 20;
+/// Sockets: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
+pub const TCP_TREE_MAX_BYTES: usize = 256 * 1024;
+/// World size up to which `auto` prefers SRA to the ring.
 pub const SRA_MAX_RANKS: usize = 8;
 
-/// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks.
+/// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks, on a comm with a peer
+/// over sockets or not.
 ///
-/// Measured with qccl-perf on 2 and 4 processes (docs/PERFORMANCE.md): on 2 ranks the ring
-/// is best at every size; on 4 the tree wins below 256 KiB and SRA above it, since its two
-/// fully concurrent phases suffer less than the ring's 2(n−1) dependent steps when ranks
-/// share cores. A measured cost model (`qccl-perf --calibrate`) is to replace these rules.
-pub fn resolve_algo(algo: Algo, bytes: usize, size: usize) -> Algo {
+/// Measured with qccl-perf on 2 and 4 processes on 2 cores (docs/PERFORMANCE.md): on 2 ranks
+/// the ring is best at every size. On 4 over shared memory the tree wins only below 64 KiB,
+/// the ring from there to 1 MiB (its 16 KiB–256 KiB hops stay cheap), and SRA from 4 MiB,
+/// where its two fully concurrent phases suffer less than the ring's 2(n−1) dependent steps
+/// when ranks share cores. Over TCP each of the ring's dependent steps costs a socket round
+/// trip: the tree wins below 256 KiB and SRA above (4 ranks, 256 KiB–2 MiB: SRA 1.8–2.2 GB/s,
+/// ring 1.1–1.9). A measured cost model (`qccl-perf --calibrate`) is to replace these rules.
+pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, over_sockets: bool) -> Algo {
+    let (tree_max, sra_min) = if over_sockets {
+        (TCP_TREE_MAX_BYTES, 0)
+    } else {
+        (TREE_MAX_BYTES, SRA_MIN_BYTES)
+    };
     match algo {
-        Algo::Auto if size > 2 && bytes < TREE_MAX_BYTES => Algo::Tree,
-        Algo::Auto if size > 2 && size <= SRA_MAX_RANKS => Algo::Sra,
+        Algo::Auto if size > 2 && bytes < tree_max => Algo::Tree,
+        Algo::Auto if size > 2 && size <= SRA_MAX_RANKS && bytes >= sra_min => Algo::Sra,
         Algo::Auto => Algo::Ring,
         a => a,
     }
@@ -97,7 +114,12 @@ impl Engine {
         op: ReduceOp,
         algo: Option<Algo>,
     ) -> Result<Algo> {
-        let algo = resolve_algo(algo.unwrap_or(self.algo), recv.len(), self.size);
+        let algo = resolve_algo(
+            algo.unwrap_or(self.algo),
+            recv.len(),
+            self.size,
+            self.over_sockets,
+        );
         if count == 0 {
             return Ok(algo);
         }

@@ -229,6 +229,7 @@ impl Comm {
             rank,
             size,
             slice: config.slice_bytes(over_sockets),
+            over_sockets,
             algo: config.algo,
             wire: Default::default(),
             residuals: Default::default(),
