@@ -140,7 +140,7 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
                              fp16, fp32, fp64, int, char, ...)                         [float]
   -r, --root <rank>          root of broadcast, reduce, gather, scatter                [0]
   -A, --algo <algo>          all-reduce algorithm: auto | ring | tree | sra | hier |
-                             allgather (allgather: with -Z only)                       [auto]
+                             allgather (one exchange, whole buffers)                   [auto]
   -Z, --codec <spec>         compress the all-reduce with a codec: none | fp16 | bf16 |
                              qsgd:bits=4,bucket=128 | topk:density=0.01 | efsign | ...
                              (allreduce only; float -d; sum or avg -o). busbw stays on
@@ -557,13 +557,6 @@ fn check_calibrate(a: &mut Args) -> Result<(), String> {
             "--calibrate -D {d}: the density belongs to the top-k collectives"
         ));
     }
-    if a.algos.contains(&Algo::AllGather) {
-        return Err(
-            "--calibrate -A allgather: that schedule exists only compressed; calibration times \
-             the uncompressed all-reduce (codecs are measured on their own)"
-                .into(),
-        );
-    }
     if a.dtypes != [DType::Float32] || a.ops != [ReduceOp::Sum] {
         return Err(
             "--calibrate: gradients are float sums; -d and -o do not apply (float, sum)".into(),
@@ -629,17 +622,10 @@ fn check_topk(a: &mut Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Rejects `-Z` combinations the compressed all-reduce would refuse at the first call (and
-/// `-A allgather`, a compressed-only schedule, without `-Z`), so that a bad command line
-/// fails before any rank starts.
+/// Rejects `-Z` combinations the compressed all-reduce would refuse at the first call, so
+/// that a bad command line fails before any rank starts.
 fn check_codec(a: &Args) -> Result<(), String> {
     let Some(codec) = &a.codec else {
-        if a.algo == Algo::AllGather {
-            return Err(
-                "-A allgather: the all-gather schedule is for compressed all-reduce only (add -Z <codec>)"
-                    .into(),
-            );
-        }
         return Ok(());
     };
     if a.coll != Coll::AllReduce {
@@ -848,7 +834,6 @@ mod tests {
             ("-Z fp16 -d all", &["-d all includes integer types"]),
             ("-Z fp16 -o max", &["-Z fp16 -o max", "sum and avg"]),
             ("-Z fp16 -o all -d half", &["-o all includes"]),
-            ("-A allgather", &["-A allgather", "-Z"]),
         ] {
             let e = err(cmd);
             for n in needles {

@@ -3,6 +3,7 @@
 //! Each large transfer is cut into slices of about QCCL_BUFFSIZE bytes so that the transport
 //! moves slice j+1 (into socket buffers) while this rank reduces slice j.
 
+pub mod allgather;
 pub mod chain;
 pub mod compressed;
 pub mod direct;

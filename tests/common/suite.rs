@@ -69,7 +69,13 @@ pub fn run_case(comm: &Comm, c: &Case, salt: u64) -> Result<(), String> {
     let ins: Vec<Vec<u8>> = (0..n).map(|p| input(dt, op, p, count, salt)).collect();
 
     // all_reduce: every algorithm, out-of-place and in place (hier where there are hosts).
-    let mut algos = vec![Algo::Auto, Algo::Ring, Algo::Tree, Algo::Sra];
+    let mut algos = vec![
+        Algo::Auto,
+        Algo::Ring,
+        Algo::Tree,
+        Algo::Sra,
+        Algo::AllGather,
+    ];
     if comm.num_nodes() > 1 {
         algos.push(Algo::Hier);
     }
