@@ -211,7 +211,7 @@ fn every_op_and_algo() {
     for op in ["sum", "prod", "min", "max", "avg"] {
         quick(3, &["-o", op, "-d", "bf16"]);
     }
-    for algo in ["ring", "tree", "sra"] {
+    for algo in ["ring", "tree", "sra", "allgather"] {
         quick(3, &["-A", algo]);
     }
 }
@@ -589,7 +589,6 @@ fn codec_errors_exit_2_naming_the_problem() {
             &["-Z fp16 -d int32", "floating-point"],
         ),
         (&["-Z", "fp16", "-o", "min"], &["-o min", "sum and avg"]),
-        (&["-A", "allgather"], &["-A allgather", "-Z"]),
     ] {
         let mut all = vec!["-np", "2"];
         all.extend_from_slice(args);
@@ -1093,7 +1092,6 @@ fn calibrate_schedules_and_codecs_given() {
     // Argument errors fail before any rank starts.
     for (args, needle) in [
         (&["--calibrate", "-C", "broadcast"][..], "all-reduce only"),
-        (&["--calibrate", "-A", "allgather"], "-A allgather"),
         (&["--calibrate", "-d", "half"], "float"),
         (&["--calibrate", "-Z", "bogus"], "bogus"),
         (&["--calibrate-out", "x.json"], "only with --calibrate"),
