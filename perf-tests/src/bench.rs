@@ -17,7 +17,7 @@ use crate::report::{self, CodecCols, Measure, Row, StepTimes};
 use half::{bf16, f16};
 use qccl::{Algo, Comm, Compression, DType, ReduceOp, Result, TopK, TopKScheme, Wire};
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where finished rows go: printed as they come on rank 0, kept for the footer and JSON.
 pub struct Sink {
@@ -38,8 +38,32 @@ impl Sink {
     }
 }
 
+/// How long the run's first collectives are repeated before anything is timed (see `settle`).
+pub const SETTLE: Duration = Duration::from_millis(50);
+
+/// Small all-reduces for about [`SETTLE`] before the first timed size. On this kind of VM the
+/// first milliseconds of collectives after start-up run several times slower (2 ranks, 4 KiB:
+/// 5.1 µs with 5 warm-up calls, 1.6 µs after 10 000; 4 ranks 26.5 against 8.6), which a
+/// count-based warm-up at small sizes does not cover and which says nothing about steady
+/// state. Every rank runs the same number of calls (sized on the slowest rank).
+fn settle(comm: &Comm) -> Result<()> {
+    let mut buf = vec![0f32; 1024];
+    let t = Instant::now();
+    for _ in 0..10 {
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+    }
+    let mut one = [t.elapsed().as_secs_f64() / 10.0];
+    comm.all_reduce_in_place(&mut one, ReduceOp::Max)?;
+    let calls = (SETTLE.as_secs_f64() / one[0].max(1e-9)) as usize;
+    for _ in 0..calls.clamp(10, 200_000) {
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+    }
+    Ok(())
+}
+
 /// Runs every (type, op) combination the arguments ask for; returns the total wrong count.
 pub fn run(comm: &Comm, a: &Args, sink: &mut Sink) -> Result<u64> {
+    settle(comm)?;
     let mut wrong = 0;
     for &dtype in &a.dtypes {
         for &op in &a.ops {

@@ -200,7 +200,8 @@ pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
     let _ = writeln!(
         s,
         "# qccl-perf: {} on {nranks} ranks, {schedule}, time = {} over ranks of each rank's \
-         mean, warmup per size and mode; collectives always block on the host{}",
+         mean, warmup per size and mode after 50 ms of small all-reduces at start; collectives \
+         always block on the host{}",
         a.coll.name(),
         a.time_stat.name(),
         if a.blocking {
