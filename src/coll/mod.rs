@@ -43,7 +43,7 @@ pub struct Engine {
 pub const TREE_MAX_BYTES: usize = 64 * 1024;
 /// Shared memory: byte size from which `auto` prefers SRA to the ring on
 /// 3..=`SRA_MAX_RANKS` ranks.
-pub const SRA_MIN_BYTES: usize = 4 << 20;
+pub const SRA_MIN_BYTES: usize = 1 << 20;
 /// Sockets: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
 pub const TCP_TREE_MAX_BYTES: usize = 256 * 1024;
 /// World size up to which `auto` prefers SRA to the ring.
@@ -56,8 +56,10 @@ pub const ALLGATHER_MAX_BYTES: usize = 64 * 1024;
 ///
 /// Measured with qccl-perf on 2 and 4 processes on 2 cores (docs/PERFORMANCE.md): on 2 ranks
 /// one exchange of the whole buffers (all-gather scheme) is best below 64 KiB (TCP 4 KiB:
-/// 7 µs against the ring's 13; shared memory on par) and the ring above. On 4 over shared memory the tree wins only below 64 KiB,
-/// the ring from there to 1 MiB (its 16 KiB–256 KiB hops stay cheap), and SRA from 4 MiB,
+/// 7 µs against the ring's 13; shared memory on par) and the ring above. On 4 over shared
+/// memory the tree wins only below 64 KiB, the ring from there to 1 MiB (its 16 KiB–256 KiB
+/// hops stay cheap), and SRA from 1 MiB
+/// (1 MiB: 397–456 µs against the ring's 408–482; 4 MiB: 1659–1778 against 2137–2248),
 /// where its two fully concurrent phases suffer less than the ring's 2(n−1) dependent steps
 /// when ranks share cores. Over TCP each of the ring's dependent steps costs a socket round
 /// trip: the tree wins below 256 KiB and SRA above (4 ranks, 256 KiB–2 MiB: SRA 1.8–2.2 GB/s,
