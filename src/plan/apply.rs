@@ -365,45 +365,14 @@ impl<'c> PlanRunner<'c> {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::plan::profile::TensorProfile;
+    use crate::plan::testing::{on_threads, prof};
     use std::time::{Duration, Instant};
-
-    fn prof(sizes: &[usize]) -> Profile {
-        Profile {
-            note: String::new(),
-            tensors: sizes
-                .iter()
-                .enumerate()
-                .map(|(i, &elems)| TensorProfile {
-                    name: format!("t{i}"),
-                    elems,
-                    backprop: 1e-3,
-                })
-                .collect(),
-        }
-    }
 
     /// Rank `r`'s gradient of tensor `t` at step `s`: distinct per rank, tensor and element.
     fn grad(r: usize, t: usize, s: usize, n: usize) -> Vec<f32> {
         (0..n)
             .map(|i| ((r * 31 + t * 7 + s * 3 + i) % 97) as f32 * 0.01 - 0.4)
             .collect()
-    }
-
-    /// Runs `f(rank, comm)` on `n` thread ranks and returns the results in rank order.
-    fn on_threads<R: Send>(n: usize, f: impl Fn(usize, &Comm) -> R + Sync) -> Vec<R> {
-        let comms = Comm::init_threads(n, Config::default()).unwrap();
-        std::thread::scope(|s| {
-            let hs: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(r, c)| {
-                    let f = &f;
-                    s.spawn(move || f(r, c))
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
     }
 
     const SIZES: [usize; 6] = [5, 1000, 1, 64, 3000, 17];
@@ -422,7 +391,7 @@ mod tests {
     }
 
     fn run(comm: &Comm, r: usize, plan: &Plan, steps: usize) -> Vec<Vec<Vec<f32>>> {
-        let p = prof(&SIZES);
+        let p = prof(&SIZES, 1e-3);
         let mut runner = PlanRunner::new(comm, plan, &p).unwrap();
         (0..steps)
             .map(|s| {
@@ -480,7 +449,7 @@ mod tests {
     fn groups_start_as_soon_as_complete() {
         let plan = Plan::from_ends(&[2, 6], Some("qsgd:bits=4"));
         on_threads(2, |r, comm| {
-            let p = prof(&SIZES);
+            let p = prof(&SIZES, 1e-3);
             let mut runner = PlanRunner::new(comm, &plan, &p).unwrap();
             for step in 0..2 {
                 runner.submit(0, grad(r, 0, step, SIZES[0])).unwrap();
@@ -516,7 +485,7 @@ mod tests {
     fn bad_plans_and_calls_are_rejected() {
         let comms = Comm::init_threads(1, Config::default()).unwrap();
         let comm = &comms[0];
-        let p = prof(&[3, 4, 5]);
+        let p = prof(&[3, 4, 5], 1e-3);
         let err = |plan: Plan| match PlanRunner::new(comm, &plan, &p) {
             Ok(_) => panic!("plan {:?} accepted", plan.ends()),
             Err(e) => e.to_string(),

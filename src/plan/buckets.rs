@@ -172,23 +172,7 @@ impl<'c> BucketRunner<'c> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::plan::profile::TensorProfile;
-
-    fn prof(sizes: &[usize]) -> Profile {
-        Profile {
-            note: String::new(),
-            tensors: sizes
-                .iter()
-                .enumerate()
-                .map(|(i, &elems)| TensorProfile {
-                    name: format!("t{i}"),
-                    elems,
-                    backprop: 1e-3,
-                })
-                .collect(),
-        }
-    }
+    use crate::plan::testing::{on_threads, prof};
 
     fn grad(r: usize, t: usize, s: usize, i: usize) -> f32 {
         ((r * 31 + t * 7 + s * 3 + i) % 97) as f32 * 0.01 - 0.4
@@ -196,27 +180,12 @@ mod tests {
 
     const SIZES: [usize; 6] = [5, 1000, 1, 64, 3000, 17];
 
-    fn on_threads<R: Send>(n: usize, f: impl Fn(usize, &Comm) -> R + Sync) -> Vec<R> {
-        let comms = Comm::init_threads(n, Config::default()).unwrap();
-        std::thread::scope(|s| {
-            let hs: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(r, c)| {
-                    let f = &f;
-                    s.spawn(move || f(r, c))
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
-
     #[test]
     fn dense_buckets_equal_the_float64_average_and_ranks_agree() {
         let n = 3;
         let plan = Plan::from_ends(&[2, 3, 6], None);
         let out = on_threads(n, |r, comm| {
-            let mut run = BucketRunner::new(comm, &plan, &prof(&SIZES)).unwrap();
+            let mut run = BucketRunner::new(comm, &plan, &prof(&SIZES, 1e-3)).unwrap();
             let mut last = Vec::new();
             for step in 0..2 {
                 for (t, &len) in SIZES.iter().enumerate() {
@@ -251,7 +220,7 @@ mod tests {
     fn compressed_buckets_are_close_and_misuse_is_refused() {
         let plan = Plan::from_ends(&[3, 6], Some("fp16"));
         on_threads(2, |r, comm| {
-            let mut run = BucketRunner::new(comm, &plan, &prof(&SIZES)).unwrap();
+            let mut run = BucketRunner::new(comm, &plan, &prof(&SIZES, 1e-3)).unwrap();
             assert!(run.ready(1).is_err(), "out of order");
             for t in 0..3 {
                 run.grad_mut(t).unwrap().fill(r as f32 + 0.5);

@@ -183,26 +183,12 @@ impl super::JsonFile for Plan {
 mod tests {
     use super::*;
     use crate::plan::cost::Linear;
-    use crate::plan::profile::TensorProfile;
+    use crate::plan::testing::prof;
     use crate::plan::JsonFile;
-
-    fn prof(sizes: &[usize]) -> Profile {
-        Profile {
-            note: String::new(),
-            tensors: sizes
-                .iter()
-                .map(|&elems| TensorProfile {
-                    name: String::new(),
-                    elems,
-                    backprop: 1.0,
-                })
-                .collect(),
-        }
-    }
 
     #[test]
     fn baselines_tile_the_model() {
-        let p = prof(&[10, 20, 30, 40, 50]);
+        let p = prof(&[10, 20, 30, 40, 50], 1.0);
         let cost = CostModel::with_link("l", Linear::ZERO);
         assert_eq!(Plan::layer_wise(5, None).ends(), vec![1, 2, 3, 4, 5]);
         assert_eq!(Plan::single(5, None).ends(), vec![5]);
@@ -228,7 +214,9 @@ mod tests {
         assert!(Plan::from_ends(&[5], Some("sign"))
             .validate(&p, &cost)
             .is_err());
-        assert!(Plan::single(0, None).validate(&prof(&[]), &cost).is_ok());
+        assert!(Plan::single(0, None)
+            .validate(&prof(&[], 1.0), &cost)
+            .is_ok());
     }
 
     #[test]

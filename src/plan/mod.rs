@@ -29,6 +29,8 @@ pub mod fusion;
 pub mod models;
 pub mod profile;
 pub mod sim;
+#[cfg(test)]
+mod testing;
 
 pub use apply::{FusedAllReduce, FusionPlan, Part, PlanRunner};
 pub use buckets::BucketRunner;
