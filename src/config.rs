@@ -79,6 +79,9 @@ pub struct Config {
     /// 0 = no pipelining): larger buffers go through in pieces, the network phase of one
     /// overlapping the shared-memory phase of the next.
     pub chunksize: usize,
+    /// Bytes per owner and round of the shared-memory arena (QCCL_SHM_ARENA_CHUNK, default
+    /// 128 KiB, a multiple of 64 from 4096 up).
+    pub shm_arena_chunk: usize,
     /// Default all-reduce algorithm (QCCL_ALGO).
     pub algo: Algo,
     /// Interface selection for the TCP transport, NCCL_SOCKET_IFNAME syntax (QCCL_SOCKET_IFNAME).
@@ -106,6 +109,7 @@ impl Default for Config {
             init_timeout: Duration::from_millis(300_000),
             buffsize: None,
             chunksize: 4 << 20,
+            shm_arena_chunk: crate::transport::shm::arena::CHUNK,
             algo: Algo::Auto,
             socket_ifname: None,
             nsocks_per_peer: 1,
@@ -188,6 +192,14 @@ impl Config {
                 )));
             }
             c.chunksize = b as usize;
+        }
+        if let Some(b) = env_num("QCCL_SHM_ARENA_CHUNK")? {
+            if b < 4096 || b % 64 != 0 || b > 1 << 30 {
+                return Err(Error::invalid(format!(
+                    "QCCL_SHM_ARENA_CHUNK={b} must be a multiple of 64 from 4096 to 1 GiB"
+                )));
+            }
+            c.shm_arena_chunk = b as usize;
         }
         if let Some(a) = env_var("QCCL_ALGO") {
             c.algo = Algo::parse(&a).map_err(|e| Error::invalid(format!("QCCL_ALGO: {e}")))?;

@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::suite::{cases, run_all, run_huge};
-use qccl::{Comm, ReduceOp};
+use common::suite::{cases, run_all, run_case, run_huge, Case};
+use qccl::{Comm, DType, ReduceOp};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,23 @@ fn run_child(scenario: &str) -> Result<(), String> {
             Ok(())
         }
         "hitopk" => hitopk_child(&comm),
+        "arena" => {
+            // Every collective on 5 or 7 ranks: all-reduce, reduce-scatter and all-gather
+            // through the shared-memory arena, the rest over the pairwise rings.
+            for (i, c) in cases(false)
+                .into_iter()
+                .chain([Case {
+                    dtype: DType::Float32,
+                    op: ReduceOp::Sum,
+                    count: 1_000_003,
+                }])
+                .enumerate()
+            {
+                let count = if c.count == 1000 { 65537 } else { c.count };
+                run_case(&comm, &Case { count, ..c }, i as u64)?;
+            }
+            Ok(())
+        }
         "allreduce" => {
             let send = vec![comm.rank() as f32 + 1.0; 1000];
             let mut recv = vec![0f32; 1000];
@@ -293,6 +310,35 @@ fn suite_4_processes_shm() {
     suite(4, "shm");
 }
 
+/// Every collective on 5 and 7 processes over shared memory, with 4 KiB per owner and round
+/// in the arena so that large calls take hundreds of rounds and reuse every slot many times.
+fn arena(n: usize) {
+    let env = [
+        ("QCCL_TRANSPORT", "shm"),
+        ("QCCL_SHM_ARENA_CHUNK", "4096"),
+        ("QCCL_DEBUG", "INFO"),
+    ];
+    let outs = Job::new(n).run("arena", &env, Duration::from_secs(600));
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            log.contains(&format!("shared-memory arena over {n} ranks, 4 KiB")),
+            "rank {r} did not use the arena:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn arena_5_processes() {
+    arena(5);
+}
+
+#[test]
+fn arena_7_processes() {
+    arena(7);
+}
+
 /// Segments that processes `pids` left in /dev/shm (names carry the creator's pid).
 fn leftover_segments(pids: &[u32]) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
@@ -427,11 +473,21 @@ fn killed_rank(env: &[(&str, &str)]) -> Vec<u32> {
 
 #[test]
 fn ranks_that_disagree_all_get_an_error_naming_the_odd_one() {
-    let outs = Job::new(3).run(
-        "mismatch",
-        &[("QCCL_TIMEOUT_MS", "5000")],
-        Duration::from_secs(30),
-    );
+    disagree(&[("QCCL_TIMEOUT_MS", "5000")]);
+}
+
+#[test]
+fn ranks_that_disagree_in_the_shared_memory_arena_all_get_the_same_error() {
+    disagree(&[
+        ("QCCL_TIMEOUT_MS", "5000"),
+        ("QCCL_TRANSPORT", "shm"),
+        ("QCCL_ALGO", "sra"),
+    ]);
+}
+
+/// Rank 2 of 3 all-reduces 7 elements, the others 5: everyone fails naming rank 2's call.
+fn disagree(env: &[(&str, &str)]) {
+    let outs = Job::new(3).run("mismatch", env, Duration::from_secs(30));
     for (r, o) in outs.iter().enumerate() {
         assert_eq!(
             o.status.code(),

@@ -4,6 +4,7 @@
 //! moves slice j+1 (into socket buffers) while this rank reduces slice j.
 
 pub mod allgather;
+pub mod arena;
 pub mod chain;
 pub mod compressed;
 pub mod direct;

@@ -22,6 +22,10 @@ pub fn all_reduce(
         }
         return Ok(());
     }
+    // All ranks on one host: the arena replaces the pairwise frames.
+    if super::arena::all_reduce(ctx, send, buf, count)? {
+        return Ok(());
+    }
     // Out of place, nothing is copied up front: contributions leave from `send`, the own
     // chunk's first reduction reads it (reduce3 / RecvReduce::with) and writes `buf`, and
     // the all-gather fills the rest of `buf` (an extra pass over the whole buffer cost ~30%

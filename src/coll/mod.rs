@@ -160,6 +160,9 @@ impl Engine {
         let n = self.size;
         let total = recvcount * n;
         let mut ctx = self.ctx(CollKind::ReduceScatter, recvcount, dtype, op, 0, 0);
+        if algo::arena::reduce_scatter(&mut ctx, send, recv, total)? {
+            return Ok(());
+        }
         let io = match send {
             Some(input) => Io::OutOfPlace { input, out: recv },
             None => Io::InPlace(recv),
@@ -190,6 +193,13 @@ impl Engine {
             0,
             Algo::Hier as u8,
         );
+        let out = match send {
+            Some(_) => &mut buf[mine.clone()],
+            None => &mut *buf,
+        };
+        if algo::arena::reduce_scatter(&mut ctx, send, out, count)? {
+            return Ok(());
+        }
         let io = match send {
             Some(input) => Io::OutOfPlace {
                 input,
@@ -213,6 +223,9 @@ impl Engine {
             0,
             Algo::Hier as u8,
         );
+        if algo::arena::all_gather(&mut ctx, None, buf, count)? {
+            return Ok(());
+        }
         algo::ring::all_gather(&mut ctx, buf, count)
     }
 
@@ -229,11 +242,14 @@ impl Engine {
             return Ok(());
         }
         let n = self.size;
+        let mut ctx = self.ctx(CollKind::AllGather, sendcount, dtype, ReduceOp::Sum, 0, 0);
+        if algo::arena::all_gather(&mut ctx, send, recv, sendcount * n)? {
+            return Ok(());
+        }
         if let Some(s) = send {
-            let mine = part(sendcount * n, n, self.rank, dtype.size());
+            let mine = part(sendcount * n, n, ctx.rank, dtype.size());
             recv[mine].copy_from_slice(s);
         }
-        let mut ctx = self.ctx(CollKind::AllGather, sendcount, dtype, ReduceOp::Sum, 0, 0);
         algo::ring::all_gather(&mut ctx, recv, sendcount * n)
     }
 

@@ -87,6 +87,7 @@ fn link_config(
         spin,
         yield_for,
         abort,
+        arena_chunk: config.shm_arena_chunk,
     }
 }
 

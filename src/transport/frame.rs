@@ -36,6 +36,8 @@ pub enum CollKind {
     SendRecv = 9,
     Barrier = 10,
     Split = 11,
+    /// Setting up a comm-wide resource (the shared-memory arena).
+    Setup = 12,
 }
 
 impl CollKind {
@@ -53,6 +55,7 @@ impl CollKind {
             CollKind::SendRecv => "send/recv",
             CollKind::Barrier => "barrier",
             CollKind::Split => "split",
+            CollKind::Setup => "setup",
         }
     }
 
@@ -70,6 +73,7 @@ impl CollKind {
             SendRecv,
             Barrier,
             Split,
+            Setup,
         ]
         .into_iter()
         .find(|c| *c as u8 == v)

@@ -95,6 +95,8 @@ pub struct LinkConfig {
     pub yield_for: Duration,
     /// Set by `Comm::abort`; every wait checks it at least every 100 ms.
     pub abort: Arc<AtomicBool>,
+    /// Bytes per owner and round of the shared-memory arena (QCCL_SHM_ARENA_CHUNK).
+    pub arena_chunk: usize,
 }
 
 /// A way to move frames between the ranks of one comm.
@@ -114,6 +116,13 @@ pub trait Transport: Send {
     fn reduces_on_receive(&mut self, peer: usize) -> Result<bool> {
         let _ = peer;
         Ok(false)
+    }
+
+    /// The comm-wide shared-memory arena (`shm::arena`) when every peer shares this host over
+    /// shared memory, else None. Set up on first use: every rank must call this at the same
+    /// point of the same collective.
+    fn arena(&mut self) -> Result<Option<&mut shm::arena::Arena>> {
+        Ok(None)
     }
 
     /// Tells every connected peer that this rank failed (best effort, bounded to about a

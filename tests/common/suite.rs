@@ -80,25 +80,7 @@ pub fn run_case(comm: &Comm, c: &Case, salt: u64) -> Result<(), String> {
         algos.push(Algo::Hier);
     }
     for algo in algos {
-        let mut out = vec![0u8; count * es];
-        q(comm.all_reduce_raw(Some(&ins[r]), &mut out, count, dt, op, Some(algo))).map_err(ctx(
-            "all_reduce",
-            c,
-            algo.name(),
-        ))?;
-        check_reduce(dt, op, &ins, 0..count, &out).map_err(ctx("all_reduce", c, algo.name()))?;
-        same_on_all_ranks(comm, &out, "all_reduce").map_err(ctx("all_reduce", c, algo.name()))?;
-        let mut buf = ins[r].clone();
-        q(comm.all_reduce_raw(None, &mut buf, count, dt, op, Some(algo))).map_err(ctx(
-            "all_reduce in-place",
-            c,
-            algo.name(),
-        ))?;
-        if buf != out {
-            return Err(ctx("all_reduce", c, algo.name())(
-                "in-place result differs from out-of-place".into(),
-            ));
-        }
+        check_all_reduce(comm, c, &ins, algo)?;
     }
 
     // reduce_scatter: inputs of n·count, this rank's part r.
@@ -246,6 +228,33 @@ pub fn run_case(comm: &Comm, c: &Case, salt: u64) -> Result<(), String> {
 }
 
 /// Runs `cases` in order; returns the first failure.
+/// One all-reduce case with `algo`, out of place and in place, checked against the reference
+/// and for identical bits on every rank.
+pub fn check_all_reduce(comm: &Comm, c: &Case, ins: &[Vec<u8>], algo: Algo) -> Result<(), String> {
+    let (dt, op, count) = (c.dtype, c.op, c.count);
+    let r = comm.rank();
+    let mut out = vec![0u8; count * dt.size()];
+    q(comm.all_reduce_raw(Some(&ins[r]), &mut out, count, dt, op, Some(algo))).map_err(ctx(
+        "all_reduce",
+        c,
+        algo.name(),
+    ))?;
+    check_reduce(dt, op, ins, 0..count, &out).map_err(ctx("all_reduce", c, algo.name()))?;
+    same_on_all_ranks(comm, &out, "all_reduce").map_err(ctx("all_reduce", c, algo.name()))?;
+    let mut buf = ins[r].clone();
+    q(comm.all_reduce_raw(None, &mut buf, count, dt, op, Some(algo))).map_err(ctx(
+        "all_reduce in-place",
+        c,
+        algo.name(),
+    ))?;
+    if buf != out {
+        return Err(ctx("all_reduce", c, algo.name())(
+            "in-place result differs from out-of-place".into(),
+        ));
+    }
+    Ok(())
+}
+
 pub fn run_all(comm: &Comm, cases: &[Case]) -> Result<(), String> {
     for (i, c) in cases.iter().enumerate() {
         run_case(comm, c, i as u64)?;

@@ -6,6 +6,7 @@
 //! then on nothing is left in /dev/shm, even if a process is killed with SIGKILL. A peer that
 //! dies is noticed through its pid, since a ring has no end-of-file.
 
+pub mod arena;
 pub mod futex;
 pub mod ring;
 

@@ -8,7 +8,8 @@ mod acceptor;
 pub mod handshake;
 pub mod progress;
 
-use super::frame::{Header, OpDesc};
+use super::frame::{CollKind, Header, OpDesc};
+use super::shm::arena::{self, Arena};
 use super::shm::{self, ShmLink};
 use super::{LinkConfig, RecvReq, SendReq, Transport};
 use crate::error::{Error, Result};
@@ -58,6 +59,7 @@ pub struct TcpTransport {
     acceptor: Option<Acceptor>,
     stash: HashMap<usize, Stash>,
     shm_peers: Vec<bool>,
+    arena: Option<Arena>,
     aborted: bool,
 }
 
@@ -91,6 +93,7 @@ impl TcpTransport {
             acceptor: Some(acceptor),
             stash: HashMap::new(),
             shm_peers,
+            arena: None,
             aborted: false,
         })
     }
@@ -239,6 +242,35 @@ impl TcpTransport {
         }
     }
 
+    /// Maps the arena of an all-shared-memory comm (collective: see `Transport::arena`).
+    fn setup_arena(&mut self) -> Result<Arena> {
+        let (me, n) = (self.cfg.rank, self.cfg.size);
+        for p in (0..n).filter(|&p| p != me) {
+            self.ensure(p)?;
+        }
+        let pids = (0..n)
+            .map(|p| {
+                self.conns[p]
+                    .as_ref()
+                    .and_then(|c| c.shm.as_ref())
+                    .map_or(0, |l| l.peer_pid)
+            })
+            .collect();
+        let addrs = self.peers.iter().map(|a| a.to_string()).collect();
+        let desc = OpDesc {
+            coll: CollKind::Setup,
+            dtype: 0,
+            op: 0,
+            algo: 0,
+            root: 0,
+            count: 0,
+        };
+        let (conns, cfg) = (&mut self.conns, &self.cfg);
+        arena::setup(cfg, self.comm_id, pids, addrs, |s, r| {
+            progress::exchange(conns, cfg, &desc, s, r)
+        })
+    }
+
     fn abort_requested(&self) -> bool {
         self.cfg.abort.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -282,8 +314,31 @@ impl Transport for TcpTransport {
         Ok(self.conns[peer].as_ref().is_some_and(|c| c.shm.is_some()))
     }
 
+    fn arena(&mut self) -> Result<Option<&mut Arena>> {
+        let me = self.cfg.rank;
+        if self.cfg.size < 2 || (0..self.cfg.size).any(|p| p != me && !self.shm_peers[p]) {
+            return Ok(None);
+        }
+        if self.arena.is_none() {
+            let arena = self.setup_arena()?;
+            crate::qlog!(
+                Info,
+                "rank {me}: comm {:#018x}: shared-memory arena over {} ranks, {} KiB per owner \
+                 per round",
+                self.comm_id,
+                arena.size(),
+                arena.chunk() >> 10
+            );
+            self.arena = Some(arena);
+        }
+        Ok(self.arena.as_mut())
+    }
+
     fn abort(&mut self, reason: &str) {
         self.aborted = true;
+        if let Some(a) = &self.arena {
+            a.abort();
+        }
         let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];
         let head = Header::abort(reason.len()).encode();
         for conn in self.conns.iter_mut().filter_map(Option::take) {

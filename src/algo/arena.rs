@@ -1,0 +1,248 @@
+//! All-reduce (as SRA), reduce-scatter and all-gather through the shared-memory arena
+//! (`transport::shm::arena`), for comms whose ranks all share one host.
+//!
+//! Each round covers one slice of every owner's chunk. Every rank copies its contribution for
+//! owner q into its own segment; owner q reduces its own input and the peers' contributions
+//! (in rank order) straight out of their segments into its output, and into its result area
+//! when the others need it; every rank copies each owner's result out. Reduce-scatter stops
+//! after the reduction; all-gather skips it (the owner publishes its own data). Rounds
+//! pipeline over the arena's slots, and one loop progresses whatever is ready (stage ahead,
+//! reduce, copy out), so no rank waits on a step it could overlap.
+
+use super::{part, sub, Ctx};
+use crate::reduce;
+use crate::transport::wait::Waiter;
+use crate::{DType, ReduceOp, Result};
+use std::ops::Range;
+
+/// Reduction block: the result block stays in L1 while every contribution is added to it.
+const BLOCK: usize = 16 << 10;
+
+/// All-reduce of `count` elements (chunks as `part` splits them); out of place when `send`
+/// is given. False (nothing moved) when the comm has no arena.
+pub fn all_reduce(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    count: usize,
+) -> Result<bool> {
+    let chunks = chunks(ctx, count);
+    let own_at = chunks[ctx.rank].start;
+    run(ctx, Shape::AllReduce, send, buf, &chunks, own_at)
+}
+
+/// Reduce-scatter of `count` elements split as `part` splits them: out of place `send` holds
+/// all of them and `out` gets this rank's part; in place (`send` None) `out` is the whole
+/// buffer and the part is reduced where it lies. False when the comm has no arena.
+pub fn reduce_scatter(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    out: &mut [u8],
+    count: usize,
+) -> Result<bool> {
+    let chunks = chunks(ctx, count);
+    let own_at = if send.is_some() {
+        0
+    } else {
+        chunks[ctx.rank].start
+    };
+    run(ctx, Shape::ReduceScatter, send, out, &chunks, own_at)
+}
+
+/// All-gather of `count` elements split as `part` splits them: part r comes from rank r,
+/// from `send` when given, else already in place in `buf`. False when the comm has no arena.
+pub fn all_gather(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    count: usize,
+) -> Result<bool> {
+    let chunks = chunks(ctx, count);
+    let own_at = chunks[ctx.rank].start;
+    run(ctx, Shape::AllGather, send, buf, &chunks, own_at)
+}
+
+fn chunks(ctx: &Ctx<'_>, count: usize) -> Vec<Range<usize>> {
+    let es = ctx.dtype.size();
+    (0..ctx.size)
+        .map(|c| part(count, ctx.size, c, es))
+        .collect()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+/// The round loop. `chunks` are the owners' byte ranges in the whole buffer; `buf` holds the
+/// whole buffer, except for an out-of-place reduce-scatter, where it is this rank's chunk
+/// alone; `own_at` is where this rank's chunk starts in `buf`. `send` is the whole input
+/// (all-reduce, reduce-scatter) or this rank's chunk (all-gather).
+fn run(
+    ctx: &mut Ctx<'_>,
+    shape: Shape,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    chunks: &[Range<usize>],
+    own_at: usize,
+) -> Result<bool> {
+    let (desc, dtype, op) = (ctx.desc, ctx.dtype, ctx.op);
+    let Some(arena) = ctx.t.arena()? else {
+        return Ok(false);
+    };
+    let (n, me, es) = (arena.size(), arena.rank(), dtype.size());
+    let (reduces, gathers) = (shape != Shape::AllGather, shape != Shape::ReduceScatter);
+    let per_round = arena.chunk() / es;
+    let rounds = chunks[n - 1].len().div_ceil(es).div_ceil(per_round).max(1);
+    // Round s covers slice s of every owner's chunk (whole-buffer byte ranges).
+    let slice = |q: usize, s: usize| sub(&chunks[q], rounds, s, es);
+    // This rank's slice s within `buf`, and within its own chunk.
+    let own_out = |s: usize| {
+        let r = slice(me, s);
+        r.start - chunks[me].start + own_at..r.end - chunks[me].start + own_at
+    };
+    let own_rel = |s: usize| {
+        let r = slice(me, s);
+        r.start - chunks[me].start..r.end - chunks[me].start
+    };
+    let base = arena.next_round();
+    let mut waiter = Waiter::new(arena.link_config());
+    let (mut staged, mut reduced, mut copied) = (0, 0, 0);
+    let mut have = vec![false; n]; // owners whose result of round `copied` is copied out
+    let (mut sent, mut received) = (0u64, 0u64);
+    while copied < rounds {
+        let seen = arena.bell();
+        let mut moved = false;
+        // Stage ahead as far as the slots allow: the owners can reduce while this rank waits.
+        // An all-gather stages nothing but the call's descriptor, which the owners check.
+        while staged < rounds {
+            let input: &[u8] = send.unwrap_or(buf);
+            let ok = arena.try_stage(&desc, base + staged as u64, |q, area| {
+                if reduces {
+                    let src = &input[slice(q, staged)];
+                    area[..src.len()].copy_from_slice(src);
+                    sent += src.len() as u64;
+                }
+            });
+            if !ok {
+                break;
+            }
+            staged += 1;
+            moved = true;
+        }
+        if reduced < staged {
+            let out = &mut buf[own_out(reduced)];
+            let ok = arena.try_reduce(&desc, base + reduced as u64, |srcs, result| {
+                let result = &mut result[..out.len()];
+                match shape {
+                    Shape::AllGather => {
+                        if let Some(s) = send {
+                            out.copy_from_slice(&s[own_rel(reduced)]);
+                        }
+                        result.copy_from_slice(out);
+                    }
+                    _ => {
+                        let own = send.map(|s| &s[slice(me, reduced)]);
+                        reduce_round(dtype, op, n, own, srcs, result, out, gathers);
+                        received += (out.len() * srcs.len()) as u64;
+                    }
+                }
+                if gathers {
+                    sent += (out.len() * (n - 1)) as u64;
+                }
+            })?;
+            if ok {
+                reduced += 1;
+                moved = true;
+            }
+        }
+        if copied < reduced {
+            for q in 0..n {
+                if q == me || have[q] || !gathers {
+                    continue;
+                }
+                let dst = &mut buf[slice(q, copied)];
+                have[q] = arena.try_copy(q, base + copied as u64, |result| {
+                    dst.copy_from_slice(&result[..dst.len()]);
+                });
+                if have[q] {
+                    received += dst.len() as u64;
+                    moved = true;
+                }
+            }
+            if !gathers || (0..n).all(|q| q == me || have[q]) {
+                arena.copied(base + copied as u64);
+                have.fill(false);
+                copied += 1;
+                moved = true;
+            }
+        }
+        if moved {
+            waiter.progressed();
+        } else {
+            arena.idle(&mut waiter, seen, || {
+                format!(
+                    "shared-memory arena stalled in {desc} (rounds staged {staged}, reduced \
+                     {reduced}, copied {copied} of {rounds})"
+                )
+            })?;
+        }
+    }
+    ctx.wire.sent += sent;
+    ctx.wire.received += received;
+    Ok(true)
+}
+
+/// Owner's reduction of one round, block by block: `own op srcs[0] op srcs[1] …` (`own` is
+/// `out` itself in place), Avg finished. The result goes to `out`, and to `result` as well
+/// when `publish` (the other ranks copy it from there).
+#[allow(clippy::too_many_arguments)]
+fn reduce_round(
+    dtype: DType,
+    op: ReduceOp,
+    n: usize,
+    own: Option<&[u8]>,
+    srcs: &[&[u8]],
+    result: &mut [u8],
+    out: &mut [u8],
+    publish: bool,
+) {
+    let len = out.len();
+    let mut at = 0;
+    while at < len {
+        let end = (at + BLOCK).min(len);
+        // Accumulate where the result must end up anyway: the result area when it is
+        // published (then copied to `out` while hot), else `out` itself.
+        let first = &srcs[0][at..end];
+        if publish {
+            let res = &mut result[at..end];
+            match own {
+                Some(own) => reduce::reduce3(dtype, op, res, &own[at..end], first),
+                None => reduce::reduce3(dtype, op, res, &out[at..end], first),
+            }
+            finish(dtype, op, n, res, &srcs[1..], at);
+            out[at..end].copy_from_slice(res);
+        } else {
+            let res = &mut out[at..end];
+            match own {
+                Some(own) => reduce::reduce3(dtype, op, res, &own[at..end], first),
+                None => reduce::reduce_into(dtype, op, res, first),
+            }
+            finish(dtype, op, n, res, &srcs[1..], at);
+        }
+        at = end;
+    }
+}
+
+/// Adds the remaining contributions (at byte offset `at` of each) and finishes an Avg.
+fn finish(dtype: DType, op: ReduceOp, n: usize, res: &mut [u8], rest: &[&[u8]], at: usize) {
+    let len = res.len();
+    for s in rest {
+        reduce::reduce_into(dtype, op, res, &s[at..at + len]);
+    }
+    if op == ReduceOp::Avg {
+        reduce::finish_avg(dtype, res, n);
+    }
+}

@@ -1,0 +1,475 @@
+//! A comm-wide shared-memory arena, for comms whose ranks all share one host: every rank maps
+//! every rank's segment, so an owner reduces its peers' contributions straight out of their
+//! segments and every rank copies each owner's result straight out of the owner's segment
+//! (CGX's shared-memory SRA; Open MPI's coll/sm). Per element that is one copy in, one
+//! reduction and one copy out, and two synchronisation points per round, where the ring over
+//! pairwise links has 2(n−1) dependent hand-offs, each a copy in and a copy out.
+//!
+//! The segment of rank p holds a header (counters, bell, abort flag, slot descriptors) and
+//! `SLOTS` round slots; slot k holds p's contribution to every owner q (n areas of `chunk`
+//! bytes; the area for q = p stays unused) and, as an owner, p's result. Three counters per
+//! rank count rounds, monotonically over the comm's life:
+//!   staged[p]  rounds whose contributions p wrote,
+//!   reduced[p] rounds whose result p (as owner) wrote,
+//!   copied[p]  rounds whose results p copied out.
+//! Round s uses slot s % SLOTS. p may stage round s once every owner reduced round s − SLOTS
+//! (nobody reads that slot any more); an owner may write its result of round s once every
+//! rank copied round s − SLOTS. The closures of [`Arena::try_stage`], [`Arena::try_reduce`]
+//! and [`Arena::try_copy`] only see memory inside those windows, which is what makes handing
+//! out slices of shared memory sound.
+//!
+//! Sleeping: one bell (a futex word in rank 0's segment) for the whole comm; every counter
+//! update rings it, and wakes sleepers only when someone announced sleeping.
+
+use super::futex;
+use crate::error::{Error, Result};
+use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
+use crate::transport::wait::{Next, Waiter};
+use crate::transport::{LinkConfig, RecvReq, SendReq};
+use memmap2::MmapMut;
+use nix::fcntl::OFlag;
+use nix::sys::mman::{shm_open, shm_unlink};
+use nix::sys::stat::Mode;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Round slots per rank: how far ranks may run ahead of each other.
+pub const SLOTS: usize = 4;
+/// Default bytes per owner per round.
+pub const CHUNK: usize = 128 << 10;
+
+const HEADER: usize = 4096;
+const MAGIC: u64 = 0x5143_434c_4152_4e41; // "QCCLARNA"
+const OFF_MAGIC: usize = 0;
+const OFF_GEOMETRY: usize = 8; // n, slots, chunk as u64
+const OFF_STAGED: usize = 64;
+const OFF_REDUCED: usize = 128;
+const OFF_COPIED: usize = 192;
+const OFF_BELL: usize = 256;
+const OFF_SLEEPERS: usize = 320;
+const OFF_ABORTED: usize = 384;
+/// Slot k's descriptor (the frame header of the call, and the round) at OFF_SLOTS + 64·k.
+const OFF_SLOTS: usize = 512;
+const NAME_LEN: usize = 96;
+const NAME_PREFIX: &str = "/qccl-";
+
+/// One rank's mapped segment.
+struct Segment {
+    /// Owns the mapping; all access goes through `base`.
+    _map: MmapMut,
+    base: *mut u8,
+}
+
+// SAFETY: `base` points into the mapping owned by `_map`, which moves with the Segment; the
+// shared words are atomics and data areas are handed over by the round protocol, so using a
+// Segment from another thread is as safe as from this one.
+unsafe impl Send for Segment {}
+
+impl Segment {
+    fn create(name: &str, len: usize) -> Result<Segment> {
+        let fd = shm_open(
+            name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(|e| Error::System(format!("shm_open({name}) to create: {e}")))?;
+        let file = std::fs::File::from(fd);
+        file.set_len(len as u64)
+            .map_err(|e| Error::io(format!("sizing shared memory segment {name}"), e))?;
+        Segment::map(&file, name)
+    }
+
+    fn open(name: &str, len: usize) -> Result<Segment> {
+        let fd = shm_open(name, OFlag::O_RDWR, Mode::empty())
+            .map_err(|e| Error::System(format!("shm_open({name}): {e}")))?;
+        let file = std::fs::File::from(fd);
+        let have = file
+            .metadata()
+            .map_err(|e| Error::io(format!("reading the size of {name}"), e))?
+            .len();
+        if have != len as u64 {
+            return Err(Error::InvalidUsage(format!(
+                "shared memory segment {name} has {have} bytes, expected {len}"
+            )));
+        }
+        Segment::map(&file, name)
+    }
+
+    fn map(file: &std::fs::File, name: &str) -> Result<Segment> {
+        // SAFETY: the segment was sized before mapping and is never truncated while mapped
+        // (only this comm's ranks know its random name, and it is unlinked once all mapped
+        // it). Concurrent access by the other ranks goes only through the atomics below and
+        // the data areas the round protocol hands over.
+        let mut map = unsafe { MmapMut::map_mut(file) }
+            .map_err(|e| Error::io(format!("mapping shared memory segment {name}"), e))?;
+        let base = map.as_mut_ptr();
+        Ok(Segment { _map: map, base })
+    }
+
+    fn word64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is one of the 8-aligned header offsets inside the page-aligned
+        // mapping of at least HEADER bytes, which outlives the returned borrow.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    fn word32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `word64`, for the 4-aligned header offsets.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    /// Bytes [off, off + len) of the segment. Callers guarantee, by the round protocol, that
+    /// no other process writes them while the slice lives.
+    fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        // SAFETY: off + len is inside the mapping (offsets come from `Arena::area`, bounded by
+        // the geometry the segment was sized with); see the caller's protocol argument.
+        unsafe { std::slice::from_raw_parts(self.base.add(off), len) }
+    }
+
+    /// Bytes [off, off + len) of this rank's own segment for writing. Callers guarantee, by
+    /// the round protocol, that no other process reads or writes them while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        // SAFETY: as in `bytes`; exclusivity is the caller's protocol argument (and `Arena`
+        // hands out at most one mutable area of a segment at a time).
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(off), len) }
+    }
+}
+
+/// The arena as one rank sees it: all ranks' segments, mapped.
+pub struct Arena {
+    me: usize,
+    n: usize,
+    chunk: usize,
+    segs: Vec<Segment>,
+    pids: Vec<i32>,
+    addrs: Vec<String>,
+    cfg: LinkConfig,
+}
+
+/// Segment bytes for `n` ranks and `chunk` bytes per owner per round.
+fn segment_len(n: usize, chunk: usize) -> usize {
+    HEADER + SLOTS * (n + 1) * chunk
+}
+
+/// Sets the arena up: every rank of the comm calls this at the same point. `exchange` moves
+/// frames to and from peers (the pairwise links); `pids[p]` and `addrs[p]` identify peer p.
+pub fn setup(
+    cfg: &LinkConfig,
+    comm_id: u64,
+    pids: Vec<i32>,
+    addrs: Vec<String>,
+    mut exchange: impl FnMut(&[SendReq<'_>], &mut [RecvReq<'_>]) -> Result<()>,
+) -> Result<Arena> {
+    let (me, n, chunk) = (cfg.rank, cfg.size, cfg.arena_chunk);
+    let len = segment_len(n, chunk);
+    // The creator's pid in the name lets tests (and operators) tell whose segment it was.
+    let name = format!(
+        "{NAME_PREFIX}{comm_id:016x}-p{}-a{me}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let own = Segment::create(&name, len)?;
+    for (i, v) in [n, SLOTS, chunk].into_iter().enumerate() {
+        own.word64(OFF_GEOMETRY + 8 * i)
+            .store(v as u64, Ordering::Relaxed);
+    }
+    own.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
+    let result = (|| {
+        let mut mine = [0u8; NAME_LEN];
+        mine[..name.len()].copy_from_slice(name.as_bytes());
+        let peers: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+        let mut names = vec![[0u8; NAME_LEN]; n];
+        {
+            let sends: Vec<SendReq<'_>> = peers
+                .iter()
+                .map(|&p| SendReq {
+                    peer: p,
+                    data: &mine,
+                })
+                .collect();
+            let mut recvs: Vec<RecvReq<'_>> = names
+                .iter_mut()
+                .enumerate()
+                .filter(|(p, _)| *p != me)
+                .map(|(p, b)| RecvReq::new(p, b))
+                .collect();
+            exchange(&sends, &mut recvs)?;
+        }
+        let mut segs = Vec::with_capacity(n);
+        let mut own = Some(own);
+        for (p, raw) in names.iter().enumerate() {
+            if p == me {
+                segs.push(own.take().expect("own segment"));
+                continue;
+            }
+            let end = raw.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
+            let peer_name = std::str::from_utf8(&raw[..end])
+                .ok()
+                .filter(|s| s.starts_with(NAME_PREFIX) && !s[1..].contains('/'))
+                .ok_or_else(|| {
+                    Error::InvalidUsage(format!("rank {p} sent a malformed arena segment name"))
+                })?;
+            let seg = Segment::open(peer_name, len)?;
+            let geometry: Vec<u64> = (0..3)
+                .map(|i| seg.word64(OFF_GEOMETRY + 8 * i).load(Ordering::Relaxed))
+                .collect();
+            if seg.word64(OFF_MAGIC).load(Ordering::Acquire) != MAGIC
+                || geometry != [n as u64, SLOTS as u64, chunk as u64]
+            {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {p}'s arena segment has another geometry ({geometry:?}, this rank \
+                     [{n}, {SLOTS}, {chunk}]): do all ranks run the same qccl with the same \
+                     settings?"
+                )));
+            }
+            segs.push(seg);
+        }
+        // Everyone mapped everything: the names can go.
+        let sends: Vec<SendReq<'_>> = peers
+            .iter()
+            .map(|&p| SendReq { peer: p, data: &[] })
+            .collect();
+        let mut recvs: Vec<RecvReq<'_>> = peers.iter().map(|&p| RecvReq::new(p, &mut [])).collect();
+        exchange(&sends, &mut recvs)?;
+        Ok(segs)
+    })();
+    let _ = shm_unlink(name.as_str());
+    Ok(Arena {
+        me,
+        n,
+        chunk,
+        segs: result?,
+        pids,
+        addrs,
+        cfg: cfg.clone(),
+    })
+}
+
+impl Arena {
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// Ranks in the comm.
+    pub fn size(&self) -> usize {
+        self.n
+    }
+
+    /// Bytes per owner per round.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// The next round this rank will stage: where a new collective starts.
+    pub fn next_round(&self) -> u64 {
+        self.counter(self.me, OFF_STAGED)
+    }
+
+    fn counter(&self, p: usize, off: usize) -> u64 {
+        self.segs[p].word64(off).load(Ordering::Acquire)
+    }
+
+    fn publish(&self, off: usize, value: u64) {
+        self.segs[self.me]
+            .word64(off)
+            .store(value, Ordering::Release);
+        let bell = self.segs[0].word32(OFF_BELL);
+        bell.fetch_add(1, Ordering::SeqCst);
+        if self.segs[0].word32(OFF_SLEEPERS).load(Ordering::SeqCst) != 0 {
+            futex::wake(bell);
+        }
+    }
+
+    /// Offset of slot `round % SLOTS`'s area `area` (an owner's contribution, or `n` for the
+    /// result).
+    fn area(&self, round: u64, area: usize) -> usize {
+        HEADER + ((round as usize % SLOTS) * (self.n + 1) + area) * self.chunk
+    }
+
+    /// True when every rank in `ranks`'s counter at `off` reached `at_least`.
+    fn all_reached(
+        &self,
+        off: usize,
+        at_least: u64,
+        mut ranks: impl Iterator<Item = usize>,
+    ) -> bool {
+        ranks.all(|p| self.counter(p, off) >= at_least)
+    }
+
+    fn others(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.n).filter(move |&p| p != self.me)
+    }
+
+    /// Stages round `round` (the next one, see [`Arena::next_round`]) when its slot is free:
+    /// `fill(owner, area)` writes this rank's contribution for each other owner into `area`
+    /// (`chunk` bytes; only a prefix need be used). Returns false when the slot is not free yet.
+    pub fn try_stage(
+        &mut self,
+        desc: &OpDesc,
+        round: u64,
+        mut fill: impl FnMut(usize, &mut [u8]),
+    ) -> bool {
+        debug_assert_eq!(round, self.next_round(), "rounds are staged in order");
+        let freed = (round + 1).saturating_sub(SLOTS as u64);
+        if !self.all_reached(OFF_REDUCED, freed, self.others()) {
+            return false;
+        }
+        let seg = &self.segs[self.me];
+        let head = Header {
+            kind: FrameKind::Data,
+            desc: *desc,
+            len: round,
+        }
+        .encode();
+        // Protocol: slot round % SLOTS of this segment is read by the owners only between
+        // staged ≥ round + 1 and their reduced ≥ round + 1; every owner reduced round − SLOTS,
+        // the last use of this slot, and this rank has not published round yet.
+        seg.bytes_mut(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN)
+            .copy_from_slice(&head);
+        for q in self.others() {
+            fill(q, seg.bytes_mut(self.area(round, q), self.chunk));
+        }
+        self.publish(OFF_STAGED, round + 1);
+        true
+    }
+
+    /// Reduces round `round` as owner when every peer staged it and every rank copied the
+    /// result this slot held before: `reduce(contributions, result)` gets the peers'
+    /// contributions to this rank in rank order (`chunk` bytes each) and this rank's result
+    /// area. Ok(false) when not ready; an error when a peer staged another collective.
+    pub fn try_reduce(
+        &mut self,
+        desc: &OpDesc,
+        round: u64,
+        reduce: impl FnOnce(&[&[u8]], &mut [u8]),
+    ) -> Result<bool> {
+        let freed = (round + 1).saturating_sub(SLOTS as u64);
+        if !self.all_reached(OFF_STAGED, round + 1, self.others())
+            || !self.all_reached(OFF_COPIED, freed, 0..self.n)
+        {
+            return Ok(false);
+        }
+        let want = Header {
+            kind: FrameKind::Data,
+            desc: *desc,
+            len: round,
+        };
+        for q in self.others() {
+            // Protocol: q wrote the descriptor before publishing staged ≥ round + 1 (Acquire
+            // above) and rewrites it only after this rank publishes reduced ≥ round + 1.
+            let raw: [u8; HEADER_LEN] = self.segs[q]
+                .bytes(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN)
+                .try_into()
+                .expect("header length");
+            let got = Header::decode(&raw, q)?;
+            got.check(desc, round as usize, q, self.me).map_err(|e| {
+                if got.desc == *desc {
+                    Error::Internal(format!(
+                        "rank {q} staged round {} where rank {} expected {round}: the arena's \
+                         ranks are out of step",
+                        got.len, self.me
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            debug_assert_eq!(got, want);
+        }
+        // Protocol: the peers' areas for this owner are stable between their staged ≥ round + 1
+        // and this rank's reduced ≥ round + 1; this rank's result area is unread by anyone
+        // (every rank copied round − SLOTS) until reduced ≥ round + 1 is published.
+        let srcs: Vec<&[u8]> = self
+            .others()
+            .map(|q| self.segs[q].bytes(self.area(round, self.me), self.chunk))
+            .collect();
+        let result = self.segs[self.me].bytes_mut(self.area(round, self.n), self.chunk);
+        reduce(&srcs, result);
+        self.publish(OFF_REDUCED, round + 1);
+        Ok(true)
+    }
+
+    /// Copies owner `peer`'s result of round `round` out with `take(result)` (`chunk` bytes)
+    /// once it is there. False when not yet.
+    pub fn try_copy(&self, peer: usize, round: u64, take: impl FnOnce(&[u8])) -> bool {
+        if self.counter(peer, OFF_REDUCED) < round + 1 {
+            return false;
+        }
+        debug_assert!(self.counter(self.me, OFF_COPIED) <= round);
+        // Protocol: the owner rewrites this area only after every rank's copied passes round,
+        // and this rank publishes that only in `copied` below, after the slice is gone.
+        take(self.segs[peer].bytes(self.area(round, self.n), self.chunk));
+        true
+    }
+
+    /// Tells the owners that this rank copied every result of round `round`.
+    pub fn copied(&mut self, round: u64) {
+        self.publish(OFF_COPIED, round + 1);
+    }
+
+    /// The bell's current value: read before a pass over the try_* calls, and given to
+    /// [`Arena::idle`] when that pass moved nothing, so no ring in between is missed.
+    pub fn bell(&self) -> u32 {
+        self.segs[0].word32(OFF_BELL).load(Ordering::SeqCst)
+    }
+
+    /// Called when a pass moved nothing: spins, yields or sleeps on the bell (see `Waiter`);
+    /// fails on a timeout, an abort, or a peer that died or aborted.
+    pub fn idle(
+        &self,
+        waiter: &mut Waiter,
+        seen: u32,
+        stalled: impl FnOnce() -> String,
+    ) -> Result<()> {
+        self.check_peers()?;
+        if let Next::Block(d) = waiter.idle(&self.cfg, stalled)? {
+            let sleepers = self.segs[0].word32(OFF_SLEEPERS);
+            sleepers.fetch_add(1, Ordering::SeqCst);
+            futex::wait(self.segs[0].word32(OFF_BELL), seen, d);
+            sleepers.fetch_sub(1, Ordering::SeqCst);
+            for p in self.others() {
+                if !super::alive(self.pids[p]) {
+                    return Err(self.remote(
+                        p,
+                        format!(
+                            "its process (pid {}) is gone: killed or exited",
+                            self.pids[p]
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_peers(&self) -> Result<()> {
+        for p in self.others() {
+            if self.segs[p].word32(OFF_ABORTED).load(Ordering::Acquire) != 0 {
+                return Err(self.remote(p, "peer aborted".into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn remote(&self, p: usize, msg: String) -> Error {
+        Error::Remote {
+            rank: p,
+            addr: self.addrs[p].clone(),
+            msg,
+        }
+    }
+
+    /// Tells the peers waiting in the arena that this rank failed.
+    pub fn abort(&self) {
+        self.segs[self.me]
+            .word32(OFF_ABORTED)
+            .store(1, Ordering::Release);
+        let bell = self.segs[0].word32(OFF_BELL);
+        bell.fetch_add(1, Ordering::SeqCst);
+        futex::wake(bell);
+    }
+
+    /// The link settings (timeout, spin) the arena's waits honour.
+    pub fn link_config(&self) -> &LinkConfig {
+        &self.cfg
+    }
+}
