@@ -843,20 +843,32 @@ fn namespaces() -> Vec<String> {
         .unwrap_or_default()
 }
 
+const EMUCLUSTER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/emucluster");
+
+/// The emulated-cluster tests run one at a time: each checks that no namespace is left behind.
+static EMUCLUSTER_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether `sh -c c` succeeds.
+fn sh(c: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", c])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Whether emucluster can run here (root, iproute2, network namespaces).
+fn emucluster_usable() -> bool {
+    sh("test \"$(id -u)\" = 0") && sh("command -v ip && command -v tc") && sh("ip netns list")
+}
+
 /// The emulated cluster (`perf-tests/emucluster`): 2 network-namespace "hosts" × 2 ranks over a
 /// rate-limited bridge, qccl-perf checked, dense and with a codec. Needs root and iproute2;
 /// where they are missing the script must say so and exit 2 (checked instead).
 #[test]
 fn emulated_cluster_2_hosts_x_2_ranks() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/emucluster");
-    let sh = |c: &str| {
-        Command::new("sh")
-            .args(["-c", c])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let usable =
-        sh("test \"$(id -u)\" = 0") && sh("command -v ip && command -v tc") && sh("ip netns list");
+    let _one = EMUCLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let script = EMUCLUSTER;
+    let usable = emucluster_usable();
     let emucluster = |codec: Option<&str>| {
         let mut c = Command::new(script);
         c.args([
@@ -886,6 +898,90 @@ fn emulated_cluster_2_hosts_x_2_ranks() {
         assert!(lines.iter().all(|(l, _)| l.oop.3 == 0), "#wrong:\n{out}");
         assert!(err.contains("2 hosts x 2 ranks"), "{err}");
     }
+    let left: Vec<String> = namespaces()
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+/// Open MPI through the emulated cluster (`emucluster --mpi`): perf-tests/peers/mpi_coll_perf.c
+/// as one job of 2 hosts × 2 ranks, checked results, rank 0 on emuhost0, traffic through every
+/// host's link, nothing left behind. Skipped where emucluster cannot run or Open MPI (mpicc,
+/// mpirun) is missing; with root but no mpirun, --mpi must say so and exit 2.
+#[test]
+fn emulated_cluster_open_mpi() {
+    let _one = EMUCLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !emucluster_usable() {
+        eprintln!("emulated cluster not available here: skipped");
+        return;
+    }
+    let emucluster = |cmd: &[&str]| {
+        Command::new(EMUCLUSTER)
+            .args([
+                "-H", "2", "-R", "2", "--rate", "1gbit", "-T", "60", "--mpi", "--",
+            ])
+            .args(cmd)
+            .output()
+            .expect("run emucluster")
+    };
+    if !sh("command -v mpirun && command -v mpicc") {
+        if !sh("command -v mpirun") {
+            let o = emucluster(&["true"]);
+            let (_, err) = text(&o);
+            assert_eq!(o.status.code(), Some(2), "{err}");
+            assert!(err.contains("needs mpirun"), "{err}");
+        }
+        eprintln!("Open MPI (mpicc, mpirun) not installed: skipped");
+        return;
+    }
+    let exe = temp_file("mpi_coll_perf");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/mpi_coll_perf.c");
+    let o = Command::new("mpicc")
+        .args(["-O2", "-o", exe.to_str().unwrap(), src])
+        .output()
+        .expect("run mpicc");
+    assert!(o.status.success(), "mpicc: {:?}", text(&o));
+    let before = namespaces();
+    let o = emucluster(&[
+        exe.to_str().unwrap(),
+        "-b",
+        "4K",
+        "-e",
+        "1M",
+        "-f",
+        "16",
+        "-n",
+        "3",
+        "-w",
+        "1",
+    ]);
+    let _ = std::fs::remove_file(&exe);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(out.contains("nranks 4, host emuhost0"), "{out}");
+    // size count type redop time algbw busbw #wrong iters
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| f.len() == 9)
+        .collect();
+    let sizes: Vec<&str> = rows.iter().map(|f| f[0]).collect();
+    assert_eq!(sizes, ["4096", "65536", "1048576"], "{out}");
+    assert!(rows.iter().all(|f| f[7] == "0"), "#wrong:\n{out}");
+    // "... over each host's link: emuhost0 4.2/4.2, emuhost1 4.2/4.2": both directions used
+    let links = err
+        .lines()
+        .find_map(|l| l.split_once("over each host's link: "))
+        .unwrap_or_else(|| panic!("no link summary:\n{err}"))
+        .1;
+    let mb: Vec<f64> = links
+        .split([',', ' ', '/'])
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert_eq!(mb.len(), 4, "{links}");
+    assert!(mb.iter().all(|&m| m > 1.0), "{links}");
     let left: Vec<String> = namespaces()
         .into_iter()
         .filter(|n| !before.contains(n))
