@@ -26,8 +26,8 @@ pub struct Engine {
     pub size: usize,
     /// Slice size (QCCL_BUFFSIZE).
     pub slice: usize,
-    /// Some peer is reached over sockets (not shared memory): `auto` picks by it.
-    pub over_sockets: bool,
+    /// How the ranks reach each other: `auto` picks by it.
+    pub links: Links,
     /// Default all-reduce algorithm (QCCL_ALGO).
     pub algo: Algo,
     /// Bytes moved by every collective so far (the counters API).
@@ -38,44 +38,58 @@ pub struct Engine {
     pub coded_calls: u64,
 }
 
-/// Shared memory: byte size below which `auto` uses the tree (fewest hops) on more than 2
-/// ranks.
+/// How a comm's ranks reach each other, as far as choosing an algorithm goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Some peer over TCP.
+    Sockets,
+    /// Every peer over shared memory: the comm-wide arena (`transport::shm::arena`) serves SRA.
+    Arena,
+    /// Threads of one process (frames over channels).
+    Threads,
+}
+
+/// Threads: byte size below which `auto` uses the tree (fewest hops) on more than 2 ranks.
 pub const TREE_MAX_BYTES: usize = 64 * 1024;
-/// Shared memory: byte size from which `auto` prefers SRA to the ring on
-/// 3..=`SRA_MAX_RANKS` ranks.
+/// Threads: byte size from which `auto` prefers SRA to the ring on 3..=`SRA_MAX_RANKS` ranks.
 pub const SRA_MIN_BYTES: usize = 1 << 20;
 /// Sockets: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
 pub const TCP_TREE_MAX_BYTES: usize = 256 * 1024;
-/// World size up to which `auto` prefers SRA to the ring.
+/// World size up to which `auto` prefers SRA over pairwise links to the ring.
 pub const SRA_MAX_RANKS: usize = 8;
 /// Byte size below which `auto` uses the one-exchange all-gather scheme on 2 ranks.
 pub const ALLGATHER_MAX_BYTES: usize = 64 * 1024;
+/// Arena, 2 ranks: byte size from which `auto` uses SRA through the arena (the ring below).
+pub const ARENA_SRA_MIN_BYTES_2: usize = 1 << 20;
 
-/// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks, on a comm with a peer
-/// over sockets or not.
+/// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks linked by `links`.
 ///
-/// Measured with qccl-perf on 2 and 4 processes on 2 cores (docs/PERFORMANCE.md): on 2 ranks
+/// Measured with qccl-perf on 2 to 8 processes on 2 cores (docs/PERFORMANCE.md). On 2 ranks
 /// one exchange of the whole buffers (all-gather scheme) is best below 64 KiB (TCP 4 KiB:
-/// 7 µs against the ring's 13; shared memory on par) and the ring above. On 4 over shared
-/// memory the tree wins only below 64 KiB, the ring from there to 1 MiB (its 16 KiB–256 KiB
-/// hops stay cheap), and SRA from 1 MiB
-/// (1 MiB: 397–456 µs against the ring's 408–482; 4 MiB: 1659–1778 against 2137–2248),
-/// where its two fully concurrent phases suffer less than the ring's 2(n−1) dependent steps
-/// when ranks share cores. Over TCP each of the ring's dependent steps costs a socket round
-/// trip: the tree wins below 256 KiB and SRA above (4 ranks, 256 KiB–2 MiB: SRA 1.8–2.2 GB/s,
-/// ring 1.1–1.9). A measured cost model (`qccl-perf --calibrate`) is to replace these rules.
-pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, over_sockets: bool) -> Algo {
-    let (tree_max, sra_min) = if over_sockets {
-        (TCP_TREE_MAX_BYTES, 0)
-    } else {
-        (TREE_MAX_BYTES, SRA_MIN_BYTES)
-    };
-    match algo {
-        Algo::Auto if size == 2 && bytes < ALLGATHER_MAX_BYTES => Algo::AllGather,
-        Algo::Auto if size > 2 && bytes < tree_max => Algo::Tree,
-        Algo::Auto if size > 2 && size <= SRA_MAX_RANKS && bytes >= sra_min => Algo::Sra,
-        Algo::Auto => Algo::Ring,
-        a => a,
+/// 7 µs against the ring's 13; shared memory on par). Through the shared-memory arena SRA
+/// has two synchronisation points per round and one copy in, one reduction, one copy out per
+/// element: it beats the tree and the ring at every size on 3 to 8 processes (4 ranks, 4 KiB
+/// 6–13 µs against the tree's 12–30; 64 MiB 32–38 ms against 42–45), and the ring from 1 MiB
+/// on 2. Over TCP each of the ring's dependent steps costs a socket round trip: the tree wins
+/// below 256 KiB and SRA above (4 ranks, 256 KiB–2 MiB: SRA 1.8–2.2 GB/s, ring 1.1–1.9).
+/// Threads keep the rules measured for pairwise shared memory: tree below 64 KiB, ring to
+/// 1 MiB, SRA above. A measured cost model (`qccl-perf --calibrate`) is to replace these.
+pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, links: Links) -> Algo {
+    if algo != Algo::Auto {
+        return algo;
+    }
+    if size == 2 && bytes < ALLGATHER_MAX_BYTES {
+        return Algo::AllGather;
+    }
+    match links {
+        Links::Arena if size > 2 || bytes >= ARENA_SRA_MIN_BYTES_2 => Algo::Sra,
+        Links::Arena => Algo::Ring,
+        _ if size == 2 => Algo::Ring,
+        Links::Sockets if bytes < TCP_TREE_MAX_BYTES => Algo::Tree,
+        Links::Threads if bytes < TREE_MAX_BYTES => Algo::Tree,
+        Links::Threads if bytes < SRA_MIN_BYTES => Algo::Ring,
+        _ if size <= SRA_MAX_RANKS => Algo::Sra,
+        _ => Algo::Ring,
     }
 }
 
@@ -120,12 +134,7 @@ impl Engine {
         op: ReduceOp,
         algo: Option<Algo>,
     ) -> Result<Algo> {
-        let algo = resolve_algo(
-            algo.unwrap_or(self.algo),
-            recv.len(),
-            self.size,
-            self.over_sockets,
-        );
+        let algo = resolve_algo(algo.unwrap_or(self.algo), recv.len(), self.size, self.links);
         if count == 0 {
             return Ok(algo);
         }
@@ -350,5 +359,28 @@ impl Engine {
     pub fn barrier(&mut self) -> Result<()> {
         let mut ctx = self.ctx(CollKind::Barrier, 0, DType::Uint8, ReduceOp::Sum, 0, 0);
         algo::direct::barrier(&mut ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_by_size_ranks_and_links() {
+        use Algo::*;
+        let pick = |bytes, size, links| resolve_algo(Auto, bytes, size, links);
+        assert_eq!(pick(4096, 2, Links::Arena), AllGather);
+        assert_eq!(pick(256 << 10, 2, Links::Arena), Ring);
+        assert_eq!(pick(1 << 20, 2, Links::Arena), Sra);
+        assert_eq!(pick(4096, 4, Links::Arena), Sra);
+        assert_eq!(pick(4096, 16, Links::Arena), Sra);
+        assert_eq!(pick(4096, 4, Links::Sockets), Tree);
+        assert_eq!(pick(1 << 20, 4, Links::Sockets), Sra);
+        assert_eq!(pick(1 << 20, 16, Links::Sockets), Ring);
+        assert_eq!(pick(4096, 4, Links::Threads), Tree);
+        assert_eq!(pick(256 << 10, 4, Links::Threads), Ring);
+        assert_eq!(pick(4 << 20, 4, Links::Threads), Sra);
+        assert_eq!(resolve_algo(Tree, 64 << 20, 4, Links::Arena), Tree);
     }
 }

@@ -15,7 +15,7 @@ pub use queue::Request;
 pub use route::AllReduceCall;
 
 use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
-use crate::coll::Engine;
+use crate::coll::{Engine, Links};
 use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::transport::inproc::InProcTransport;
@@ -230,7 +230,11 @@ impl Comm {
             rank,
             size,
             slice: config.slice_bytes(over_sockets),
-            over_sockets,
+            links: match (&fabric, over_sockets) {
+                (_, true) => Links::Sockets,
+                (Fabric::Tcp { .. }, false) => Links::Arena,
+                (Fabric::InProc, false) => Links::Threads,
+            },
             algo: config.algo,
             wire: Default::default(),
             residuals: Default::default(),
