@@ -16,6 +16,7 @@
 mod elementwise;
 mod float16;
 mod kernel;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
