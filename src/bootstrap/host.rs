@@ -31,6 +31,17 @@ fn host_id_from(env: Option<String>, hostname: &str, boot_id: Option<String>) ->
     }
 }
 
+/// Identity of this machine (its kernel's boot id, else its host name), whatever QCCL_HOSTID
+/// says: ranks with equal machine ids compete for the same cores, which decides whether their
+/// waits may spin (emulated hosts and containers with their own host names share them).
+pub fn machine_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|b| b.trim().to_string())
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(hostname)
+}
+
 /// Where the ranks live: nodes (distinct host ids) and each rank's place on its node.
 ///
 /// Nodes are numbered by first appearance in rank order; a rank's local rank is its position

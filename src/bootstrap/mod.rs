@@ -27,10 +27,10 @@ mod wire;
 
 /// Version of the bootstrap protocol (unique id layout and rendezvous messages). A root and a
 /// rank speaking different versions fail the init with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 pub use env::{detect, EnvInit};
-pub use host::{host_id, Topology};
+pub use host::{host_id, machine_id, Topology};
 pub use ifaddr::select_interface;
 pub use rendezvous::{join, PeerInfo, World};
 pub use root::spawn_root;

@@ -15,6 +15,8 @@ pub struct PeerInfo {
     pub rank: usize,
     /// Host identity ([`super::host_id`]): equal ids mean shared memory is possible.
     pub host_id: String,
+    /// Machine identity ([`super::machine_id`]): equal ids share cores.
+    pub machine_id: String,
     /// Address the rank's transport listens on.
     pub addr: SocketAddr,
     /// Process id (for diagnostics and same-process detection).
@@ -238,6 +240,10 @@ fn check_table(world: &World, me: &PeerInfo, size: usize, root: SocketAddr) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This library's protocol version, and another one.
+    const V: u32 = PROTOCOL_VERSION;
+    const W: u32 = PROTOCOL_VERSION + 1;
     use crate::bootstrap::root::spawn_root_speaking;
     use std::io::Write;
     use std::net::{IpAddr, Ipv4Addr, TcpListener};
@@ -249,6 +255,7 @@ mod tests {
         PeerInfo {
             rank,
             host_id: format!("host{}", rank % 2),
+            machine_id: "m".into(),
             addr: SocketAddr::new(LO, 20000 + rank as u16),
             pid: 1000 + rank as u32,
         }
@@ -328,7 +335,7 @@ mod tests {
     #[test]
     fn duplicate_rank_fails_everyone() {
         let id = lo_id(Duration::from_secs(3));
-        let who = [(0, 3, 1), (1, 3, 1), (1, 3, 1)];
+        let who = [(0, 3, V), (1, 3, V), (1, 3, V)];
         for r in finish(start(id, &who, Duration::from_secs(3))) {
             let err = r.unwrap_err();
             assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
@@ -355,15 +362,17 @@ mod tests {
     #[test]
     fn version_mismatch_fails_everyone() {
         let id = lo_id(Duration::from_secs(3));
-        let first = start(id, &[(0, 3, 1), (2, 3, 1)], Duration::from_secs(3));
+        let first = start(id, &[(0, 3, V), (2, 3, V)], Duration::from_secs(3));
         thread::sleep(Duration::from_millis(300));
-        let other = start(id, &[(1, 3, 2)], Duration::from_secs(3));
+        let other = start(id, &[(1, 3, W)], Duration::from_secs(3));
         for r in finish(first).into_iter().chain(finish(other)) {
             let err = r.unwrap_err();
             assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
             let s = err.to_string();
             assert!(
-                s.contains("rank 1 speaks protocol version 2, root speaks 1"),
+                s.contains(&format!(
+                    "rank 1 speaks protocol version {W}, root speaks {V}"
+                )),
                 "{s}"
             );
         }
@@ -375,26 +384,31 @@ mod tests {
         // rank of this library.
         let listener = TcpListener::bind((LO, 0)).unwrap();
         let addr = listener.local_addr().unwrap();
-        spawn_root_speaking(listener, [9; 16], Duration::from_secs(3), 2).unwrap();
+        spawn_root_speaking(listener, [9; 16], Duration::from_secs(3), W).unwrap();
         let bytes = *UniqueId::with_root(addr, [9; 16])
-            .with_version(2)
+            .with_version(W)
             .as_bytes();
         let id = UniqueId::from_bytes(&bytes).unwrap();
-        assert_eq!(id.version(), 2);
+        assert_eq!(id.version(), W);
         let err = join(&id, &peer(0), 2, Instant::now() + Duration::from_secs(3)).unwrap_err();
         assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
         let s = err.to_string();
         assert!(
-            s.contains("rank 0 speaks protocol version 1, root speaks 2"),
+            s.contains(&format!(
+                "rank 0 speaks protocol version {V}, root speaks {W}"
+            )),
             "{s}"
         );
-        assert!(s.contains("the unique id is of protocol version 2"), "{s}");
+        assert!(
+            s.contains(&format!("the unique id is of protocol version {W}")),
+            "{s}"
+        );
     }
 
     #[test]
     fn missing_rank_times_out_by_name_and_late_joiner_too() {
         let id = lo_id(Duration::from_millis(1500));
-        let who = [(0, 4, 1), (1, 4, 1), (3, 4, 1)];
+        let who = [(0, 4, V), (1, 4, V), (3, 4, V)];
         for r in finish(start(id, &who, Duration::from_secs(4))) {
             let err = r.unwrap_err();
             assert!(matches!(err, Error::Timeout(_)), "{err}");

@@ -499,12 +499,17 @@ mod tests {
         let me = PeerInfo {
             rank,
             host_id: "h".into(),
+            machine_id: "m".into(),
             addr: "127.0.0.1:9".parse().unwrap(),
             pid: 1,
         };
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        wire::write_frame(&mut s, &wire::encode_hello(1, &secret, &me, size)).unwrap();
+        wire::write_frame(
+            &mut s,
+            &wire::encode_hello(crate::bootstrap::PROTOCOL_VERSION, &secret, &me, size),
+        )
+        .unwrap();
         wire::decode_reply(&wire::read_frame(&mut s, wire::MAX_REPLY_LEN).unwrap()).unwrap()
     }
 

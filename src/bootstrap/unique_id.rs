@@ -186,7 +186,7 @@ mod tests {
         let id = UniqueId::with_root(addr, secret);
         let b = id.as_bytes();
         assert_eq!(&b[..4], b"QCID");
-        assert_eq!(&b[4..8], &1u32.to_le_bytes());
+        assert_eq!(&b[4..8], &PROTOCOL_VERSION.to_le_bytes());
         assert_eq!(&b[8..24], &secret);
         assert_eq!(b[24], 4);
         assert_eq!(&b[25..27], &29500u16.to_be_bytes());

@@ -219,6 +219,7 @@ pub(crate) fn encode_hello(version: u32, secret: &[u8; 16], me: &PeerInfo, size:
     b.extend_from_slice(&me.pid.to_le_bytes());
     put_addr(&mut b, &me.addr);
     put_host_id(&mut b, &me.host_id);
+    put_host_id(&mut b, &me.machine_id);
     framed(b)
 }
 
@@ -240,10 +241,12 @@ pub(crate) fn decode_hello(body: &[u8], ours: u32) -> Result<Hello> {
         let pid = rd.u32()?;
         let addr = rd.addr()?;
         let host_id = host_id(&mut rd)?;
+        let machine_id = self::host_id(&mut rd)?;
         rd.finish()?;
         Some(PeerInfo {
             rank: rank as usize,
             host_id,
+            machine_id,
             addr,
             pid,
         })
@@ -271,6 +274,7 @@ pub(crate) fn encode_table(world: &World) -> Vec<u8> {
         b.extend_from_slice(&p.pid.to_le_bytes());
         put_addr(&mut b, &p.addr);
         put_host_id(&mut b, &p.host_id);
+        put_host_id(&mut b, &p.machine_id);
     }
     framed(b)
 }
@@ -313,9 +317,11 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply> {
                 let pid = rd.u32()?;
                 let addr = rd.addr()?;
                 let host_id = host_id(&mut rd)?;
+                let machine_id = self::host_id(&mut rd)?;
                 peers.push(PeerInfo {
                     rank,
                     host_id,
+                    machine_id,
                     addr,
                     pid,
                 });
@@ -394,6 +400,7 @@ mod tests {
         PeerInfo {
             rank,
             host_id: format!("host-{rank}"),
+            machine_id: format!("m-{}", rank / 2),
             addr: if rank % 2 == 0 {
                 "127.0.0.1:4000".parse().unwrap()
             } else {

@@ -14,7 +14,9 @@ pub use hitopk::{PreparedTopK, TopK, TopKReport, TopKScheme};
 pub use queue::Request;
 pub use route::AllReduceCall;
 
-use crate::bootstrap::{self, host_id, join, select_interface, PeerInfo, Topology, UniqueId};
+use crate::bootstrap::{
+    self, host_id, join, machine_id, select_interface, PeerInfo, Topology, UniqueId,
+};
 use crate::coll::{Engine, Links};
 use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
@@ -35,6 +37,16 @@ enum Fabric {
     InProc,
 }
 
+/// Where a comm's ranks run.
+#[derive(Debug, Clone)]
+struct Placement {
+    /// Host of every rank: ranks of one host share memory.
+    host_ids: Vec<String>,
+    /// Ranks of the job (the comm this one was split from, if any) on this machine, whatever
+    /// hosts they emulate: with more of them than cores, waits yield instead of spinning.
+    machine_ranks: usize,
+}
+
 /// A communicator: a group of ranks that run collectives together.
 ///
 /// All ranks must call the same collectives in the same order. Blocking calls return when
@@ -45,7 +57,7 @@ pub struct Comm {
     rank: usize,
     size: usize,
     topo: Topology,
-    host_ids: Vec<String>,
+    place: Placement,
     comm_id: u64,
     secret: [u8; 16],
     config: Config,
@@ -67,15 +79,15 @@ pub struct Comm {
 fn link_config(
     rank: usize,
     size: usize,
-    local_size: usize,
+    machine_ranks: usize,
     config: &Config,
     abort: Arc<AtomicBool>,
 ) -> LinkConfig {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // Spinning only pays when every local rank has a core to spin on; otherwise yield the
-    // core to a peer for the same time before blocking.
+    // Spinning only pays when every rank on this machine has a core to spin on; otherwise
+    // yield the core to a peer for the same time before blocking.
     let budget = Duration::from_micros(config.spin_us);
-    let (spin, yield_for) = if local_size > cores {
+    let (spin, yield_for) = if machine_ranks > cores {
         (Duration::ZERO, budget)
     } else {
         (budget, Duration::ZERO)
@@ -107,15 +119,23 @@ impl Comm {
         let me = PeerInfo {
             rank,
             host_id: host_id(),
+            machine_id: machine_id(),
             addr,
             pid: std::process::id(),
         };
         let world = join(id, &me, size, Instant::now() + config.init_timeout)?;
         let peers: Vec<SocketAddr> = world.peers.iter().map(|p| p.addr).collect();
-        let host_ids: Vec<String> = world.peers.into_iter().map(|p| p.host_id).collect();
+        let place = Placement {
+            machine_ranks: world
+                .peers
+                .iter()
+                .filter(|p| p.machine_id == me.machine_id)
+                .count(),
+            host_ids: world.peers.into_iter().map(|p| p.host_id).collect(),
+        };
         Comm::build(
             rank,
-            host_ids,
+            place,
             world.comm_id,
             id.secret(),
             config,
@@ -159,9 +179,13 @@ impl Comm {
         let secret: [u8; 16] = rand::random();
         (0..host_ids.len())
             .map(|r| {
+                let place = Placement {
+                    host_ids: host_ids.to_vec(),
+                    machine_ranks: host_ids.len(),
+                };
                 Comm::build(
                     r,
-                    host_ids.to_vec(),
+                    place,
                     comm_id,
                     secret,
                     config.clone(),
@@ -174,17 +198,18 @@ impl Comm {
 
     fn build(
         rank: usize,
-        host_ids: Vec<String>,
+        place: Placement,
         comm_id: u64,
         secret: [u8; 16],
         config: Config,
         fabric: Fabric,
         listener: Option<TcpListener>,
     ) -> Result<Comm> {
+        let host_ids = &place.host_ids;
         let size = host_ids.len();
-        let topo = Topology::new(&host_ids, rank);
+        let topo = Topology::new(host_ids, rank);
         let abort = Arc::new(AtomicBool::new(false));
-        let link = link_config(rank, size, topo.local_size, &config, abort.clone());
+        let link = link_config(rank, size, place.machine_ranks, &config, abort.clone());
         let mut over_sockets = false;
         let transport: Box<dyn Transport> = match (&fabric, listener) {
             (Fabric::Tcp { peers, .. }, Some(l)) => {
@@ -255,7 +280,7 @@ impl Comm {
             rank,
             size,
             topo,
-            host_ids,
+            place,
             comm_id,
             secret,
             config,

@@ -1,6 +1,6 @@
 //! `split(color, key)`: sub-communicators, as NCCL's ncclCommSplit.
 
-use super::{Comm, Fabric};
+use super::{Comm, Fabric, Placement};
 use crate::error::{Error, Result};
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
@@ -68,10 +68,14 @@ impl Comm {
         let mut h = std::hash::DefaultHasher::new();
         (self.comm_id, seq, color).hash(&mut h);
         let child_id = h.finish();
-        let host_ids = members
-            .iter()
-            .map(|&(_, r, _)| self.host_ids[r].clone())
-            .collect();
+        let place = Placement {
+            host_ids: members
+                .iter()
+                .map(|&(_, r, _)| self.place.host_ids[r].clone())
+                .collect(),
+            // The parent's processes still share this machine's cores.
+            machine_ranks: self.place.machine_ranks,
+        };
         let fabric = match &self.fabric {
             Fabric::Tcp { ip, .. } => Fabric::Tcp {
                 ip: *ip,
@@ -81,7 +85,7 @@ impl Comm {
         };
         Comm::build(
             child_rank,
-            host_ids,
+            place,
             child_id,
             self.secret,
             self.config.clone(),
