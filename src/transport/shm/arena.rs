@@ -36,6 +36,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const SLOTS: usize = 4;
 /// Default bytes per owner per round.
 pub const CHUNK: usize = 128 << 10;
+/// Largest segment a rank creates (round slots only; the header comes on top).
+const MAX_SEGMENT: usize = 16 << 20;
 
 const HEADER: usize = 4096;
 const MAGIC: u64 = 0x5143_434c_4152_4e41; // "QCCLARNA"
@@ -159,7 +161,13 @@ pub fn setup(
     addrs: Vec<String>,
     mut exchange: impl FnMut(&[SendReq<'_>], &mut [RecvReq<'_>]) -> Result<()>,
 ) -> Result<Arena> {
-    let (me, n, chunk) = (cfg.rank, cfg.size, cfg.arena_chunk);
+    let (me, n) = (cfg.rank, cfg.size);
+    // Every rank maps every segment: bound each, so that many ranks on one host do not
+    // exhaust /dev/shm (128 KiB per owner up to 31 ranks, less beyond).
+    let chunk = cfg
+        .arena_chunk
+        .min(MAX_SEGMENT / (SLOTS * (n + 1)) / 4096 * 4096)
+        .max(4096);
     let len = segment_len(n, chunk);
     // The creator's pid in the name lets tests (and operators) tell whose segment it was.
     let name = format!(
