@@ -33,9 +33,7 @@ pub fn all_reduce(
     buf: &mut [u8],
     count: usize,
 ) -> Result<bool> {
-    let chunks = chunks(ctx, count);
-    let own_at = chunks[ctx.rank].start;
-    run(ctx, Shape::AllReduce, send, buf, &chunks, own_at)
+    run(ctx, Shape::AllReduce, send, buf, count)
 }
 
 /// Reduce-scatter of `count` elements split as `part` splits them: out of place `send` holds
@@ -47,13 +45,7 @@ pub fn reduce_scatter(
     out: &mut [u8],
     count: usize,
 ) -> Result<bool> {
-    let chunks = chunks(ctx, count);
-    let own_at = if send.is_some() {
-        0
-    } else {
-        chunks[ctx.rank].start
-    };
-    run(ctx, Shape::ReduceScatter, send, out, &chunks, own_at)
+    run(ctx, Shape::ReduceScatter, send, out, count)
 }
 
 /// All-gather of `count` elements split as `part` splits them: part r comes from rank r,
@@ -64,16 +56,7 @@ pub fn all_gather(
     buf: &mut [u8],
     count: usize,
 ) -> Result<bool> {
-    let chunks = chunks(ctx, count);
-    let own_at = chunks[ctx.rank].start;
-    run(ctx, Shape::AllGather, send, buf, &chunks, own_at)
-}
-
-fn chunks(ctx: &Ctx<'_>, count: usize) -> Vec<Range<usize>> {
-    let es = ctx.dtype.size();
-    (0..ctx.size)
-        .map(|c| part(count, ctx.size, c, es))
-        .collect()
+    run(ctx, Shape::AllGather, send, buf, count)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -83,23 +66,28 @@ enum Shape {
     AllGather,
 }
 
-/// The round loop. `chunks` are the owners' byte ranges in the whole buffer; `buf` holds the
+/// The round loop over `count` elements in `part`'s chunks, one per owner. `buf` holds the
 /// whole buffer, except for an out-of-place reduce-scatter, where it is this rank's chunk
-/// alone; `own_at` is where this rank's chunk starts in `buf`. `send` is the whole input
-/// (all-reduce, reduce-scatter) or this rank's chunk (all-gather).
+/// alone; `send` is the whole input (all-reduce, reduce-scatter) or this rank's chunk
+/// (all-gather).
 fn run(
     ctx: &mut Ctx<'_>,
     shape: Shape,
     send: Option<&[u8]>,
     buf: &mut [u8],
-    chunks: &[Range<usize>],
-    own_at: usize,
+    count: usize,
 ) -> Result<bool> {
     let (desc, dtype, op) = (ctx.desc, ctx.dtype, ctx.op);
     let Some(arena) = ctx.t.arena()? else {
         return Ok(false);
     };
     let (n, me, es) = (arena.size(), arena.rank(), dtype.size());
+    let chunks: Vec<Range<usize>> = (0..n).map(|c| part(count, n, c, es)).collect();
+    // Where this rank's chunk starts in `buf`.
+    let own_at = match (shape, send) {
+        (Shape::ReduceScatter, Some(_)) => 0,
+        _ => chunks[me].start,
+    };
     let (reduces, gathers) = (shape != Shape::AllGather, shape != Shape::ReduceScatter);
     let per_round = arena.chunk() / es;
     let rounds = chunks[n - 1].len().div_ceil(es).div_ceil(per_round).max(1);

@@ -22,15 +22,12 @@
 //! update rings it, and wakes sleepers only when someone announced sleeping.
 
 use super::futex;
+use super::segment::Segment;
 use crate::error::{Error, Result};
 use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
 use crate::transport::wait::{Next, Waiter};
 use crate::transport::{LinkConfig, RecvReq, SendReq};
-use memmap2::MmapMut;
-use nix::fcntl::OFlag;
-use nix::sys::mman::{shm_open, shm_unlink};
-use nix::sys::stat::Mode;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Round slots per rank: how far ranks may run ahead of each other.
 pub const SLOTS: usize = 4;
@@ -53,88 +50,6 @@ const OFF_ABORTED: usize = 384;
 const OFF_SLOTS: usize = 512;
 const NAME_LEN: usize = 96;
 const NAME_PREFIX: &str = "/qccl-";
-
-/// One rank's mapped segment.
-struct Segment {
-    /// Owns the mapping; all access goes through `base`.
-    _map: MmapMut,
-    base: *mut u8,
-}
-
-// SAFETY: `base` points into the mapping owned by `_map`, which moves with the Segment; the
-// shared words are atomics and data areas are handed over by the round protocol, so using a
-// Segment from another thread is as safe as from this one.
-unsafe impl Send for Segment {}
-
-impl Segment {
-    fn create(name: &str, len: usize) -> Result<Segment> {
-        let fd = shm_open(
-            name,
-            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
-            Mode::S_IRUSR | Mode::S_IWUSR,
-        )
-        .map_err(|e| Error::System(format!("shm_open({name}) to create: {e}")))?;
-        let file = std::fs::File::from(fd);
-        file.set_len(len as u64)
-            .map_err(|e| Error::io(format!("sizing shared memory segment {name}"), e))?;
-        Segment::map(&file, name)
-    }
-
-    fn open(name: &str, len: usize) -> Result<Segment> {
-        let fd = shm_open(name, OFlag::O_RDWR, Mode::empty())
-            .map_err(|e| Error::System(format!("shm_open({name}): {e}")))?;
-        let file = std::fs::File::from(fd);
-        let have = file
-            .metadata()
-            .map_err(|e| Error::io(format!("reading the size of {name}"), e))?
-            .len();
-        if have != len as u64 {
-            return Err(Error::InvalidUsage(format!(
-                "shared memory segment {name} has {have} bytes, expected {len}"
-            )));
-        }
-        Segment::map(&file, name)
-    }
-
-    fn map(file: &std::fs::File, name: &str) -> Result<Segment> {
-        // SAFETY: the segment was sized before mapping and is never truncated while mapped
-        // (only this comm's ranks know its random name, and it is unlinked once all mapped
-        // it). Concurrent access by the other ranks goes only through the atomics below and
-        // the data areas the round protocol hands over.
-        let mut map = unsafe { MmapMut::map_mut(file) }
-            .map_err(|e| Error::io(format!("mapping shared memory segment {name}"), e))?;
-        let base = map.as_mut_ptr();
-        Ok(Segment { _map: map, base })
-    }
-
-    fn word64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is one of the 8-aligned header offsets inside the page-aligned
-        // mapping of at least HEADER bytes, which outlives the returned borrow.
-        unsafe { &*(self.base.add(off) as *const AtomicU64) }
-    }
-
-    fn word32(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: as in `word64`, for the 4-aligned header offsets.
-        unsafe { &*(self.base.add(off) as *const AtomicU32) }
-    }
-
-    /// Bytes [off, off + len) of the segment. Callers guarantee, by the round protocol, that
-    /// no other process writes them while the slice lives.
-    fn bytes(&self, off: usize, len: usize) -> &[u8] {
-        // SAFETY: off + len is inside the mapping (offsets come from `Arena::area`, bounded by
-        // the geometry the segment was sized with); see the caller's protocol argument.
-        unsafe { std::slice::from_raw_parts(self.base.add(off), len) }
-    }
-
-    /// Bytes [off, off + len) of this rank's own segment for writing. Callers guarantee, by
-    /// the round protocol, that no other process reads or writes them while the slice lives.
-    #[allow(clippy::mut_from_ref)]
-    fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
-        // SAFETY: as in `bytes`; exclusivity is the caller's protocol argument (and `Arena`
-        // hands out at most one mutable area of a segment at a time).
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(off), len) }
-    }
-}
 
 /// The arena as one rank sees it: all ranks' segments, mapped.
 pub struct Arena {
@@ -240,7 +155,7 @@ pub fn setup(
         exchange(&sends, &mut recvs)?;
         Ok(segs)
     })();
-    let _ = shm_unlink(name.as_str());
+    Segment::unlink(&name);
     Ok(Arena {
         me,
         n,
@@ -329,13 +244,15 @@ impl Arena {
             len: round,
         }
         .encode();
-        // Protocol: slot round % SLOTS of this segment is read by the owners only between
-        // staged ≥ round + 1 and their reduced ≥ round + 1; every owner reduced round − SLOTS,
-        // the last use of this slot, and this rank has not published round yet.
-        seg.bytes_mut(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN)
+        // SAFETY (protocol): slot round % SLOTS of this segment is read by the owners only
+        // between staged ≥ round + 1 and their reduced ≥ round + 1; every owner reduced
+        // round − SLOTS, the last use of this slot, and this rank has not published round yet.
+        // Each area is borrowed alone, one after the other.
+        unsafe { seg.bytes_mut(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN) }
             .copy_from_slice(&head);
         for q in self.others() {
-            fill(q, seg.bytes_mut(self.area(round, q), self.chunk));
+            // SAFETY: as above.
+            fill(q, unsafe { seg.bytes_mut(self.area(round, q), self.chunk) });
         }
         self.publish(OFF_STAGED, round + 1);
         true
@@ -363,12 +280,13 @@ impl Arena {
             len: round,
         };
         for q in self.others() {
-            // Protocol: q wrote the descriptor before publishing staged ≥ round + 1 (Acquire
-            // above) and rewrites it only after this rank publishes reduced ≥ round + 1.
-            let raw: [u8; HEADER_LEN] = self.segs[q]
-                .bytes(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN)
-                .try_into()
-                .expect("header length");
+            // SAFETY (protocol): q wrote the descriptor before publishing staged ≥ round + 1
+            // (Acquire above) and rewrites it only after this rank publishes reduced ≥ round + 1.
+            let raw: [u8; HEADER_LEN] = unsafe {
+                self.segs[q].bytes(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN)
+            }
+            .try_into()
+            .expect("header length");
             let got = Header::decode(&raw, q)?;
             got.check(desc, round as usize, q, self.me).map_err(|e| {
                 if got.desc == *desc {
@@ -383,14 +301,16 @@ impl Arena {
             })?;
             debug_assert_eq!(got, want);
         }
-        // Protocol: the peers' areas for this owner are stable between their staged ≥ round + 1
-        // and this rank's reduced ≥ round + 1; this rank's result area is unread by anyone
-        // (every rank copied round − SLOTS) until reduced ≥ round + 1 is published.
+        // SAFETY (protocol): the peers' areas for this owner are stable between their
+        // staged ≥ round + 1 and this rank's reduced ≥ round + 1; this rank's result area is
+        // unread by anyone (every rank copied round − SLOTS) until reduced ≥ round + 1 is
+        // published, after `reduce` returned and the slices are gone.
         let srcs: Vec<&[u8]> = self
             .others()
-            .map(|q| self.segs[q].bytes(self.area(round, self.me), self.chunk))
+            .map(|q| unsafe { self.segs[q].bytes(self.area(round, self.me), self.chunk) })
             .collect();
-        let result = self.segs[self.me].bytes_mut(self.area(round, self.n), self.chunk);
+        // SAFETY: as above.
+        let result = unsafe { self.segs[self.me].bytes_mut(self.area(round, self.n), self.chunk) };
         reduce(&srcs, result);
         self.publish(OFF_REDUCED, round + 1);
         Ok(true)
@@ -403,9 +323,9 @@ impl Arena {
             return false;
         }
         debug_assert!(self.counter(self.me, OFF_COPIED) <= round);
-        // Protocol: the owner rewrites this area only after every rank's copied passes round,
-        // and this rank publishes that only in `copied` below, after the slice is gone.
-        take(self.segs[peer].bytes(self.area(round, self.n), self.chunk));
+        // SAFETY (protocol): the owner rewrites this area only after every rank's copied passes
+        // round, and this rank publishes that only in `copied`, after `take` returned.
+        take(unsafe { self.segs[peer].bytes(self.area(round, self.n), self.chunk) });
         true
     }
 

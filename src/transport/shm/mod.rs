@@ -9,6 +9,7 @@
 pub mod arena;
 pub mod futex;
 pub mod ring;
+pub mod segment;
 
 use crate::error::{Error, Result};
 use ring::Ring;

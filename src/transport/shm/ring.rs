@@ -3,11 +3,8 @@
 //! word) after moving its counter, and sleeps on its own bell only after announcing it.
 
 use super::futex;
+use super::segment::Segment;
 use crate::error::{Error, Result};
-use memmap2::MmapMut;
-use nix::fcntl::OFlag;
-use nix::sys::mman::{shm_open, shm_unlink};
-use nix::sys::stat::Mode;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -24,92 +21,50 @@ const OFF_WRITER_ASLEEP: usize = 140;
 
 /// One direction of a shared-memory link.
 pub struct Ring {
-    /// Owns the mapping; all access goes through `base`.
-    _map: MmapMut,
-    base: *mut u8,
+    seg: Segment,
     cap: usize,
 }
-
-// SAFETY: `base` points into the mapping owned by `_map`, which moves with the Ring; the
-// shared words are atomics and the data area is handed over by the head/tail protocol, so
-// using a Ring from another thread is as safe as from this one.
-unsafe impl Send for Ring {}
 
 impl Ring {
     /// Creates (mode 0600, must not exist) and maps segment `name` with `cap` data bytes
     /// (a power of two).
     pub fn create(name: &str, cap: usize) -> Result<Ring> {
         debug_assert!(cap.is_power_of_two());
-        let fd = shm_open(
-            name,
-            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
-            Mode::S_IRUSR | Mode::S_IWUSR,
-        )
-        .map_err(|e| Error::System(format!("shm_open({name}) to create: {e}")))?;
-        let file = std::fs::File::from(fd);
-        file.set_len((HEADER + cap) as u64)
-            .map_err(|e| Error::io(format!("sizing shared memory segment {name}"), e))?;
-        let ring = Ring::map(&file, name, cap)?;
+        let ring = Ring {
+            seg: Segment::create(name, HEADER + cap)?,
+            cap,
+        };
         ring.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
         Ok(ring)
     }
 
     /// Maps the existing segment `name` created by the peer.
     pub fn open(name: &str, cap: usize) -> Result<Ring> {
-        let fd = shm_open(name, OFlag::O_RDWR, Mode::empty())
-            .map_err(|e| Error::System(format!("shm_open({name}): {e}")))?;
-        let file = std::fs::File::from(fd);
-        let len = file
-            .metadata()
-            .map_err(|e| Error::io(format!("reading the size of {name}"), e))?
-            .len();
-        if len != (HEADER + cap) as u64 {
-            return Err(Error::InvalidUsage(format!(
-                "shared memory segment {name} has {len} bytes, expected {}",
-                HEADER + cap
-            )));
-        }
-        let ring = Ring::map(&file, name, cap)?;
+        let ring = Ring {
+            seg: Segment::open(name, HEADER + cap)?,
+            cap,
+        };
         if ring.word64(OFF_MAGIC).load(Ordering::Acquire) != MAGIC {
             return Err(Error::InvalidUsage(format!("{name} is not a qccl ring")));
         }
         Ok(ring)
     }
 
-    fn map(file: &std::fs::File, name: &str, cap: usize) -> Result<Ring> {
-        // SAFETY: the segment is sized HEADER + cap before mapping and is never truncated
-        // while mapped (only the two ranks of this link know its random name, and it is
-        // unlinked once both mapped it). Concurrent access by the peer goes only through the
-        // atomics below and the data area, which the head/tail protocol hands over.
-        let mut map = unsafe { MmapMut::map_mut(file) }
-            .map_err(|e| Error::io(format!("mapping shared memory segment {name}"), e))?;
-        let base = map.as_mut_ptr();
-        Ok(Ring {
-            _map: map,
-            base,
-            cap,
-        })
-    }
-
     /// Removes the name; the mapping stays valid until both sides drop it.
     pub fn unlink(name: &str) {
-        let _ = shm_unlink(name);
+        Segment::unlink(name);
     }
 
     fn word64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is one of the 8-aligned header offsets inside the mapping (which is
-        // page-aligned and at least HEADER bytes); the mapping outlives the returned borrow.
-        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+        self.seg.word64(off)
     }
 
     fn word32(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: as in `word64`, for the 4-aligned header offsets.
-        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+        self.seg.word32(off)
     }
 
     fn data_ptr(&self) -> *mut u8 {
-        // SAFETY: HEADER is inside the mapping; only the pointer is computed here.
-        unsafe { self.base.add(HEADER) }
+        self.seg.ptr(HEADER)
     }
 
     /// Writer: copies as much of `parts` (in order) as fits; returns the bytes written.

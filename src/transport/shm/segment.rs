@@ -1,0 +1,121 @@
+//! A POSIX shared-memory segment, created (mode 0600, must not exist) or opened by name and
+//! mapped whole: the common ground of the pairwise rings (`ring.rs`) and the comm-wide arena
+//! (`arena.rs`). Header words are handed out as atomics; data areas only through `unsafe`
+//! accessors whose callers name the protocol that makes the access exclusive.
+
+use crate::error::{Error, Result};
+use memmap2::MmapMut;
+use nix::fcntl::OFlag;
+use nix::sys::mman::{shm_open, shm_unlink};
+use nix::sys::stat::Mode;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// One mapped segment.
+pub struct Segment {
+    /// Owns the mapping; all access goes through `base`.
+    _map: MmapMut,
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `base` points into the mapping owned by `_map`, which moves with the Segment; the
+// shared words are atomics and data areas are handed over by their users' protocols, so
+// using a Segment from another thread is as safe as from this one.
+unsafe impl Send for Segment {}
+
+impl Segment {
+    /// Creates segment `name` of `len` bytes (mode 0600; it must not exist) and maps it.
+    pub fn create(name: &str, len: usize) -> Result<Segment> {
+        let fd = shm_open(
+            name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(|e| Error::System(format!("shm_open({name}) to create: {e}")))?;
+        let file = std::fs::File::from(fd);
+        file.set_len(len as u64)
+            .map_err(|e| Error::io(format!("sizing shared memory segment {name}"), e))?;
+        Segment::map(&file, name, len)
+    }
+
+    /// Maps the existing segment `name`, which must have `len` bytes.
+    pub fn open(name: &str, len: usize) -> Result<Segment> {
+        let fd = shm_open(name, OFlag::O_RDWR, Mode::empty())
+            .map_err(|e| Error::System(format!("shm_open({name}): {e}")))?;
+        let file = std::fs::File::from(fd);
+        let have = file
+            .metadata()
+            .map_err(|e| Error::io(format!("reading the size of {name}"), e))?
+            .len();
+        if have != len as u64 {
+            return Err(Error::InvalidUsage(format!(
+                "shared memory segment {name} has {have} bytes, expected {len}"
+            )));
+        }
+        Segment::map(&file, name, len)
+    }
+
+    fn map(file: &std::fs::File, name: &str, len: usize) -> Result<Segment> {
+        // SAFETY: the segment was sized before mapping and is never truncated while mapped
+        // (only the ranks it was made for know its random name, and it is unlinked once they
+        // mapped it). Concurrent access by them goes only through the atomics below and the
+        // data areas their protocols hand over.
+        let mut map = unsafe { MmapMut::map_mut(file) }
+            .map_err(|e| Error::io(format!("mapping shared memory segment {name}"), e))?;
+        let base = map.as_mut_ptr();
+        Ok(Segment {
+            _map: map,
+            base,
+            len,
+        })
+    }
+
+    /// Removes the name; mappings stay valid until dropped.
+    pub fn unlink(name: &str) {
+        let _ = shm_unlink(name);
+    }
+
+    /// The 8-aligned word at `off`, as an atomic.
+    pub fn word64(&self, off: usize) -> &AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= self.len, "word64 at {off}");
+        // SAFETY: checked above: aligned (the mapping is page-aligned) and inside the mapping,
+        // which outlives the returned borrow; all processes access the word atomically.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    /// The 4-aligned word at `off`, as an atomic.
+    pub fn word32(&self, off: usize) -> &AtomicU32 {
+        assert!(off % 4 == 0 && off + 4 <= self.len, "word32 at {off}");
+        // SAFETY: as in `word64`.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    /// Pointer to byte `off` (at most the length), for copies the caller's protocol allows.
+    pub fn ptr(&self, off: usize) -> *mut u8 {
+        assert!(off <= self.len, "offset {off} past the segment");
+        // SAFETY: inside the mapping (checked); only the pointer is computed.
+        unsafe { self.base.add(off) }
+    }
+
+    /// Bytes [off, off + len) to read.
+    ///
+    /// # Safety
+    /// No process writes them while the slice lives (the caller's protocol).
+    pub unsafe fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.len, "bytes {off}+{len} past the segment");
+        // SAFETY: inside the mapping (checked); unwritten while borrowed (the caller's promise).
+        unsafe { std::slice::from_raw_parts(self.base.add(off), len) }
+    }
+
+    /// Bytes [off, off + len) to write.
+    ///
+    /// # Safety
+    /// No process reads or writes them while the slice lives, and no other slice of them
+    /// exists in this one (the caller's protocol).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off + len <= self.len, "bytes {off}+{len} past the segment");
+        // SAFETY: inside the mapping (checked); exclusive while borrowed (the caller's promise).
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(off), len) }
+    }
+}
