@@ -138,12 +138,14 @@ fn run(
             let ok = arena.try_reduce(&desc, base + reduced as u64, |srcs, result| {
                 let result = &mut result[..out.len()];
                 match shape {
-                    Shape::AllGather => {
-                        if let Some(s) = send {
+                    // Published first: `put` may stream, and streamed bytes are not read back.
+                    Shape::AllGather => match send {
+                        Some(s) => {
+                            result.copy_from_slice(&s[own_rel(reduced)]);
                             put(out, &s[own_rel(reduced)]);
                         }
-                        result.copy_from_slice(out);
-                    }
+                        None => result.copy_from_slice(out),
+                    },
                     _ => {
                         let own = send.map(|s| &s[slice(me, reduced)]);
                         reduce_round(dtype, op, n, own, srcs, result, out, gathers, put);
