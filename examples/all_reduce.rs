@@ -1,11 +1,11 @@
 //! A multi-process all-reduce over TCP.
 //!
-//! `cargo run --example all_reduce -- 4` starts 4 processes on this machine (the launcher
+//! `cargo run --example all_reduce -- 4` starts 4 processes on this machine ([`qccl::launch`]
 //! sets QCCL_RANK, QCCL_WORLD_SIZE, QCCL_COMM_ID and QCCL_SECRET for each). Under another
 //! launcher (mpirun, torchrun, srun) each process just calls `Comm::from_env()`.
 
+use qccl::launch::Launch;
 use qccl::{Comm, ReduceOp};
-use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("QCCL_RANK").is_some()
@@ -15,27 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return rank_main();
     }
     let n: usize = std::env::args().nth(1).map_or(Ok(4), |s| s.parse())?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let secret = format!("{:032x}", rand::random::<u128>());
-    let children = (0..n)
-        .map(|r| {
-            Command::new(std::env::current_exe()?)
-                .env("QCCL_RANK", r.to_string())
-                .env("QCCL_WORLD_SIZE", n.to_string())
-                .env("QCCL_COMM_ID", format!("127.0.0.1:{port}"))
-                .env("QCCL_SECRET", &secret)
-                .spawn()
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut ok = true;
-    for mut c in children {
-        ok &= c.wait()?.success();
-    }
-    if !ok {
-        return Err("a rank failed".into());
-    }
+    Launch::new(n).run()?;
     Ok(())
 }
 

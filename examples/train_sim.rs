@@ -16,8 +16,8 @@
 //! perf-tests/emucluster -H 2 -R 2 --rate 100mbit -- target/release/examples/train_sim
 //! ```
 //!
-//! Without QCCL_RANK the program starts `-np` copies of itself on 127.0.0.1 (like
-//! `qccl-perf -np`); with it (emucluster, mpirun-style launchers) it is one rank.
+//! Without QCCL_RANK the program starts `-np` copies of itself on 127.0.0.1 ([`qccl::launch`],
+//! as `qccl-perf -np` does); with it (emucluster, mpirun-style launchers) it is one rank.
 //!
 //! Options: `--iters N` (timed iterations, 5), `--warmup N` (1), `--codec SPEC`
 //! (`qsgd:bits=4`), `--compute-scale F` (multiplies the profile's backprop times, 1),
@@ -48,6 +48,7 @@
 //! half is simulated here: all-gathers queued in forward order on one channel from the start of
 //! the iteration, each group's forward compute starting when its all-gather is done.
 
+use qccl::launch::Launch;
 use qccl::plan::JsonFile;
 use qccl::plan::{
     models, optimal_fusion, simulate, BucketRunner, CodecCost, CompressOn, CostModel, Linear, Plan,
@@ -55,7 +56,6 @@ use qccl::plan::{
 };
 use qccl::{Comm, ReduceOp, Request};
 use std::error::Error;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 type Res<T> = std::result::Result<T, Box<dyn Error>>;
@@ -161,16 +161,9 @@ fn main() {
 
 // ---- launcher ---------------------------------------------------------------------------------
 
-/// Starts `o.np` ranks of this program on 127.0.0.1 (the `qccl-perf -np` scheme: a free port
-/// for the rendezvous, a random secret) and waits for them; one failing, or the timeout, kills
-/// the others.
+/// Starts `o.np` ranks of this program on 127.0.0.1 ([`Launch`]) with the same arguments minus
+/// `-np N`, and waits for them; one failing, or the timeout, kills the others.
 fn launch(o: &Opts, args: &[String]) -> Res<()> {
-    let exe = std::env::current_exe()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let secret = format!("{:032x}", rand::random::<u128>());
-    // The children get the same arguments minus `-np N`.
     let mut child_args = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -181,54 +174,17 @@ fn launch(o: &Opts, args: &[String]) -> Res<()> {
             i += 1;
         }
     }
-    let mut kids: Vec<(usize, Child)> = Vec::new();
-    let kill = |kids: &mut Vec<(usize, Child)>| {
-        for (_, c) in kids.iter_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    };
-    for r in 0..o.np {
-        let spawned = Command::new(&exe)
-            .args(&child_args)
-            .env("QCCL_RANK", r.to_string())
-            .env("QCCL_WORLD_SIZE", o.np.to_string())
-            .env("QCCL_LOCAL_RANK", r.to_string())
-            .env("QCCL_COMM_ID", format!("127.0.0.1:{port}"))
-            .env("QCCL_SECRET", &secret)
-            .stdin(Stdio::null())
-            .spawn();
-        match spawned {
-            Ok(c) => kids.push((r, c)),
-            Err(e) => {
-                kill(&mut kids);
-                return Err(format!("cannot start rank {r}: {e}").into());
-            }
-        }
-    }
-    let start = Instant::now();
-    while !kids.is_empty() {
-        let mut i = 0;
-        while i < kids.len() {
-            match kids[i].1.try_wait()? {
-                None => i += 1,
-                Some(s) if s.success() => {
-                    kids.remove(i);
-                }
-                Some(s) => {
-                    let r = kids.remove(i).0;
-                    kill(&mut kids);
-                    return Err(format!("rank {r} failed ({s}); killed the others").into());
-                }
-            }
-        }
-        if start.elapsed().as_secs_f64() > o.timeout {
-            kill(&mut kids);
-            return Err(format!("timed out after {} s (--timeout)", o.timeout).into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
+    let timeout = Duration::try_from_secs_f64(o.timeout)
+        .map_err(|e| format!("--timeout {}: {e}", o.timeout))?;
+    Launch::new(o.np)
+        .args(child_args)
+        .timeout(timeout)
+        .run()
+        .map_err(|e| match e {
+            qccl::Error::Timeout(_) => format!("{e} (--timeout)").into(),
+            e => e.into(),
+        })
+        .map(drop)
 }
 
 // ---- compute -----------------------------------------------------------------------------------

@@ -9,7 +9,8 @@
 //! # Example
 //!
 //! Four ranks as threads of this process (the in-process transport); across processes,
-//! each rank calls [`Comm::from_env`] (or [`Comm::init`] with a shared [`UniqueId`]) instead.
+//! each rank calls [`Comm::from_env`] (or [`Comm::init`] with a shared [`UniqueId`]) instead;
+//! [`launch`] starts N local ranks of a program, like `mpirun -np N` on one machine.
 //!
 //! ```
 //! use qccl::{Comm, Config, ReduceOp};
@@ -43,6 +44,7 @@ mod comm;
 pub mod config;
 pub mod dear;
 pub mod error;
+pub mod launch;
 pub mod plan;
 pub mod reduce;
 pub mod transport;

@@ -19,12 +19,16 @@ mod bench;
 mod calibrate;
 mod coll;
 mod elem;
-mod launch;
 mod report;
 
 use args::{Args, Parsed};
-use launch::{EXIT_ERROR, EXIT_WRONG};
+use qccl::launch::Launch;
 use qccl::{Comm, Config};
+
+/// Exit code of a rank whose results had wrong elements (the run itself completed).
+const EXIT_WRONG: i32 = 1;
+/// Exit code for errors: bad arguments, a failed comm, a failed rank, the timeout.
+const EXIT_ERROR: i32 = 2;
 
 /// Launcher variables that mean "this process is one rank of a job" (see qccl::bootstrap::env).
 const LAUNCHER_VARS: [&str; 10] = [
@@ -155,7 +159,17 @@ fn main() {
         }
     };
     let code = match a.np {
-        Some(np) => launch::launch(np, &argv0, &a.passthrough, a.timeout),
+        // Ranks that found wrong results finish the run; any other failure stops the job.
+        Some(np) => Launch::new(np)
+            .args(&a.passthrough)
+            .timeout(a.timeout)
+            .finished_code(EXIT_WRONG)
+            .run()
+            .unwrap_or_else(|e| {
+                let hint = matches!(e, qccl::Error::Timeout(_)).then_some(" (-T, --timeout)");
+                eprintln!("qccl-perf: {e}{}", hint.unwrap_or(""));
+                EXIT_ERROR
+            }),
         None => rank_main(&a),
     };
     std::process::exit(code);

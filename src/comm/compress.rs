@@ -80,6 +80,17 @@ pub struct Report {
     pub inter: Option<Wire>,
 }
 
+impl Report {
+    /// The report of a flat (not hierarchical) call: no inter-host figure.
+    pub(crate) fn flat(algo: Algo, wire: Wire) -> Report {
+        Report {
+            algo,
+            wire,
+            inter: None,
+        }
+    }
+}
+
 /// Which compressed collective (for messages).
 #[derive(Clone, Copy)]
 enum Kind {
@@ -273,11 +284,7 @@ impl Comm {
                             let part = bytemuck::cast_slice_mut(&mut work[mine]);
                             reduce::finish_avg(DType::Float32, part, size);
                         }
-                        Ok(Report {
-                            algo: Algo::Sra,
-                            wire: e.wire - w0,
-                            inter: None,
-                        })
+                        Ok(Report::flat(Algo::Sra, e.wire - w0))
                     },
                 )
             })
@@ -310,11 +317,7 @@ impl Comm {
                     |e, work, site, res| {
                         let w0 = e.wire;
                         e.all_gather_coded(work, Coded::new(&plan, site, 0, res, dtype))?;
-                        Ok(Report {
-                            algo: Algo::Ring,
-                            wire: e.wire - w0,
-                            inter: None,
-                        })
+                        Ok(Report::flat(Algo::Ring, e.wire - w0))
                     },
                 )
             })
@@ -481,11 +484,7 @@ impl PreparedAllReduce {
                         let w0 = e.wire;
                         let coded = Coded::new(plan, site, 0, res, dtype);
                         e.all_reduce_coded(work, coded, self.algo)
-                            .map(|algo| Report {
-                                algo,
-                                wire: e.wire - w0,
-                                inter: None,
-                            })
+                            .map(|algo| Report::flat(algo, e.wire - w0))
                     }
                 },
             )?;

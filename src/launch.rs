@@ -1,0 +1,202 @@
+//! Start N local ranks of this program, like `mpirun -np N` on one machine.
+//!
+//! A program that supports `-np N` starts a [`Launch`] when it is not a rank already (no
+//! launcher variables in its environment); each copy it starts finds QCCL_RANK and calls
+//! [`Comm::from_env`](crate::Comm::from_env):
+//!
+//! ```no_run
+//! use qccl::launch::Launch;
+//! use std::time::Duration;
+//!
+//! if std::env::var_os("QCCL_RANK").is_none() {
+//!     let code = Launch::new(4).args(["--size", "1M"]).timeout(Duration::from_secs(600)).run()?;
+//!     std::process::exit(code);
+//! }
+//! let comm = qccl::Comm::from_env()?;
+//! # Ok::<(), qccl::Error>(())
+//! ```
+//!
+//! Each rank is this executable, under this process's `argv[0]` (so that a program that reads
+//! its name, like `all_reduce_perf` as a link to `qccl-perf`, behaves the same), with the
+//! arguments given to [`Launch::args`], stdin closed, stdout and stderr shared with this
+//! process (by convention only rank 0 prints the report), and this process's environment plus
+//! QCCL_RANK, QCCL_WORLD_SIZE, QCCL_LOCAL_RANK (all = the rank), QCCL_COMM_ID
+//! (127.0.0.1 and a free port: rank 0 hosts the rendezvous there) and QCCL_SECRET (random,
+//! one per job). Everything else is inherited unchanged, QCCL_HOSTID included: all ranks of
+//! one launch claim the same host.
+
+#![forbid(unsafe_code)]
+
+use crate::{Error, Result};
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A job of N local ranks of this program: built with [`Launch::new`] and the setters, started
+/// and waited for by [`Launch::run`].
+#[derive(Debug, Clone)]
+pub struct Launch {
+    np: usize,
+    args: Vec<OsString>,
+    timeout: Option<Duration>,
+    finished: Vec<i32>,
+}
+
+impl Launch {
+    /// `np` ranks, no arguments, no timeout; any non-zero exit is a failure.
+    pub fn new(np: usize) -> Launch {
+        Launch {
+            np,
+            args: Vec::new(),
+            timeout: None,
+            finished: Vec::new(),
+        }
+    }
+
+    /// The arguments every rank gets (without `-np N`, or the ranks would launch again).
+    pub fn args<I, S>(mut self, args: I) -> Launch
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Kills the ranks still running when the job has taken longer than `timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Launch {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// A rank exiting with `code` has finished, with an outcome to pass on rather than a
+    /// failure (qccl-perf: some results were wrong): the other ranks are left to finish, and
+    /// [`run`](Launch::run) returns the code. Other non-zero exits, and deaths by a signal,
+    /// are failures.
+    pub fn finished_code(mut self, code: i32) -> Launch {
+        self.finished.push(code);
+        self
+    }
+
+    /// Starts the ranks and waits for all of them. Returns `Ok(0)` when every rank exited 0,
+    /// else the largest of the [`finished_code`](Launch::finished_code)s ranks exited with.
+    /// When a rank fails, or the timeout passes, kills the ranks still running and returns the
+    /// error: a `Remote` error naming the failed rank, its pid and how it ended, or a
+    /// `Timeout`; `System` when a rank cannot be started or waited for.
+    pub fn run(&self) -> Result<i32> {
+        if self.np == 0 {
+            return Err(Error::invalid("launch: need at least 1 rank"));
+        }
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::io("cannot find this program's executable", e))?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| Error::io("cannot find a free port on 127.0.0.1", e))?
+            .port();
+        let secret = format!("{:032x}", rand::random::<u128>());
+        let argv0 = std::env::args_os().next();
+        let start = Instant::now();
+        let mut kids = Ranks(Vec::with_capacity(self.np));
+        for r in 0..self.np {
+            let mut cmd = Command::new(&exe);
+            if let Some(name) = &argv0 {
+                cmd.arg0(name);
+            }
+            let spawned = cmd
+                .args(&self.args)
+                .env("QCCL_RANK", r.to_string())
+                .env("QCCL_WORLD_SIZE", self.np.to_string())
+                .env("QCCL_LOCAL_RANK", r.to_string())
+                .env("QCCL_COMM_ID", format!("127.0.0.1:{port}"))
+                .env("QCCL_SECRET", &secret)
+                .stdin(Stdio::null())
+                .spawn();
+            match spawned {
+                Ok(c) => kids.0.push((r, c)),
+                Err(e) => {
+                    let what = format!("cannot start rank {r} ({})", exe.display());
+                    return Err(Error::io(what, e));
+                }
+            }
+        }
+        let mut code = 0;
+        loop {
+            let mut i = 0;
+            while i < kids.0.len() {
+                let (r, child) = &mut kids.0[i];
+                match child.try_wait() {
+                    Ok(None) => i += 1,
+                    Ok(Some(s)) if s.code() == Some(0) => {
+                        kids.0.remove(i);
+                    }
+                    Ok(Some(s)) if s.code().is_some_and(|c| self.finished.contains(&c)) => {
+                        code = code.max(s.code().unwrap_or(0));
+                        kids.0.remove(i);
+                    }
+                    Ok(Some(s)) => {
+                        let (rank, pid) = (*r, child.id());
+                        kids.0.remove(i);
+                        let rest = kids.kill_all();
+                        return Err(Error::Remote {
+                            rank,
+                            addr: format!("pid {pid}"),
+                            msg: format!(
+                                "failed: {}; killed the ranks still running {rest:?}",
+                                describe(s)
+                            ),
+                        });
+                    }
+                    Err(e) => return Err(Error::io(format!("waiting for rank {r}"), e)),
+                }
+            }
+            if kids.0.is_empty() {
+                return Ok(code);
+            }
+            if let Some(t) = self.timeout.filter(|&t| start.elapsed() > t) {
+                let rest = kids.kill_all();
+                return Err(Error::Timeout(format!(
+                    "the job timed out after {} s; killed the ranks still running {rest:?}",
+                    t.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The ranks still running, as (rank, process); dropping it kills them (an early return, a
+/// panic), so that no rank outlives the launch.
+struct Ranks(Vec<(usize, Child)>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+impl Ranks {
+    /// Kills every rank, then reaps them all; returns their ranks.
+    fn kill_all(&mut self) -> Vec<usize> {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+        }
+        self.0
+            .drain(..)
+            .map(|(r, mut c)| {
+                let _ = c.wait();
+                r
+            })
+            .collect()
+    }
+}
+
+/// How a rank ended: "exit code 3", "killed by signal 9".
+fn describe(s: ExitStatus) -> String {
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => format!("{s}"),
+    }
+}
