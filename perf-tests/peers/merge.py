@@ -2,13 +2,16 @@
 """merge.py -- merge the JSON results of a perf-tests/compare run into markdown tables.
 Stdlib only.
 
-    python3 merge.py --dir RESULTS [--labels qccl,mpi-tcp,mpi-shm,gloo] [--np "2 4"] [--runs 2]
+    python3 merge.py --dir RESULTS [--labels qccl,mpi-tcp,mpi-shm,mpich-tcp,mpich-shm,gloo]
+                     [--np "2 4"] [--runs 2]
 
 Layout read (written by perf-tests/compare):
     RESULTS/run<R>/np<N>/<label>.json   collective results: a JSON list of objects with at
                                         least "size" (bytes) and "busbw" (GB/s, 1e9 B/s);
                                         "time_us" and "algbw" are used when present.
                                         {"results": [...]} is accepted too.
+    RESULTS/run<R>/np<N>/<label>.timedout   the run hit compare's --timeout: the sizes its
+                                        JSON lacks show "t/o" instead of "—"
     RESULTS/run<R>/memcpy.json          memcpy_bw.c output
     RESULTS/run<R>/tcp.json             tcp_bw.py output
     RESULTS/notes.txt                   free text appended under the tables (optional)
@@ -59,14 +62,17 @@ def fmt(v, nd=2):
     return f"{v:.{nd}f}"
 
 
+TIMED_OUT = object()  # a size the run did not reach before compare's --timeout
+
+
 def cell(vals, nd=2):
-    return " / ".join(fmt(v, nd) for v in vals)
+    return " / ".join("t/o" if v is TIMED_OUT else fmt(v, nd) for v in vals)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
-    ap.add_argument("--labels", default="qccl,mpi-tcp,mpi-shm,gloo")
+    ap.add_argument("--labels", default="qccl,mpi-tcp,mpi-shm,mpich-tcp,mpich-shm,gloo")
     ap.add_argument("--np", default=None, help='world sizes, e.g. "2 4" (default: found)')
     ap.add_argument("--runs", type=int, default=None, help="number of runs (default: found)")
     ap.add_argument("--ref", default="qccl", help="label the ratio columns divide by a peer")
@@ -91,16 +97,19 @@ def main():
           f"cells = run1 / run2{' / …' if runs > 2 else ''}\n")
     for n in nps:
         res = {}  # label -> [per run dict or None]
+        tmo = {}  # label -> [per run: hit the timeout]
         for lab in labels:
-            per = []
+            per, to = [], []
             for r in range(1, runs + 1):
                 p = os.path.join(d, f"run{r}", f"np{n}", f"{lab}.json")
                 x = load(p)
+                to.append(os.path.exists(p[: -len(".json")] + ".timedout"))
                 if x is None and os.path.exists(os.path.dirname(p)):
-                    missing.append(f"np {n} run {r}: {lab}")
+                    missing.append(f"np {n} run {r}: {lab}" + (" (timed out)" if to[-1] else ""))
                 per.append(x)
-            if any(per):
+            if any(per) or any(to):
                 res[lab] = per
+                tmo[lab] = to
         present = [lab for lab in labels if lab in res]
         peers = [lab for lab in present if lab != ref]
         has_ref = ref in res
@@ -122,10 +131,14 @@ def main():
             v = x[s].get(key)
             return float(v) if v is not None else None
 
+        def get_or_tmo(lab, r, s):
+            v = get(lab, r, s)
+            return TIMED_OUT if v is None and tmo[lab][r] else v
+
         for s in sizes:
             row = [human(s)]
             for lab in present:
-                row.append(cell([get(lab, r, s) for r in range(runs)]))
+                row.append(cell([get_or_tmo(lab, r, s) for r in range(runs)]))
             if has_ref:
                 for p in peers:
                     ratios = []
@@ -136,8 +149,10 @@ def main():
             print("| " + " | ".join(row) + " |")
 
         # average busbw over the sizes each run measured (nccl-tests' Avg bus bandwidth)
-        def mean(lab, r):
+        def mean(lab, r):  # over all sizes; "t/o" for a run cut short (fewer sizes)
             x = res[lab][r]
+            if tmo[lab][r]:
+                return TIMED_OUT
             if not x:
                 return None
             vals = [float(v["busbw"]) for v in x.values() if v.get("busbw") is not None]
@@ -149,7 +164,8 @@ def main():
                 ratios = []
                 for r in range(runs):
                     q, v = mean(ref, r), mean(p, r)
-                    ratios.append(q / v if q is not None and v else None)
+                    ok = q not in (None, TIMED_OUT) and v not in (None, TIMED_OUT) and v
+                    ratios.append(q / v if ok else None)
                 row.append(cell(ratios))
         print("| " + " | ".join(row) + " |")
         if sizes:

@@ -3,6 +3,7 @@
  * nccl-tests' all_reduce_perf, used as a peer for qccl (perf-tests/compare).
  *
  * Build:  mpicc -O2 -o mpi_coll_perf mpi_coll_perf.c
+ *         (Debian: mpicc.openmpi for Open MPI, mpicc.mpich -o mpi_coll_perf.mpich for MPICH)
  * Run:    mpirun -np 2 ./mpi_coll_perf -b 4K -e 256M -f 2 -n 1000 -w 5 -T 0.3 -J out.json
  *
  * Flags (nccl-tests names where they exist):
@@ -15,7 +16,8 @@
  *   -C COLL   allreduce | reduce_scatter | allgather | bcast           [allreduce]
  *   -T SECS   target seconds of timed iterations per size: iters =
  *             clamp(SECS / estimated iteration time, 3, n); 0 = exactly n   [0]
- *   -J FILE   write results as JSON (rank 0)
+ *   -J FILE   write results as JSON (rank 0; flushed after every size, so a run killed
+ *             part way leaves the sizes it measured, without the closing "]")
  *   -h        help
  *
  * Method, as nccl-tests: "size" is the total bytes of the collective (for allreduce the
@@ -230,6 +232,9 @@ int main(int argc, char **argv) {
                         nsizes > 1 ? "," : "", bytes, cnt, isdbl ? "double" : "float",
                         coll == C_ALLGATHER || coll == C_BCAST ? "none" : "sum", coll_names[coll], nr,
                         iters, t * 1e6, algbw, busbw, wsum);
+            /* each size reaches the file as soon as it is measured: a run stopped by a timeout
+             * (perf-tests/compare) leaves the sizes it finished, "[" + objects, no closing "]" */
+            if (jf) fflush(jf);
         }
         if ((double)size * factor > (double)maxb) break;
     }
