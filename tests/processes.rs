@@ -107,6 +107,21 @@ fn run_child(scenario: &str) -> Result<(), String> {
             comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
                 .map_err(|e| e.to_string())
         }
+        "silent" => {
+            // One all-reduce through the arena, then rank 2 stays away from the second one.
+            let mut buf = vec![1f32; 1 << 16];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            if comm.rank() == 2 {
+                std::thread::sleep(Duration::from_secs(4));
+                return Ok(());
+            }
+            let t = Instant::now();
+            match comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+                Ok(()) => Err("the second all-reduce succeeded without rank 2".into()),
+                Err(e) => Err(format!("after {} ms: {e}", t.elapsed().as_millis())),
+            }
+        }
         other => Err(format!("unknown scenario {other}")),
     }
 }
@@ -483,6 +498,40 @@ fn ranks_that_disagree_in_the_shared_memory_arena_all_get_the_same_error() {
         ("QCCL_TRANSPORT", "shm"),
         ("QCCL_ALGO", "sra"),
     ]);
+}
+
+#[test]
+fn a_rank_that_stays_away_from_an_arena_collective_times_the_others_out() {
+    let env = [
+        ("QCCL_TIMEOUT_MS", "1500"),
+        ("QCCL_TRANSPORT", "shm"),
+        ("QCCL_ALGO", "sra"),
+    ];
+    let outs = Job::new(3).run("silent", &env, Duration::from_secs(30));
+    assert_eq!(outs[2].status.code(), Some(0), "{}", text(&outs[2]));
+    for (r, o) in outs[..2].iter().enumerate() {
+        assert_eq!(
+            o.status.code(),
+            Some(FAILED_CLEANLY),
+            "rank {r}: {}",
+            text(o)
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("timeout") && err.contains("shared-memory arena stalled"),
+            "rank {r}: {err}"
+        );
+        let ms: u64 = err
+            .split("after ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("rank {r}: no elapsed time in {err}"));
+        assert!(
+            (1500..3500).contains(&ms),
+            "rank {r} failed after {ms} ms: {err}"
+        );
+    }
 }
 
 /// Rank 2 of 3 all-reduces 7 elements, the others 5: everyone fails naming rank 2's call.
