@@ -510,13 +510,7 @@ fn a_rank_that_stays_away_from_an_arena_collective_times_the_others_out() {
     let outs = Job::new(3).run("silent", &env, Duration::from_secs(30));
     assert_eq!(outs[2].status.code(), Some(0), "{}", text(&outs[2]));
     for (r, o) in outs[..2].iter().enumerate() {
-        assert_eq!(
-            o.status.code(),
-            Some(FAILED_CLEANLY),
-            "rank {r}: {}",
-            text(o)
-        );
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = failed_cleanly(&format!("rank {r}"), o);
         assert!(
             err.contains("timeout") && err.contains("shared-memory arena stalled"),
             "rank {r}: {err}"
@@ -534,17 +528,18 @@ fn a_rank_that_stays_away_from_an_arena_collective_times_the_others_out() {
     }
 }
 
+/// Checks that `o` is a rank whose collective failed with an error (not a crash, not a hang)
+/// and returns its stderr.
+fn failed_cleanly(who: &str, o: &Output) -> String {
+    assert_eq!(o.status.code(), Some(FAILED_CLEANLY), "{who}: {}", text(o));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// Rank 2 of 3 all-reduces 7 elements, the others 5: everyone fails naming rank 2's call.
 fn disagree(env: &[(&str, &str)]) {
     let outs = Job::new(3).run("mismatch", env, Duration::from_secs(30));
     for (r, o) in outs.iter().enumerate() {
-        assert_eq!(
-            o.status.code(),
-            Some(FAILED_CLEANLY),
-            "rank {r}: {}",
-            text(o)
-        );
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = failed_cleanly(&format!("rank {r}"), o);
         assert!(
             err.contains("count=7") && err.contains("rank 2"),
             "rank {r}: {err}"
