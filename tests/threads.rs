@@ -96,3 +96,35 @@ fn hierarchical_needs_equal_hosts() {
             .ok_or_else(|| format!("wrong sum {}", v[0]))
     });
 }
+
+#[test]
+fn one_thread_drives_every_rank_into_its_first_hierarchical_all_reduce() {
+    // As qcclCommInitAll comms inside a group: each rank's first hierarchical call splits its
+    // sub-comms, and the thread reaches the next rank only after this call returns.
+    let config = qccl::Config {
+        timeout: std::time::Duration::from_secs(5),
+        ..qccl::Config::default()
+    };
+    let comms = Comm::init_threads_on_hosts(&hosts(&["a", "a", "b", "b"]), config).unwrap();
+    let start = std::time::Instant::now();
+    let requests: Vec<_> = comms
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let buf: Vec<f32> = (0..1000).map(|i| (r * 1000 + i) as f32).collect();
+            c.all_reduce_async(buf, qccl::ReduceOp::Sum).unwrap()
+        })
+        .collect();
+    for req in requests {
+        let out = req.wait().unwrap();
+        for (i, &x) in out.iter().enumerate() {
+            let want: usize = (0..4).map(|r| r * 1000 + i).sum();
+            assert_eq!(x, want as f32, "element {i}");
+        }
+    }
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(4),
+        "took {:?}: waited for a timeout",
+        start.elapsed()
+    );
+}

@@ -54,8 +54,24 @@ impl Comm {
             return Ok(h.clone());
         }
         let color = |v: usize| i32::try_from(v).map_err(|_| Error::invalid("too many hosts"));
-        let intra = self.split(color(self.topo.node)?, color(self.rank)?)?;
-        let inter = self.split(color(self.topo.local_rank)?, color(self.topo.node)?)?;
+        let t = &self.topo;
+        let local_rank = |r: usize| t.ranks_of_node[t.node_of[r]].iter().position(|&x| x == r);
+        let (intra, inter) = if matches!(self.fabric, super::Fabric::InProc) {
+            // Every rank knows the topology: no exchange, so one thread can drive all ranks.
+            // Nodes, ranks and local ranks are below the size, which fits (checked).
+            color(self.size)?;
+            let c = |v: usize| v as i32;
+            let local = |r: usize| local_rank(r).unwrap_or(0);
+            (
+                Some(self.split_known(|r| (c(t.node_of[r]), c(r)))?),
+                Some(self.split_known(|r| (c(local(r)), c(t.node_of[r])))?),
+            )
+        } else {
+            (
+                self.split(color(t.node)?, color(self.rank)?)?,
+                self.split(color(t.local_rank)?, color(t.node)?)?,
+            )
+        };
         let (Some(intra), Some(inter)) = (intra, inter) else {
             return Err(Error::Internal(
                 "split returned no comm for a valid color".into(),

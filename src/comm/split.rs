@@ -52,7 +52,7 @@ impl Comm {
         if color < 0 {
             return Ok(None);
         }
-        let mut members: Vec<(i32, usize, SocketAddr)> = all
+        let members: Vec<(i32, usize, SocketAddr)> = all
             .chunks(RECORD)
             .enumerate()
             .filter_map(|(r, rec)| {
@@ -60,6 +60,41 @@ impl Comm {
                 (c == color).then_some((k, r, a))
             })
             .collect();
+        self.child(seq, color, members, listener).map(Some)
+    }
+
+    /// A split whose color and key of every rank this rank can compute itself
+    /// (`assign(rank)`), made without exchanging anything: for in-process comms, whose
+    /// sub-comms meet through the process-wide registry. One thread may then drive every
+    /// rank's first hierarchical call in turn (qcclCommInitAll inside a group) where the
+    /// collective `split` would wait for the ranks that thread has not reached yet.
+    pub(super) fn split_known(&self, assign: impl Fn(usize) -> (i32, i32)) -> Result<Comm> {
+        if !matches!(self.fabric, Fabric::InProc) {
+            return Err(Error::Internal(
+                "split_known is for in-process comms (sockets need the peers' addresses)".into(),
+            ));
+        }
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let (color, _) = assign(self.rank);
+        let unspecified = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0);
+        let members = (0..self.size)
+            .filter_map(|r| {
+                let (c, k) = assign(r);
+                (c == color).then_some((k, r, unspecified))
+            })
+            .collect();
+        self.child(seq, color, members, None)
+    }
+
+    /// The comm of `members` (key, parent rank, listen address), the `seq`-th split of this
+    /// comm, for `color`.
+    fn child(
+        &self,
+        seq: u64,
+        color: i32,
+        mut members: Vec<(i32, usize, SocketAddr)>,
+        listener: Option<TcpListener>,
+    ) -> Result<Comm> {
         members.sort_unstable_by_key(|&(k, r, _)| (k, r));
         let child_rank = members
             .iter()
@@ -92,6 +127,5 @@ impl Comm {
             fabric,
             listener,
         )
-        .map(Some)
     }
 }
