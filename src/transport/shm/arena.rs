@@ -46,6 +46,10 @@ const OFF_COPIED: usize = 192;
 const OFF_BELL: usize = 256;
 const OFF_SLEEPERS: usize = 320;
 const OFF_ABORTED: usize = 384;
+/// Why this rank aborted: a u32 length, then that many bytes of UTF-8 (written once, before
+/// the flag).
+const OFF_REASON: usize = 2048;
+const MAX_REASON: usize = 1024;
 /// Slot k's descriptor (the frame header of the call, and the round) at OFF_SLOTS + 64·k.
 const OFF_SLOTS: usize = 512;
 const NAME_LEN: usize = 96;
@@ -372,7 +376,13 @@ impl Arena {
     fn check_peers(&self) -> Result<()> {
         for p in self.others() {
             if self.segs[p].word32(OFF_ABORTED).load(Ordering::Acquire) != 0 {
-                return Err(self.remote(p, "peer aborted".into()));
+                let len = (self.segs[p].word32(OFF_REASON).load(Ordering::Relaxed) as usize)
+                    .min(MAX_REASON);
+                // SAFETY (protocol): p wrote the reason once, before its Release store of the
+                // flag that the Acquire load above saw, and never writes it again.
+                let reason = unsafe { self.segs[p].bytes(OFF_REASON + 4, len) };
+                let reason = String::from_utf8_lossy(reason);
+                return Err(self.remote(p, format!("peer aborted: {reason}")));
             }
         }
         Ok(())
@@ -386,11 +396,19 @@ impl Arena {
         }
     }
 
-    /// Tells the peers waiting in the arena that this rank failed.
-    pub fn abort(&self) {
-        self.segs[self.me]
-            .word32(OFF_ABORTED)
-            .store(1, Ordering::Release);
+    /// Tells the peers waiting in the arena that this rank failed, and why.
+    pub fn abort(&self, reason: &str) {
+        let seg = &self.segs[self.me];
+        if seg.word32(OFF_ABORTED).load(Ordering::Relaxed) != 0 {
+            return;
+        }
+        let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+        // SAFETY (protocol): peers read the reason only after seeing the flag, which is set
+        // below and only once (checked above; abort runs on the comm's one transport owner).
+        unsafe { seg.bytes_mut(OFF_REASON + 4, reason.len()) }.copy_from_slice(reason);
+        seg.word32(OFF_REASON)
+            .store(reason.len() as u32, Ordering::Relaxed);
+        seg.word32(OFF_ABORTED).store(1, Ordering::Release);
         let bell = self.segs[0].word32(OFF_BELL);
         bell.fetch_add(1, Ordering::SeqCst);
         futex::wake(bell);

@@ -337,7 +337,7 @@ impl Transport for TcpTransport {
     fn abort(&mut self, reason: &str) {
         self.aborted = true;
         if let Some(a) = &self.arena {
-            a.abort();
+            a.abort(reason);
         }
         let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];
         let head = Header::abort(reason.len()).encode();
