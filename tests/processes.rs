@@ -692,3 +692,35 @@ fn hitopk_1_host_x_4_and_2_hosts_x_3_processes() {
     hitopk_on(&["h", "h", "h", "h"]);
     hitopk_on(&["a", "b", "a", "b", "a", "b"]);
 }
+
+#[test]
+fn a_segment_left_by_a_killed_setup_is_cleared_by_the_next_job() {
+    // A process gone for good: its pid names the segments it would have left.
+    let mut gone = Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let name = |tag: &str| format!("/dev/shm/qccl-{tag}-p{}-0-1-00000000", gone.id());
+    let (old, young) = (name("00000000000000a1"), name("00000000000000a2"));
+    for f in [&old, &young] {
+        std::fs::write(f, b"left behind").unwrap();
+    }
+    let two_minutes_ago = std::time::SystemTime::now() - Duration::from_secs(120);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(two_minutes_ago)
+        .unwrap();
+    let outs = Job::new(2).run(
+        "allreduce",
+        &[("QCCL_TRANSPORT", "shm")],
+        Duration::from_secs(60),
+    );
+    let young_kept = std::path::Path::new(&young).exists();
+    let _ = std::fs::remove_file(&young);
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(o));
+    }
+    assert!(!std::path::Path::new(&old).exists(), "{old} is still there");
+    // Younger than a minute: perhaps a live setup in another pid namespace; kept.
+    assert!(young_kept, "{young} was removed");
+}

@@ -26,6 +26,8 @@ unsafe impl Send for Segment {}
 impl Segment {
     /// Creates segment `name` of `len` bytes (mode 0600; it must not exist) and maps it.
     pub fn create(name: &str, len: usize) -> Result<Segment> {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_stale);
         let fd = shm_open(
             name,
             OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
@@ -117,5 +119,43 @@ impl Segment {
         assert!(off + len <= self.len, "bytes {off}+{len} past the segment");
         // SAFETY: inside the mapping (checked); exclusive while borrowed (the caller's promise).
         unsafe { std::slice::from_raw_parts_mut(self.base.add(off), len) }
+    }
+}
+
+/// Removes this user's qccl segments whose creator is gone. A segment's name is unlinked as
+/// soon as the peers mapped it, so only a process killed during the few milliseconds of a
+/// link's setup leaves one behind; the next qccl process on the host clears it. Names carry
+/// the creator's pid (`qccl-<comm>-p<pid>-...`); a live pid, another user's file, or one
+/// younger than a minute is kept.
+fn sweep_stale() {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    // The owner of /proc/self is this process's effective user.
+    let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("qccl-")
+            .and_then(|rest| rest.split('-').find_map(|f| f.strip_prefix('p')))
+            .and_then(|p| p.parse::<i32>().ok());
+        // Older than a minute too: a link's setup takes milliseconds, and a creator in
+        // another pid namespace (containers sharing /dev/shm) looks gone from here.
+        let mine = entry.metadata().is_ok_and(|m| {
+            let age = m.modified().ok().and_then(|t| t.elapsed().ok());
+            m.uid() == me && age.is_some_and(|a| a > std::time::Duration::from_secs(60))
+        });
+        if let (Some(pid), true) = (pid, mine) {
+            if pid > 0 && !super::alive(pid) {
+                Segment::unlink(&format!("/{name}"));
+                crate::qlog!(
+                    Info,
+                    "removed /dev/shm/{name}, left by process {pid} (gone)"
+                );
+            }
+        }
     }
 }
