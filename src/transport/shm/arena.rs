@@ -22,7 +22,7 @@
 //! update rings it, and wakes sleepers only when someone announced sleeping.
 
 use super::futex;
-use super::segment::Segment;
+use super::segment::{self, Segment};
 use crate::error::{Error, Result};
 use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
 use crate::transport::wait::{Next, Waiter};
@@ -53,7 +53,6 @@ const MAX_REASON: usize = 1024;
 /// Slot k's descriptor (the frame header of the call, and the round) at OFF_SLOTS + 64·k.
 const OFF_SLOTS: usize = 512;
 const NAME_LEN: usize = 96;
-const NAME_PREFIX: &str = "/qccl-";
 
 /// The arena as one rank sees it: all ranks' segments, mapped.
 pub struct Arena {
@@ -88,12 +87,7 @@ pub fn setup(
         .min(MAX_SEGMENT / (SLOTS * (n + 1)) / 4096 * 4096)
         .max(4096);
     let len = segment_len(n, chunk);
-    // The creator's pid in the name lets tests (and operators) tell whose segment it was.
-    let name = format!(
-        "{NAME_PREFIX}{comm_id:016x}-p{}-a{me}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    );
+    let name = segment::new_name(comm_id, &format!("a{me}"));
     let own = Segment::create(&name, len)?;
     for (i, v) in [n, SLOTS, chunk].into_iter().enumerate() {
         own.word64(OFF_GEOMETRY + 8 * i)
@@ -131,7 +125,7 @@ pub fn setup(
             let end = raw.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
             let peer_name = std::str::from_utf8(&raw[..end])
                 .ok()
-                .filter(|s| s.starts_with(NAME_PREFIX) && !s[1..].contains('/'))
+                .and_then(segment::checked_name)
                 .ok_or_else(|| {
                     Error::InvalidUsage(format!("rank {p} sent a malformed arena segment name"))
                 })?;

@@ -18,7 +18,6 @@ use std::net::TcpStream;
 
 /// Data bytes of each ring.
 pub const RING_BYTES: usize = 4 << 20;
-const NAME_PREFIX: &str = "/qccl-";
 
 /// The two rings to one peer, and the peer's pid for liveness checks.
 pub struct ShmLink {
@@ -33,12 +32,7 @@ pub struct ShmLink {
 /// Sets up the link to `peer` over `sock` (blocking, with a read timeout); both ranks call it
 /// at the same point.
 pub fn setup(sock: &mut TcpStream, comm_id: u64, me: usize, peer: usize) -> Result<ShmLink> {
-    // The creator's pid in the name lets tests (and operators) tell whose segment it was.
-    let name = format!(
-        "{NAME_PREFIX}{comm_id:016x}-p{}-{me}-{peer}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    );
+    let name = segment::new_name(comm_id, &format!("{me}-{peer}"));
     let tx = Ring::create(&name, RING_BYTES)?;
     let result = exchange_names(sock, &name).and_then(|(pid, peer_name)| {
         let rx = Ring::open(&peer_name, RING_BYTES)?;
@@ -70,7 +64,7 @@ fn exchange_names(sock: &mut TcpStream, name: &str) -> Result<(i32, String)> {
         .map_err(|e| Error::io("shared memory setup: reading the peer's segment name", e))?;
     let peer_name = String::from_utf8(peer_name)
         .ok()
-        .filter(|n| n.starts_with(NAME_PREFIX) && !n[1..].contains('/'))
+        .filter(|n| segment::checked_name(n).is_some())
         .ok_or_else(|| Error::InvalidUsage("peer sent a malformed segment name".into()))?;
     Ok((pid, peer_name))
 }

@@ -23,6 +23,26 @@ pub struct Segment {
 // using a Segment from another thread is as safe as from this one.
 unsafe impl Send for Segment {}
 
+/// Every qccl segment's name starts with this (then the comm id, `-p<creator pid>`, and what
+/// the segment is): the sweep below, tests and operators read the creator from it.
+const PREFIX: &str = "/qccl-";
+
+/// A fresh name for a segment of comm `comm_id` created by this process; `what` tells the
+/// segments of one process and comm apart (e.g. `0-1` for the ring from rank 0 to rank 1).
+pub fn new_name(comm_id: u64, what: &str) -> String {
+    format!(
+        "{PREFIX}{comm_id:016x}-p{}-{what}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// `name` if it is one a qccl peer would have made (prefix, no further `/`), for names
+/// received from peers before opening them.
+pub fn checked_name(name: &str) -> Option<&str> {
+    (name.starts_with(PREFIX) && !name[1..].contains('/')).then_some(name)
+}
+
 impl Segment {
     /// Creates segment `name` of `len` bytes (mode 0600; it must not exist) and maps it.
     pub fn create(name: &str, len: usize) -> Result<Segment> {
@@ -139,7 +159,7 @@ fn sweep_stale() {
     for entry in dir.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let pid = name
-            .strip_prefix("qccl-")
+            .strip_prefix(&PREFIX[1..])
             .and_then(|rest| rest.split('-').find_map(|f| f.strip_prefix('p')))
             .and_then(|p| p.parse::<i32>().ok());
         // Older than a minute too: a link's setup takes milliseconds, and a creator in
