@@ -79,9 +79,9 @@ pub struct Config {
     /// 0 = no pipelining): larger buffers go through in pieces, the network phase of one
     /// overlapping the shared-memory phase of the next.
     pub chunksize: usize,
-    /// Bytes per owner and round of the shared-memory arena (QCCL_SHM_ARENA_CHUNK, default
-    /// 128 KiB, a multiple of 64 from 4096 up).
-    pub shm_arena_chunk: usize,
+    /// Largest bytes per owner and round of the shared-memory arena (QCCL_SHM_ARENA_CHUNK, a
+    /// multiple of 64 from 4096 up); None: by the comm's size (`shm::arena::default_chunk`).
+    pub shm_arena_chunk: Option<usize>,
     /// Default all-reduce algorithm (QCCL_ALGO).
     pub algo: Algo,
     /// Interface selection for the TCP transport, NCCL_SOCKET_IFNAME syntax (QCCL_SOCKET_IFNAME).
@@ -109,7 +109,7 @@ impl Default for Config {
             init_timeout: Duration::from_millis(300_000),
             buffsize: None,
             chunksize: 4 << 20,
-            shm_arena_chunk: crate::transport::shm::arena::CHUNK,
+            shm_arena_chunk: None,
             algo: Algo::Auto,
             socket_ifname: None,
             nsocks_per_peer: 1,
@@ -199,7 +199,7 @@ impl Config {
                     "QCCL_SHM_ARENA_CHUNK={b} must be a multiple of 64 from 4096 to 1 GiB"
                 )));
             }
-            c.shm_arena_chunk = b as usize;
+            c.shm_arena_chunk = Some(b as usize);
         }
         if let Some(a) = env_var("QCCL_ALGO") {
             c.algo = Algo::parse(&a).map_err(|e| Error::invalid(format!("QCCL_ALGO: {e}")))?;

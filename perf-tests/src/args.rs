@@ -95,6 +95,8 @@ pub struct Args {
     pub np: Option<usize>,
     /// `--timeout` / `-T`: bound on the whole `-np` run.
     pub timeout: Duration,
+    /// `--bind-to`: where `-np` puts its ranks (mpirun's flag).
+    pub bind: qccl::launch::Bind,
     /// The arguments minus `-np N`: what `-np` hands its children.
     pub passthrough: Vec<String>,
 }
@@ -170,6 +172,9 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
   -S, --target-secs <secs>   time each size for about this long: iterations =
                              secs / (one call, slowest rank), at most -n           [off]
   -T, --timeout <secs>       with -np: kill all ranks after this long              [3600]
+  --bind-to <core|none|auto> with -np: bind rank r to the r-th CPU this process may use
+                             (core), or not (none); auto: core when the ranks fit the
+                             CPUs, as mpirun                                       [auto]
   --calibrate                measure this machine's cost model for the planner (qccl-plan)
                              instead of the table: all_reduce alpha + beta*bytes per
                              transport/algorithm (every -A given, float sum, median call,
@@ -275,6 +280,7 @@ const OPTS: &[(&str, &str)] = &[
     ("m", "agg_iters"),
     // Long only: no single-letter form, so the short lookup (one character) never finds it.
     ("calibrate-out", "calibrate-out"),
+    ("bind-to", "bind-to"),
 ];
 
 /// Long-name aliases.
@@ -284,6 +290,7 @@ fn canonical_long(l: &str) -> &str {
         "op_type" => "op",
         "collective" => "coll",
         "calibrate_out" => "calibrate-out",
+        "bind_to" => "bind-to",
         other => other,
     }
 }
@@ -377,6 +384,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         json: None,
         np: None,
         timeout: Duration::from_secs(3600),
+        bind: qccl::launch::Bind::Auto,
         target_secs: None,
         passthrough: Vec::new(),
     };
@@ -388,7 +396,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
     for (flag, v, from, to) in tokenize(raw)? {
         let f = format!("-{flag}");
         let f = f.as_str();
-        if flag != "np" {
+        if flag != "np" && flag != "bind-to" {
             a.passthrough.extend_from_slice(&raw[from..to]);
         }
         match flag {
@@ -400,6 +408,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
                 }
                 a.np = Some(n);
             }
+            "bind-to" => a.bind = v.parse().map_err(|e| format!("--bind-to: {e}"))?,
             "b" => {
                 a.min_bytes = parse_size(&v).map_err(|e| format!("{f}: {e}"))?;
                 min_given = true;

@@ -24,6 +24,7 @@ mod report;
 use args::{Args, Parsed};
 use qccl::launch::Launch;
 use qccl::{Comm, Config};
+use report::RankInfo;
 
 /// Exit code of a rank whose results had wrong elements (the run itself completed).
 const EXIT_WRONG: i32 = 1;
@@ -64,23 +65,34 @@ fn hostname() -> String {
 }
 
 /// (pid, host) of every rank, for the "Using devices" lines.
-fn rank_table(comm: &Comm) -> qccl::Result<Vec<(u32, String)>> {
-    const REC: usize = 64;
+fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
+    // pid, then the host name and the CPU list, each NUL-padded.
+    const REC: usize = 128;
+    const HOST: std::ops::Range<usize> = 4..68;
+    const CPUS: std::ops::Range<usize> = 68..REC;
     let mut mine = [0u8; REC];
     mine[..4].copy_from_slice(&std::process::id().to_le_bytes());
-    let host = hostname();
-    let h = &host.as_bytes()[..host.len().min(REC - 4)];
-    mine[4..4 + h.len()].copy_from_slice(h);
+    let put = |rec: &mut [u8], at: std::ops::Range<usize>, s: &str| {
+        let b = &s.as_bytes()[..s.len().min(at.len() - 1)];
+        rec[at.start..at.start + b.len()].copy_from_slice(b);
+    };
+    put(&mut mine, HOST, &hostname());
+    let cpus =
+        qccl::launch::allowed_cpus().map_or_else(|_| "?".into(), |c| qccl::launch::cpu_list(&c));
+    put(&mut mine, CPUS, &cpus);
     let mut all = vec![0u8; REC * comm.size()];
     comm.all_gather(&mine[..], &mut all)?;
+    let text = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .trim_end_matches('\0')
+            .to_string()
+    };
     Ok(all
         .chunks(REC)
-        .map(|rec| {
-            let pid = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
-            let host = String::from_utf8_lossy(&rec[4..])
-                .trim_end_matches('\0')
-                .to_string();
-            (pid, host)
+        .map(|rec| RankInfo {
+            pid: u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]),
+            host: text(&rec[HOST]),
+            cpus: text(&rec[CPUS]),
         })
         .collect())
 }
@@ -163,6 +175,7 @@ fn main() {
         Some(np) => Launch::new(np)
             .args(&a.passthrough)
             .timeout(a.timeout)
+            .bind(a.bind)
             .finished_code(EXIT_WRONG)
             .run()
             .unwrap_or_else(|e| {

@@ -179,9 +179,16 @@ pub fn fmt_e(x: f64) -> String {
     }
 }
 
+/// One rank as the header lists it.
+pub struct RankInfo {
+    pub pid: u32,
+    pub host: String,
+    /// The CPUs it may run on (`0-3,8`).
+    pub cpus: String,
+}
+
 /// The header: nccl-tests' parameter line, qccl's run line, the ranks, the table head.
-/// `ranks` holds (pid, host) per rank.
-pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
+pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
     let (step, kind) = match a.step {
         Step::Factor(f) => (f, "factor"),
         Step::Bytes(b) => (b, "bytes"),
@@ -262,11 +269,11 @@ pub fn header(a: &Args, nranks: usize, ranks: &[(u32, String)]) -> String {
     }
     let _ = writeln!(s, "#");
     let _ = writeln!(s, "# Using devices");
-    for (r, (pid, host)) in ranks.iter().enumerate() {
+    for (r, i) in ranks.iter().enumerate() {
         let _ = writeln!(
             s,
-            "#  Rank {r:2} Group  0 Pid {pid:6} on {host:>10} device {:2} [host] cpu memory",
-            0
+            "#  Rank {r:2} Group  0 Pid {:6} on {:>10} device {:2} [host] cpu memory, cpus {}",
+            i.pid, i.host, 0, i.cpus
         );
     }
     let _ = writeln!(s, "#");

@@ -1085,6 +1085,10 @@ fn calibrate_writes_a_cost_model_the_planner_reads() {
     let o = run(&[
         "-np",
         "2",
+        // Unbound: the tests of this file run side by side, and bound ranks of each would
+        // all sit on the same CPUs, where the kernel can no longer spread them.
+        "--bind-to",
+        "none",
         "--calibrate",
         "-b",
         "4K",
@@ -1328,4 +1332,44 @@ fn plan_errors_name_the_file_and_field() {
     for f in [&cost, &bad, &neg, &bad_profile] {
         let _ = std::fs::remove_file(f);
     }
+}
+
+/// The CPU list each rank's header line reports.
+fn rank_cpus(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.starts_with("#  Rank "))
+        .map(|l| l.rsplit("cpus ").next().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn bind_to_places_ranks_as_mpirun() {
+    let cpus = qccl::launch::allowed_cpus().unwrap();
+    let all = qccl::launch::cpu_list(&cpus);
+    let np = cpus.len().min(4);
+    let np_s = np.to_string();
+    // core: rank r on the r-th CPU this process may use (auto does the same when they fit).
+    for bind in ["core", "auto"] {
+        let o = run(&["-np", &np_s, "--bind-to", bind, "-b", "1K", "-e", "1K"]);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+        let want: Vec<String> = cpus[..np].iter().map(|c| c.to_string()).collect();
+        assert_eq!(rank_cpus(&out), want, "--bind-to {bind}\n{out}");
+    }
+    // none, and auto with more ranks than CPUs: every rank may run anywhere.
+    let over = (cpus.len() + 1).to_string();
+    for args in [vec!["-np", &np_s, "--bind-to", "none"], vec!["-np", &over]] {
+        let o = run(&[&args[..], &["-b", "1K", "-e", "1K"]].concat());
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+        let ranks = rank_cpus(&out);
+        assert_eq!(ranks.len(), args[1].parse::<usize>().unwrap(), "{out}");
+        assert!(
+            ranks.iter().all(|c| *c == all),
+            "{args:?}: {ranks:?}, want {all}"
+        );
+    }
+    let o = run(&["-np", "2", "--bind-to", "socket"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("--bind-to"), "{}", text(&o).1);
 }

@@ -83,7 +83,15 @@ fn link_config(
     config: &Config,
     abort: Arc<AtomicBool>,
 ) -> LinkConfig {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The machine's CPUs, not this process's share: a launcher that binds each rank to
+    // one core (mpirun, qccl-perf -np) leaves the ranks a core each to spin on.
+    let cores = nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
+        .ok()
+        .flatten()
+        .map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n.max(1) as usize,
+        );
     // Spinning only pays when every rank on this machine has a core to spin on; otherwise
     // yield the core to a peer for the same time before blocking.
     let budget = Duration::from_micros(config.spin_us);

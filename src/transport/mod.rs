@@ -95,8 +95,9 @@ pub struct LinkConfig {
     pub yield_for: Duration,
     /// Set by `Comm::abort`; every wait checks it at least every 100 ms.
     pub abort: Arc<AtomicBool>,
-    /// Bytes per owner and round of the shared-memory arena (QCCL_SHM_ARENA_CHUNK).
-    pub arena_chunk: usize,
+    /// Largest bytes per owner and round of the shared-memory arena (QCCL_SHM_ARENA_CHUNK);
+    /// None: by the comm's size.
+    pub arena_chunk: Option<usize>,
 }
 
 /// A way to move frames between the ranks of one comm.
