@@ -19,11 +19,12 @@ use std::ops::Range;
 /// Reduction block: the result block stays in L1 while every contribution is added to it.
 const BLOCK: usize = 16 << 10;
 
-/// Out of place, buffer size from which results go to the caller's buffer with streaming
-/// stores: its lines are not in cache, and a normal store would read each one first
-/// (measured: 4 ranks 4–16 MiB +10–40%, 2 ranks 64–256 MiB +20–25%, no loss at 2 ranks
-/// 1–16 MiB). In place the lines were just read for staging and are still cached: streaming
-/// loses there (2 ranks 64 MiB 6.0–6.4 → 4.8 GB/s), so it is never used.
+/// Buffer size from which results go to the caller's buffer with streaming stores: a normal
+/// store to a line not in cache reads it first. Out of place (2-core Intel VM): 4 ranks 4–16
+/// MiB +10–40%, 2 ranks 64–256 MiB +20–25%, no loss at 2 ranks 1–16 MiB. In place the lines
+/// were just read for staging, and there the two machines differ: the Intel VM lost (2 ranks
+/// 64 MiB 6.0–6.4 → 4.8 GB/s), the AMD EPYC VM gains (2 ranks 16–256 MiB, four interleaved
+/// runs: 5.6–7.7 GB/s against 3.7–6.6). The project's machines are the AMD kind now.
 const STREAM_MIN_BYTES: usize = 4 << 20;
 
 /// All-reduce of `count` elements (chunks as `part` splits them); out of place when `send`
@@ -107,7 +108,7 @@ fn run(
         let r = slice(me, s);
         r.start - chunks[me].start..r.end - chunks[me].start
     };
-    let streaming = send.is_some() && chunks[n - 1].end >= STREAM_MIN_BYTES;
+    let streaming = chunks[n - 1].end >= STREAM_MIN_BYTES;
     let put: fn(&mut [u8], &[u8]) = if streaming {
         reduce::stream::copy
     } else {

@@ -291,5 +291,15 @@ pub fn run_huge(comm: &Comm) -> Result<(), String> {
         ))?;
         same_on_all_ranks(comm, &out, "all_reduce 16Mi")?;
     }
+    // In place too: past 4 MiB the arena streams results over the input it staged from.
+    let mut out = ins[comm.rank()].clone();
+    q(comm.all_reduce_raw(None, &mut out, c.count, c.dtype, c.op, Some(Algo::Sra)))
+        .map_err(ctx("all_reduce 16Mi in place", &c, "sra"))?;
+    check_reduce(c.dtype, c.op, &ins, 0..c.count, &out).map_err(ctx(
+        "all_reduce 16Mi in place",
+        &c,
+        "sra",
+    ))?;
+    same_on_all_ranks(comm, &out, "all_reduce 16Mi in place")?;
     Ok(())
 }
