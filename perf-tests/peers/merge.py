@@ -14,12 +14,21 @@ Layout read (written by perf-tests/compare):
                                         JSON lacks show "t/o" instead of "—"
     RESULTS/run<R>/memcpy.json          memcpy_bw.c output
     RESULTS/run<R>/tcp.json             tcp_bw.py output
+    RESULTS/run<R>/np<N>/<label>.rtt    "UNIX_TIME NS" lines: the CPU round trip sampled
+                                        during that run (core_rtt.c), optional
+    RESULTS/rtt-start.rtt               the same, sampled at the start (placement baseline)
     RESULTS/notes.txt                   free text appended under the tables (optional)
 
 Prints, per world size, one table: size | <label> busbw ... | qccl/<peer> ratios, every cell
 holding all runs as "run1 / run2"; then rows for the average busbw over the sizes (nccl-tests'
 "Avg bus bandwidth") and the time
 at the smallest size; then the machine-limit lines (memcpy, loopback TCP).
+
+Placement: a round-trip sample is "far" when it is over twice the fastest sample of the
+session (all .rtt files); a run is near (<= 25% far samples), mixed, or far (>= 75%). Cells of
+far runs end in "f", of mixed runs in "m"; a ratio whose two runs differ in placement ends
+in "?" (not comparable: the host moved the vCPUs in between). Each table is followed by
+every run's placement.
 """
 import argparse
 import json
@@ -65,8 +74,61 @@ def fmt(v, nd=2):
 TIMED_OUT = object()  # a size the run did not reach before compare's --timeout
 
 
-def cell(vals, nd=2):
-    return " / ".join("t/o" if v is TIMED_OUT else fmt(v, nd) for v in vals)
+def cell(vals, nd=2, marks=None):
+    """'run1 / run2 / ...'; marks[i] (e.g. "f") is appended to a value that is present."""
+    out = []
+    for i, v in enumerate(vals):
+        t = "t/o" if v is TIMED_OUT else fmt(v, nd)
+        if marks and marks[i] and v is not None and v is not TIMED_OUT:
+            t += marks[i]
+        out.append(t)
+    return " / ".join(out)
+
+
+def rtt_samples(path):
+    """The round-trip samples (ns) of a core_rtt log; [] when absent or unreadable."""
+    try:
+        with open(path) as f:
+            rows = [ln.split() for ln in f]
+    except OSError:
+        return []
+    out = []
+    for r in rows:
+        try:
+            out.append(float(r[-1]))
+        except (IndexError, ValueError):
+            pass
+    return out
+
+
+def rtt_baseline(d):
+    """The fastest round trip sampled anywhere in the session, or None."""
+    best = None
+    paths = [os.path.join(d, "rtt-start.rtt")]
+    for root, _, files in os.walk(d):
+        paths += [os.path.join(root, f) for f in files if f.endswith(".rtt")]
+    for p in paths:
+        for v in rtt_samples(p):
+            if v > 0 and (best is None or v < best):
+                best = v
+    return best
+
+
+class Placement:
+    """Where the host had the two CPUs during one run, from its round-trip samples."""
+
+    def __init__(self, samples, base):
+        self.n = len(samples)
+        far = sum(1 for v in samples if v > 2 * base)
+        self.share = far / self.n
+        self.median = sorted(samples)[self.n // 2]
+        self.kind = "near" if self.share <= 0.25 else "far" if self.share >= 0.75 else "mixed"
+
+    def mark(self):
+        return {"near": "", "far": "f", "mixed": "m"}[self.kind]
+
+    def __str__(self):
+        return f"{self.kind} ({self.median:.0f} ns, {100 * self.share:.0f}% far)"
 
 
 def main():
@@ -92,6 +154,7 @@ def main():
     labels = [x for x in a.labels.split(",") if x]
     ref = a.ref
     missing = []
+    base = rtt_baseline(d)
 
     print(f"# qccl vs peers: all_reduce float32 sum, busbw in GB/s (1e9 B/s), "
           f"cells = run1 / run2{' / …' if runs > 2 else ''}\n")
@@ -110,6 +173,12 @@ def main():
             if any(per) or any(to):
                 res[lab] = per
                 tmo[lab] = to
+        place = {}  # label -> [per run Placement or None]
+        for lab in res:
+            place[lab] = []
+            for r in range(1, runs + 1):
+                smp = rtt_samples(os.path.join(d, f"run{r}", f"np{n}", f"{lab}.rtt"))
+                place[lab].append(Placement(smp, base) if smp and base else None)
         present = [lab for lab in labels if lab in res]
         peers = [lab for lab in present if lab != ref]
         has_ref = ref in res
@@ -131,6 +200,15 @@ def main():
             v = x[s].get(key)
             return float(v) if v is not None else None
 
+        def marks(lab):
+            return [p.mark() if p else "" for p in place[lab]]
+
+        def ratio_marks(p):  # "?": the two runs had the CPUs placed differently
+            out = []
+            for a, b in zip(place.get(ref, [None] * runs), place[p]):
+                out.append("?" if a and b and a.kind != b.kind else "")
+            return out
+
         def get_or_tmo(lab, r, s):
             v = get(lab, r, s)
             return TIMED_OUT if v is None and tmo[lab][r] else v
@@ -138,14 +216,14 @@ def main():
         for s in sizes:
             row = [human(s)]
             for lab in present:
-                row.append(cell([get_or_tmo(lab, r, s) for r in range(runs)]))
+                row.append(cell([get_or_tmo(lab, r, s) for r in range(runs)], 2, marks(lab)))
             if has_ref:
                 for p in peers:
                     ratios = []
                     for r in range(runs):
                         q, v = get(ref, r, s), get(p, r, s)
                         ratios.append(q / v if q is not None and v else None)
-                    row.append(cell(ratios))
+                    row.append(cell(ratios, 2, ratio_marks(p)))
             print("| " + " | ".join(row) + " |")
 
         # average busbw over the sizes each run measured (nccl-tests' Avg bus bandwidth)
@@ -158,7 +236,8 @@ def main():
             vals = [float(v["busbw"]) for v in x.values() if v.get("busbw") is not None]
             return sum(vals) / len(vals) if vals else None
 
-        row = ["**avg busbw**"] + [cell([mean(lab, r) for r in range(runs)]) for lab in present]
+        row = ["**avg busbw**"]
+        row += [cell([mean(lab, r) for r in range(runs)], 2, marks(lab)) for lab in present]
         if has_ref:
             for p in peers:
                 ratios = []
@@ -166,16 +245,23 @@ def main():
                     q, v = mean(ref, r), mean(p, r)
                     ok = q not in (None, TIMED_OUT) and v not in (None, TIMED_OUT) and v
                     ratios.append(q / v if ok else None)
-                row.append(cell(ratios))
+                row.append(cell(ratios, 2, ratio_marks(p)))
         print("| " + " | ".join(row) + " |")
         if sizes:
             s0 = sizes[0]
             row = [f"**time @ {human(s0)} (µs)**"]
-            row += [cell([get(lab, r, s0, "time_us") for r in range(runs)], 1) for lab in present]
+            row += [cell([get(lab, r, s0, "time_us") for r in range(runs)], 1, marks(lab))
+                    for lab in present]
             if has_ref:
                 row += [""] * len(peers)
             print("| " + " | ".join(row) + " |")
         print()
+        placed = [lab for lab in present if any(place[lab])]
+        if placed:
+            print(f"placement of the two CPUs during each run (median round trip; far = over "
+                  f"2 × {base:.0f} ns, the session's fastest): "
+                  + "; ".join(f"{lab} " + " / ".join(str(p) if p else "—" for p in place[lab])
+                              for lab in placed) + "\n")
 
     # machine limits
     mem, tcp = {}, {}

@@ -1,0 +1,172 @@
+//! The tools `perf-tests/compare` runs beside the benchmarks: the CPU placement probe
+//! (`peers/core_rtt.c`) and the report's merge (`peers/merge.py`), checked on real output and
+//! on a results directory written here.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const PEERS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/peers");
+
+/// A fresh directory under the system's temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("qccl-peers-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn build_core_rtt(dir: &Path) -> PathBuf {
+    let bin = dir.join("core_rtt");
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(format!("{PEERS}/core_rtt.c"))
+        .status()
+        .expect("gcc (needed to build peers/core_rtt.c)");
+    assert!(st.success(), "core_rtt.c did not compile");
+    bin
+}
+
+fn cpus() -> usize {
+    // The CPUs this process may run on, as core_rtt picks them.
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[test]
+fn core_rtt_samples_the_round_trip_and_refuses_bad_arguments() {
+    let dir = TempDir::new("rtt");
+    let bin = build_core_rtt(&dir.0);
+
+    let bad = Command::new(&bin).args(["-c", "0,0"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("two different CPU"));
+    let bad = Command::new(&bin).args(["-k", "0"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+
+    let one = Command::new(&bin).output().unwrap();
+    if cpus() < 2 {
+        assert_eq!(one.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&one.stderr).contains("needs two CPUs"));
+        return;
+    }
+    assert!(one.status.success(), "{one:?}");
+    let ns: f64 = String::from_utf8_lossy(&one.stdout).trim().parse().unwrap();
+    assert!(ns > 0.0 && ns < 1e6, "round trip {ns} ns");
+
+    // Sampling mode: lines of "unix_time ns" until SIGTERM, then a clean exit.
+    let out = dir.0.join("s.rtt");
+    let mut child = Command::new(&bin)
+        .args(["-i", "0.1"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert!(child.wait().unwrap().success());
+    let text = std::fs::read_to_string(&out).unwrap();
+    let lines: Vec<Vec<f64>> = text
+        .lines()
+        .map(|l| l.split_whitespace().map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert!(lines.len() >= 2, "samples: {text:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for l in &lines {
+        assert_eq!(l.len(), 2, "{text:?}");
+        assert!((now - l[0]).abs() < 60.0 && l[1] > 0.0, "{text:?}");
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+fn result(busbw: f64) -> String {
+    format!(
+        "[{{\"size\": 4096, \"time_us\": 10.0, \"busbw\": {busbw}}}, \
+         {{\"size\": 1048576, \"time_us\": 300.0, \"busbw\": {}}}]",
+        busbw * 10.0
+    )
+}
+
+#[test]
+fn merge_marks_each_run_by_where_the_cpus_were() {
+    let dir = TempDir::new("merge");
+    let d = &dir.0;
+    write(&d.join("rtt-start.rtt"), "1.0 60\n1.1 62\n");
+    // Run 1: both near. Run 2: qccl far (all samples > 2 x 60), mpi-tcp near.
+    // Run 3: qccl mixed (1 of 2 far), mpi-tcp without samples.
+    let runs = [
+        ("1", 0.30, "1 61\n2 70\n3 64\n", 0.20, Some("1 65\n")),
+        (
+            "2",
+            0.10,
+            "1 340\n2 350\n3 330\n",
+            0.25,
+            Some("1 66\n2 68\n"),
+        ),
+        ("3", 0.20, "1 60\n2 360\n", 0.22, None),
+    ];
+    for (r, q, q_rtt, m, m_rtt) in runs {
+        let np = d.join(format!("run{r}/np2"));
+        write(&np.join("qccl.json"), &result(q));
+        write(&np.join("qccl.rtt"), q_rtt);
+        write(&np.join("mpi-tcp.json"), &result(m));
+        if let Some(t) = m_rtt {
+            write(&np.join("mpi-tcp.rtt"), t);
+        }
+    }
+    let out = Command::new("python3")
+        .arg(format!("{PEERS}/merge.py"))
+        .arg("--dir")
+        .arg(d)
+        .args(["--labels", "qccl,mpi-tcp", "--np", "2", "--runs", "3"])
+        .output()
+        .expect("python3 (needed to run peers/merge.py)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |first: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {first} |")))
+            .unwrap_or_else(|| panic!("no row {first}: {text}"))
+            .split(" | ")
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let r = row("4 KiB");
+    assert_eq!(r[1], "0.30 / 0.10f / 0.20m", "{text}");
+    assert_eq!(r[2], "0.20 / 0.25 / 0.22", "{text}");
+    // Ratios: same placement unmarked; far against near marked; no samples, no mark.
+    assert_eq!(r[3].trim_end_matches(" |"), "1.50 / 0.40? / 0.91", "{text}");
+    let r = row("1 MiB");
+    assert_eq!(r[1], "3.00 / 1.00f / 2.00m", "{text}");
+    assert!(text.contains("far = over 2 × 60 ns"), "{text}");
+    assert!(text.contains("qccl near (64 ns, 0% far) / far (340 ns, 100% far) / mixed"));
+    assert!(
+        text.contains("mpi-tcp near (65 ns, 0% far) / near (68 ns, 0% far) / —"),
+        "{text}"
+    );
+}
