@@ -42,14 +42,7 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
         }
         let slot = |p: usize| &slots[p * bytes..(p + 1) * bytes];
         let (dtype, op) = (ctx.dtype, ctx.op);
-        if n == 1 {
-            buf.copy_from_slice(slot(0));
-        } else {
-            reduce::reduce3(dtype, op, buf, slot(0), slot(1));
-            for p in 2..n {
-                reduce::reduce_into(dtype, op, buf, slot(p));
-            }
-        }
+        reduce::fold(dtype, op, buf, Some(slot(0)), (1..n).map(slot));
         if op == ReduceOp::Avg {
             reduce::finish_avg(dtype, buf, n);
         }

@@ -228,33 +228,24 @@ fn reduce_round(
         let end = (at + BLOCK).min(len);
         // Accumulate where the result must end up anyway: the result area when it is
         // published (then copied to `out` while hot), else `out` itself.
-        let first = &srcs[0][at..end];
+        let others = srcs.iter().map(|s| &s[at..end]);
+        let own = own.map(|own| &own[at..end]);
         if publish {
             let res = &mut result[at..end];
-            match own {
-                Some(own) => reduce::reduce3(dtype, op, res, &own[at..end], first),
-                None => reduce::reduce3(dtype, op, res, &out[at..end], first),
-            }
-            finish(dtype, op, n, res, &srcs[1..], at);
+            reduce::fold(dtype, op, res, Some(own.unwrap_or(&out[at..end])), others);
+            finish_avg(dtype, op, n, res);
             put(&mut out[at..end], res);
         } else {
+            // Without `own`, `out` holds this rank's contribution already.
             let res = &mut out[at..end];
-            match own {
-                Some(own) => reduce::reduce3(dtype, op, res, &own[at..end], first),
-                None => reduce::reduce_into(dtype, op, res, first),
-            }
-            finish(dtype, op, n, res, &srcs[1..], at);
+            reduce::fold(dtype, op, res, own, others);
+            finish_avg(dtype, op, n, res);
         }
         at = end;
     }
 }
 
-/// Adds the remaining contributions (at byte offset `at` of each) and finishes an Avg.
-fn finish(dtype: DType, op: ReduceOp, n: usize, res: &mut [u8], rest: &[&[u8]], at: usize) {
-    let len = res.len();
-    for s in rest {
-        reduce::reduce_into(dtype, op, res, &s[at..at + len]);
-    }
+fn finish_avg(dtype: DType, op: ReduceOp, n: usize, res: &mut [u8]) {
     if op == ReduceOp::Avg {
         reduce::finish_avg(dtype, res, n);
     }

@@ -74,15 +74,13 @@ pub fn all_reduce(
                 peers.iter().enumerate().map(|(i, &p)| (p, i)).collect();
             order.sort_unstable();
             let landed = |i: usize| &space[i * max_slice..i * max_slice + mine.len()];
-            for (k, &(_, i)) in order.iter().enumerate() {
-                let dst = &mut buf[mine.clone()];
-                match send {
-                    Some(own) if k == 0 => {
-                        reduce::reduce3(ctx.dtype, ctx.op, dst, &own[mine.clone()], landed(i))
-                    }
-                    _ => reduce::reduce_into(ctx.dtype, ctx.op, dst, landed(i)),
-                }
-            }
+            reduce::fold(
+                ctx.dtype,
+                ctx.op,
+                &mut buf[mine.clone()],
+                send.map(|own| &own[mine.clone()]),
+                order.iter().map(|&(_, i)| landed(i)),
+            );
             if ctx.op == crate::ReduceOp::Avg {
                 reduce::finish_avg(ctx.dtype, &mut buf[mine], n);
             }

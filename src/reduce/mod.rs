@@ -1,6 +1,6 @@
 //! Reduction kernels: `dst op= src` on byte buffers of any [`DType`], vectorized.
 //!
-//! Entry points are [`reduce_into`], [`reduce3`] and [`finish_avg`]. Each picks a kernel for the
+//! Entry points are [`reduce_into`], [`reduce3`], [`fold`] and [`finish_avg`]. Each picks a kernel for the
 //! dtype and op (monomorphized, so the inner loop has no per-element dispatch) and runs it over
 //! the buffers block by block. Integer Sum and Prod wrap. Float Max and Min ignore a NaN operand
 //! and order -0 below +0 (IEEE 754-2019 maximumNumber/minimumNumber). Float16 and Bfloat16 are
@@ -57,6 +57,28 @@ pub fn reduce3(dtype: DType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
             b: &b[..n],
         },
     );
+}
+
+/// `dst = base op s0 op s1 op ...`, in exactly this order (`base` = `dst`'s own contents when
+/// None; `base` alone is copied). The contributions of a collective are folded in one fixed
+/// order (e.g. by rank), whatever order they arrived in, so every rank gets the same bits.
+pub fn fold<'a>(
+    dtype: DType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    base: Option<&[u8]>,
+    srcs: impl IntoIterator<Item = &'a [u8]>,
+) {
+    let mut srcs = srcs.into_iter();
+    if let Some(base) = base {
+        match srcs.next() {
+            Some(first) => reduce3(dtype, op, dst, base, first),
+            None => dst.copy_from_slice(base),
+        }
+    }
+    for s in srcs {
+        reduce_into(dtype, op, dst, s);
+    }
 }
 
 /// Finishes an Avg: `dst[i] /= n` for the float dtypes. f32 divides in f32, f64 in f64, and

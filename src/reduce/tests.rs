@@ -292,6 +292,33 @@ fn finish_avg_ignores_integers() {
     }
 }
 
+#[test]
+fn fold_keeps_the_order_it_is_given() {
+    // f32 sums are not associative: ((1e8 + 1) - 1e8) = 0, while 1e8 - 1e8 + 1 = 1.
+    let bytes = |v: &[f32]| bytemuck::cast_slice::<f32, u8>(v).to_vec();
+    let (a, b, c) = (bytes(&[1e8, 3.0]), bytes(&[1.0, 4.0]), bytes(&[-1e8, 5.0]));
+    let (f32s, sum) = (DType::Float32, ReduceOp::Sum);
+    let got = |d: &[u8]| -> Vec<f32> {
+        d.chunks(4)
+            .map(|x| f32::from_ne_bytes(x.try_into().unwrap()))
+            .collect()
+    };
+    let mut d = vec![0u8; 8];
+    fold(f32s, sum, &mut d, Some(&a), [&b[..], &c[..]]);
+    assert_eq!(got(&d), [(1e8f32 + 1.0) - 1e8, 12.0]);
+    fold(f32s, sum, &mut d, Some(&a), [&c[..], &b[..]]);
+    assert_eq!(got(&d), [(1e8f32 - 1e8) + 1.0, 12.0]);
+    // No base: dst's own contents come first.
+    let mut d = a.clone();
+    fold(f32s, sum, &mut d, None, [&b[..], &c[..]]);
+    assert_eq!(got(&d), [0.0, 12.0]);
+    // A base alone is copied; nothing at all leaves dst as it was.
+    fold(f32s, sum, &mut d, Some(&c), []);
+    assert_eq!(d, c);
+    fold(f32s, sum, &mut d, None, []);
+    assert_eq!(d, c);
+}
+
 #[cfg(debug_assertions)]
 #[test]
 #[should_panic(expected = "must be equal")]
