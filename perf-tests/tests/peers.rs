@@ -28,12 +28,14 @@ impl Drop for TempDir {
 
 fn build_core_rtt(dir: &Path) -> PathBuf {
     let bin = dir.join("core_rtt");
-    let st = Command::new("gcc")
+    // The C compiler the C ABI tests use too.
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
         .args(["-O2", "-pthread", "-o"])
         .arg(&bin)
         .arg(format!("{PEERS}/core_rtt.c"))
         .status()
-        .expect("gcc (needed to build peers/core_rtt.c)");
+        .unwrap_or_else(|e| panic!("{cc} (needed to build peers/core_rtt.c): {e}"));
     assert!(st.success(), "core_rtt.c did not compile");
     bin
 }
