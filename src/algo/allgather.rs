@@ -7,7 +7,7 @@
 use super::Ctx;
 use crate::reduce;
 use crate::transport::{RecvReq, SendReq};
-use crate::{ReduceOp, Result};
+use crate::Result;
 
 /// All-reduce of `buf` (`count` elements) in one exchange; out of place when `send` is given.
 pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<()> {
@@ -43,9 +43,7 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
         let slot = |p: usize| &slots[p * bytes..(p + 1) * bytes];
         let (dtype, op) = (ctx.dtype, ctx.op);
         reduce::fold(dtype, op, buf, Some(slot(0)), (1..n).map(slot));
-        if op == ReduceOp::Avg {
-            reduce::finish_avg(dtype, buf, n);
-        }
+        reduce::finish(dtype, op, buf, n);
         Ok(())
     })();
     ctx.scratch.main = scratch;

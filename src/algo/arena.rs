@@ -233,20 +233,14 @@ fn reduce_round(
         if publish {
             let res = &mut result[at..end];
             reduce::fold(dtype, op, res, Some(own.unwrap_or(&out[at..end])), others);
-            finish_avg(dtype, op, n, res);
+            reduce::finish(dtype, op, res, n);
             put(&mut out[at..end], res);
         } else {
             // Without `own`, `out` holds this rank's contribution already.
             let res = &mut out[at..end];
             reduce::fold(dtype, op, res, own, others);
-            finish_avg(dtype, op, n, res);
+            reduce::finish(dtype, op, res, n);
         }
         at = end;
-    }
-}
-
-fn finish_avg(dtype: DType, op: ReduceOp, n: usize, res: &mut [u8]) {
-    if op == ReduceOp::Avg {
-        reduce::finish_avg(dtype, res, n);
     }
 }

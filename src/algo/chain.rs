@@ -80,9 +80,7 @@ pub fn reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8], root: usiz
                     Some(s) => reduce::reduce3(ctx.dtype, ctx.op, dst, &landing[..len], &s[sj]),
                     None => reduce::reduce_into(ctx.dtype, ctx.op, dst, &landing[..len]),
                 }
-                if ctx.op == crate::ReduceOp::Avg {
-                    reduce::finish_avg(ctx.dtype, dst, n);
-                }
+                reduce::finish(ctx.dtype, ctx.op, dst, n);
                 continue;
             } else {
                 let own = match send {

@@ -136,13 +136,11 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result
     })();
     ctx.scratch.main = scratch;
     result?;
-    if ctx.op == crate::ReduceOp::Avg {
-        let mine = match io {
-            Io::OutOfPlace { out, .. } => out,
-            Io::InPlace(buf) => &mut buf[chunk(r)],
-        };
-        reduce::finish_avg(ctx.dtype, mine, n);
-    }
+    let mine = match io {
+        Io::OutOfPlace { out, .. } => out,
+        Io::InPlace(buf) => &mut buf[chunk(r)],
+    };
+    reduce::finish(ctx.dtype, ctx.op, mine, n);
     Ok(())
 }
 

@@ -48,9 +48,7 @@ pub fn all_reduce(
             let mine = sub(&chunks[r], nsl, j, es);
             if direct {
                 scatter_reduce_direct(ctx, send, buf, &chunks, &by_rank, nsl, j)?;
-                if ctx.op == crate::ReduceOp::Avg {
-                    reduce::finish_avg(ctx.dtype, &mut buf[mine], n);
-                }
+                reduce::finish(ctx.dtype, ctx.op, &mut buf[mine], n);
                 continue;
             }
             // Contributions leave straight from the input (the send buffer, or buf in place).
@@ -81,9 +79,7 @@ pub fn all_reduce(
                 send.map(|own| &own[mine.clone()]),
                 order.iter().map(|&(_, i)| landed(i)),
             );
-            if ctx.op == crate::ReduceOp::Avg {
-                reduce::finish_avg(ctx.dtype, &mut buf[mine], n);
-            }
+            reduce::finish(ctx.dtype, ctx.op, &mut buf[mine], n);
         }
         // All-gather: each owner sends its reduced chunk to everyone.
         let mut parts = split_parts(buf, &chunks);

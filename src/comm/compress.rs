@@ -279,11 +279,9 @@ impl Comm {
                     |e, work, site, res| {
                         let w0 = e.wire;
                         e.reduce_scatter_coded(work, Coded::new(&plan, site, 0, res, dtype))?;
-                        if op == ReduceOp::Avg {
-                            let mine = rank * recvcount..(rank + 1) * recvcount;
-                            let part = bytemuck::cast_slice_mut(&mut work[mine]);
-                            reduce::finish_avg(DType::Float32, part, size);
-                        }
+                        let mine = rank * recvcount..(rank + 1) * recvcount;
+                        let part = bytemuck::cast_slice_mut(&mut work[mine]);
+                        reduce::finish(DType::Float32, op, part, size);
                         Ok(Report::flat(Algo::Sra, e.wire - w0))
                     },
                 )
@@ -488,9 +486,8 @@ impl PreparedAllReduce {
                     }
                 },
             )?;
-            if self.op == ReduceOp::Avg {
-                reduce::finish_avg(DType::Float32, bytemuck::cast_slice_mut(work), self.size);
-            }
+            let work = bytemuck::cast_slice_mut(work);
+            reduce::finish(DType::Float32, self.op, work, self.size);
             Ok(report)
         })
     }

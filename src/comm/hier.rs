@@ -136,9 +136,7 @@ pub fn all_reduce(
             let n = mine.len() / es;
             h.inter
                 .all_reduce_raw(None, &mut r[mine.clone()], n, dtype, sum_op, None)?;
-            if op == ReduceOp::Avg {
-                reduce::finish_avg(dtype, &mut r[mine], h.size);
-            }
+            reduce::finish(dtype, op, &mut r[mine], h.size);
             Ok(())
         },
         |(_, r)| {

@@ -1,7 +1,7 @@
 //! Reduction kernels: `dst op= src` on byte buffers of any [`DType`], vectorized.
 //!
-//! Entry points are [`reduce_into`], [`reduce3`], [`fold`] and [`finish_avg`]. Each picks a kernel for the
-//! dtype and op (monomorphized, so the inner loop has no per-element dispatch) and runs it over
+//! Entry points are [`reduce_into`], [`reduce3`], [`fold`], [`finish`] and [`finish_avg`]. Each
+//! picks a kernel for the dtype and op (monomorphized, so the inner loop has no per-element dispatch) and runs it over
 //! the buffers block by block. Integer Sum and Prod wrap. Float Max and Min ignore a NaN operand
 //! and order -0 below +0 (IEEE 754-2019 maximumNumber/minimumNumber). Float16 and Bfloat16 are
 //! reduced in f32 and rounded back (to nearest even) on every call.
@@ -78,6 +78,14 @@ pub fn fold<'a>(
     }
     for s in srcs {
         reduce_into(dtype, op, dst, s);
+    }
+}
+
+/// Finishes a reduction of `n` contributions: [`finish_avg`] for [`ReduceOp::Avg`], nothing for
+/// the other ops (their result is complete once every contribution is folded in).
+pub fn finish(dtype: DType, op: ReduceOp, dst: &mut [u8], n: usize) {
+    if op == ReduceOp::Avg {
+        finish_avg(dtype, dst, n);
     }
 }
 

@@ -293,6 +293,21 @@ fn finish_avg_ignores_integers() {
 }
 
 #[test]
+fn finish_divides_only_an_avg() {
+    let six = bytemuck::cast_slice::<f32, u8>(&[6.0, -3.0]).to_vec();
+    for op in ReduceOp::ALL {
+        let mut d = six.clone();
+        finish(DType::Float32, op, &mut d, 3);
+        let want: &[f32] = if op == ReduceOp::Avg {
+            &[2.0, -1.0]
+        } else {
+            &[6.0, -3.0]
+        };
+        assert_eq!(d, bytemuck::cast_slice::<f32, u8>(want), "{op}");
+    }
+}
+
+#[test]
 fn fold_keeps_the_order_it_is_given() {
     // f32 sums are not associative: ((1e8 + 1) - 1e8) = 0, while 1e8 - 1e8 + 1 = 1.
     let bytes = |v: &[f32]| bytemuck::cast_slice::<f32, u8>(v).to_vec();
