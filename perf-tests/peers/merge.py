@@ -101,6 +101,9 @@ def rtt_samples(path):
     return out
 
 
+FAR = 2.0  # a round-trip sample over FAR x the session's fastest is "far"
+
+
 def rtt_baseline(d):
     """The fastest round trip sampled anywhere in the session, or None."""
     best = None
@@ -119,7 +122,7 @@ class Placement:
 
     def __init__(self, samples, base):
         self.n = len(samples)
-        far = sum(1 for v in samples if v > 2 * base)
+        far = sum(1 for v in samples if v > FAR * base)
         self.share = far / self.n
         self.median = sorted(samples)[self.n // 2]
         self.kind = "near" if self.share <= 0.25 else "far" if self.share >= 0.75 else "mixed"
@@ -138,9 +141,24 @@ def main():
     ap.add_argument("--np", default=None, help='world sizes, e.g. "2 4" (default: found)')
     ap.add_argument("--runs", type=int, default=None, help="number of runs (default: found)")
     ap.add_argument("--ref", default="qccl", help="label the ratio columns divide by a peer")
+    ap.add_argument("--placement", metavar="RTT_FILE",
+                    help="print only this run's placement (compare uses it); nothing without samples")
+    ap.add_argument("--far-above", action="store_true",
+                    help="print only the round trip (ns) above which a sample is far")
     a = ap.parse_args()
 
     d = a.dir
+    base = rtt_baseline(d)
+    if a.placement or a.far_above:
+        if base is None:
+            return 0
+        if a.far_above:
+            print(f"{FAR * base:.0f}")
+        else:
+            smp = rtt_samples(a.placement)
+            if smp:
+                print(Placement(smp, base))
+        return 0
     runs = a.runs or len([x for x in os.listdir(d) if x.startswith("run")])
     if a.np:
         nps = [int(x) for x in a.np.replace(",", " ").split()]
@@ -154,7 +172,6 @@ def main():
     labels = [x for x in a.labels.split(",") if x]
     ref = a.ref
     missing = []
-    base = rtt_baseline(d)
 
     print(f"# qccl vs peers: all_reduce float32 sum, busbw in GB/s (1e9 B/s), "
           f"cells = run1 / run2{' / …' if runs > 2 else ''}\n")
@@ -259,7 +276,7 @@ def main():
         placed = [lab for lab in present if any(place[lab])]
         if placed:
             print(f"placement of the two CPUs during each run (median round trip; far = over "
-                  f"2 × {base:.0f} ns, the session's fastest): "
+                  f"{FAR:g} × {base:.0f} ns, the session's fastest): "
                   + "; ".join(f"{lab} " + " / ".join(str(p) if p else "—" for p in place[lab])
                               for lab in placed) + "\n")
 

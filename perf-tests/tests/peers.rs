@@ -171,4 +171,25 @@ fn merge_marks_each_run_by_where_the_cpus_were() {
         text.contains("mpi-tcp near (65 ns, 0% far) / near (68 ns, 0% far) / —"),
         "{text}"
     );
+
+    // What compare asks while it runs: the far line, and one run's placement.
+    let ask = |args: &[&str]| {
+        let o = Command::new("python3")
+            .arg(format!("{PEERS}/merge.py"))
+            .arg("--dir")
+            .arg(d)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(ask(&["--far-above"]), "120");
+    let run2 = d.join("run2/np2/qccl.rtt");
+    assert_eq!(
+        ask(&["--placement", run2.to_str().unwrap()]),
+        "far (340 ns, 100% far)"
+    );
+    let none = d.join("run3/np2/mpi-tcp.rtt");
+    assert_eq!(ask(&["--placement", none.to_str().unwrap()]), "");
 }
