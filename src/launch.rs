@@ -141,8 +141,9 @@ impl Launch {
             .port();
         let secret = format!("{:032x}", rand::random::<u128>());
         let argv0 = std::env::args_os().next();
-        let cpus = self.cpus()?;
-        let restore = Restore(allowed_cpus()?);
+        let allowed = allowed_cpus()?;
+        let cpus = self.cpus(&allowed);
+        let restore = Restore(allowed);
         let start = Instant::now();
         let mut kids = Ranks(Vec::with_capacity(self.np));
         for r in 0..self.np {
@@ -221,16 +222,13 @@ impl Launch {
 }
 
 impl Launch {
-    /// The CPUs the ranks are bound to in turn; empty: none bound.
-    fn cpus(&self) -> Result<Vec<usize>> {
-        if self.bind == Bind::None {
-            return Ok(Vec::new());
+    /// The CPUs (of those this process may use) the ranks are bound to in turn; empty: none.
+    fn cpus(&self, allowed: &[usize]) -> Vec<usize> {
+        match self.bind {
+            Bind::None => Vec::new(),
+            Bind::Auto if self.np > allowed.len() => Vec::new(),
+            _ => allowed.to_vec(),
         }
-        let cpus = allowed_cpus()?;
-        Ok(match self.bind {
-            Bind::Auto if self.np > cpus.len() => Vec::new(),
-            _ => cpus,
-        })
     }
 }
 
