@@ -1373,3 +1373,52 @@ fn bind_to_places_ranks_as_mpirun() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("--bind-to"), "{}", text(&o).1);
 }
+
+/// The waiting policy each rank logs at QCCL_DEBUG=INFO: "R ranks on C cores … waits spin|yield".
+fn wait_policies(err: &str) -> Vec<String> {
+    err.lines()
+        .filter_map(|l| l.split_once(" ranks on ").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once(" cores of this machine: waits "))
+        .map(|(cores, how)| format!("{cores} cores, {how}"))
+        .collect()
+}
+
+#[test]
+fn ranks_confined_to_fewer_cores_than_the_machine_has_yield() {
+    let cpus = qccl::launch::allowed_cpus().unwrap();
+    let first = cpus[0].to_string();
+    // Two ranks that may only run on one CPU (taskset, a cpuset, a Slurm cgroup): spinning
+    // would hold the CPU the peer needs for a whole time slice per hand-off, so they yield
+    // although the machine has more CPUs.
+    let o = Command::new("taskset")
+        .args([
+            "-c", &first, BIN, "-np", "2", "-b", "4K", "-e", "4K", "-c", "1",
+        ])
+        .env("QCCL_DEBUG", "INFO")
+        .output()
+        .expect("run taskset (util-linux)");
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert_eq!(wait_policies(&err), ["1 cores, yield"; 2], "{err}");
+    // Ranks bound one per CPU, or free to use them all, have a core each to spin on.
+    if cpus.len() >= 2 {
+        for bind in ["core", "none"] {
+            let o = Command::new(BIN)
+                .args(["-np", "2", "--bind-to", bind, "-b", "4K", "-e", "4K"])
+                .env("QCCL_DEBUG", "INFO")
+                .output()
+                .expect("run qccl-perf");
+            let (out, err) = text(&o);
+            assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+            let want = format!(
+                "{} cores, spin",
+                if bind == "core" { 2 } else { cpus.len() }
+            );
+            assert_eq!(
+                wait_policies(&err),
+                [want.clone(), want],
+                "--bind-to {bind}\n{err}"
+            );
+        }
+    }
+}

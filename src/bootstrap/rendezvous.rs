@@ -21,6 +21,10 @@ pub struct PeerInfo {
     pub addr: SocketAddr,
     /// Process id (for diagnostics and same-process detection).
     pub pid: u32,
+    /// CPUs the rank may run on (its affinity), ascending; empty when unknown. The ranks of
+    /// one machine together may use the union: that, not the machine's CPU count, decides
+    /// whether they have a core each to spin on (taskset, cpusets, Slurm's cgroups).
+    pub cpus: Vec<usize>,
 }
 
 /// The result of a successful rendezvous, identical on every rank.
@@ -258,6 +262,7 @@ mod tests {
             machine_id: "m".into(),
             addr: SocketAddr::new(LO, 20000 + rank as u16),
             pid: 1000 + rank as u32,
+            cpus: vec![rank],
         }
     }
 

@@ -502,6 +502,7 @@ mod tests {
             machine_id: "m".into(),
             addr: "127.0.0.1:9".parse().unwrap(),
             pid: 1,
+            cpus: vec![0],
         };
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();

@@ -41,6 +41,8 @@ pub(crate) const MAX_HELLO_LEN: usize = 4096;
 pub(crate) const MAX_REPLY_LEN: usize = 128 << 20;
 /// Longest host id, in bytes.
 pub(crate) const MAX_HOST_ID_LEN: usize = 1024;
+/// Longest CPU mask, in bytes (8192 CPUs).
+pub(crate) const MAX_CPU_MASK_LEN: usize = 1024;
 /// Largest world size the bootstrap accepts.
 pub(crate) const MAX_WORLD_SIZE: usize = 1 << 18;
 /// Length of the frozen hello prefix.
@@ -200,6 +202,37 @@ fn host_id(rd: &mut Rd<'_>) -> Result<String> {
     rd.str(len)
 }
 
+/// A CPU list as a bit mask (bit c of byte c / 8), trimmed after the highest CPU; CPUs past
+/// the mask's limit are left out.
+fn put_cpus(out: &mut Vec<u8>, cpus: &[usize]) {
+    let len = cpus
+        .iter()
+        .filter(|&&c| c < MAX_CPU_MASK_LEN * 8)
+        .map(|&c| c / 8 + 1)
+        .max()
+        .unwrap_or(0);
+    let mut mask = vec![0u8; len];
+    for &c in cpus.iter().filter(|&&c| c / 8 < len) {
+        mask[c / 8] |= 1 << (c % 8);
+    }
+    out.extend_from_slice(&(len as u16).to_le_bytes());
+    out.extend_from_slice(&mask);
+}
+
+fn cpus(rd: &mut Rd<'_>) -> Result<Vec<usize>> {
+    let len = rd.u16()? as usize;
+    if len > MAX_CPU_MASK_LEN {
+        return Err(malformed(
+            rd.what,
+            format!("CPU mask of {len} bytes exceeds the limit of {MAX_CPU_MASK_LEN}"),
+        ));
+    }
+    let mask = rd.take(len)?;
+    Ok((0..len * 8)
+        .filter(|&c| mask[c / 8] & (1 << (c % 8)) != 0)
+        .collect())
+}
+
 /// Frame: length prefix then body.
 fn framed(body: Vec<u8>) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + body.len());
@@ -220,6 +253,7 @@ pub(crate) fn encode_hello(version: u32, secret: &[u8; 16], me: &PeerInfo, size:
     put_addr(&mut b, &me.addr);
     put_host_id(&mut b, &me.host_id);
     put_host_id(&mut b, &me.machine_id);
+    put_cpus(&mut b, &me.cpus);
     framed(b)
 }
 
@@ -242,6 +276,7 @@ pub(crate) fn decode_hello(body: &[u8], ours: u32) -> Result<Hello> {
         let addr = rd.addr()?;
         let host_id = host_id(&mut rd)?;
         let machine_id = self::host_id(&mut rd)?;
+        let cpus = self::cpus(&mut rd)?;
         rd.finish()?;
         Some(PeerInfo {
             rank: rank as usize,
@@ -249,6 +284,7 @@ pub(crate) fn decode_hello(body: &[u8], ours: u32) -> Result<Hello> {
             machine_id,
             addr,
             pid,
+            cpus,
         })
     } else {
         None
@@ -275,6 +311,7 @@ pub(crate) fn encode_table(world: &World) -> Vec<u8> {
         put_addr(&mut b, &p.addr);
         put_host_id(&mut b, &p.host_id);
         put_host_id(&mut b, &p.machine_id);
+        put_cpus(&mut b, &p.cpus);
     }
     framed(b)
 }
@@ -318,12 +355,14 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply> {
                 let addr = rd.addr()?;
                 let host_id = host_id(&mut rd)?;
                 let machine_id = self::host_id(&mut rd)?;
+                let cpus = self::cpus(&mut rd)?;
                 peers.push(PeerInfo {
                     rank,
                     host_id,
                     machine_id,
                     addr,
                     pid,
+                    cpus,
                 });
             }
             Reply::Table(World { comm_id, peers })
@@ -407,7 +446,30 @@ mod tests {
                 "[fd00::2]:4001".parse().unwrap()
             },
             pid: 77 + rank as u32,
+            cpus: [vec![], vec![3], vec![0, 7, 8, 63], vec![1000]][rank % 4].clone(),
         }
+    }
+
+    #[test]
+    fn cpu_masks_roundtrip_and_are_bounded() {
+        for list in [
+            vec![],
+            vec![0],
+            vec![1, 8, 9, 63, 1000],
+            vec![MAX_CPU_MASK_LEN * 8 - 1],
+        ] {
+            let mut b = Vec::new();
+            put_cpus(&mut b, &list);
+            assert_eq!(cpus(&mut Rd::new(&b, "t")).unwrap(), list);
+        }
+        // A CPU past the mask's limit is left out rather than sent wrong.
+        let mut b = Vec::new();
+        put_cpus(&mut b, &[2, MAX_CPU_MASK_LEN * 8]);
+        assert_eq!(cpus(&mut Rd::new(&b, "t")).unwrap(), [2]);
+        let mut b = ((MAX_CPU_MASK_LEN + 1) as u16).to_le_bytes().to_vec();
+        b.resize(b.len() + MAX_CPU_MASK_LEN + 1, 0xff);
+        let e = cpus(&mut Rd::new(&b, "t")).unwrap_err().to_string();
+        assert!(e.contains("CPU mask of 1025 bytes"), "{e}");
     }
 
     #[test]

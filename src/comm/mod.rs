@@ -45,6 +45,8 @@ struct Placement {
     /// Ranks of the job (the comm this one was split from, if any) on this machine, whatever
     /// hosts they emulate: with more of them than cores, waits yield instead of spinning.
     machine_ranks: usize,
+    /// The cores those ranks may run on between them.
+    machine_cores: usize,
 }
 
 /// A communicator: a group of ranks that run collectives together.
@@ -76,26 +78,49 @@ pub struct Comm {
     transport: &'static str,
 }
 
-fn link_config(
-    rank: usize,
-    size: usize,
-    machine_ranks: usize,
-    config: &Config,
-    abort: Arc<AtomicBool>,
-) -> LinkConfig {
-    // The machine's CPUs, not this process's share: a launcher that binds each rank to
-    // one core (mpirun, qccl-perf -np) leaves the ranks a core each to spin on.
-    let cores = nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
+/// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
+/// lists, not one process's share (a launcher that binds each rank to one core leaves the
+/// ranks a core each) nor the machine's count (taskset, cpusets and Slurm's cgroups give a
+/// job fewer). The machine's online CPUs when a rank could not tell its own.
+fn machine_cores(peers: &[PeerInfo], me: &PeerInfo) -> usize {
+    let mine = peers.iter().filter(|p| p.machine_id == me.machine_id);
+    if mine.clone().any(|p| p.cpus.is_empty()) {
+        return online_cpus();
+    }
+    let union: std::collections::BTreeSet<usize> =
+        mine.flat_map(|p| p.cpus.iter().copied()).collect();
+    union.len().max(1)
+}
+
+fn online_cpus() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
         .ok()
         .flatten()
         .map_or_else(
             || std::thread::available_parallelism().map_or(1, |n| n.get()),
             |n| n.max(1) as usize,
-        );
+        )
+}
+
+fn link_config(
+    rank: usize,
+    size: usize,
+    place: &Placement,
+    config: &Config,
+    abort: Arc<AtomicBool>,
+) -> LinkConfig {
     // Spinning only pays when every rank on this machine has a core to spin on; otherwise
     // yield the core to a peer for the same time before blocking.
     let budget = Duration::from_micros(config.spin_us);
-    let (spin, yield_for) = if machine_ranks > cores {
+    let oversubscribed = place.machine_ranks > place.machine_cores;
+    crate::qlog!(
+        Info,
+        "rank {rank}: {} ranks on {} cores of this machine: waits {}",
+        place.machine_ranks,
+        place.machine_cores,
+        if oversubscribed { "yield" } else { "spin" }
+    );
+    let (spin, yield_for) = if oversubscribed {
         (Duration::ZERO, budget)
     } else {
         (budget, Duration::ZERO)
@@ -130,6 +155,7 @@ impl Comm {
             machine_id: machine_id(),
             addr,
             pid: std::process::id(),
+            cpus: crate::launch::allowed_cpus().unwrap_or_default(),
         };
         let world = join(id, &me, size, Instant::now() + config.init_timeout)?;
         let peers: Vec<SocketAddr> = world.peers.iter().map(|p| p.addr).collect();
@@ -139,6 +165,7 @@ impl Comm {
                 .iter()
                 .filter(|p| p.machine_id == me.machine_id)
                 .count(),
+            machine_cores: machine_cores(&world.peers, &me),
             host_ids: world.peers.into_iter().map(|p| p.host_id).collect(),
         };
         Comm::build(
@@ -190,6 +217,9 @@ impl Comm {
                 let place = Placement {
                     host_ids: host_ids.to_vec(),
                     machine_ranks: host_ids.len(),
+                    // Threads share this process's CPUs.
+                    machine_cores: crate::launch::allowed_cpus()
+                        .map_or_else(|_| online_cpus(), |c| c.len().max(1)),
                 };
                 Comm::build(
                     r,
@@ -217,7 +247,7 @@ impl Comm {
         let size = host_ids.len();
         let topo = Topology::new(host_ids, rank);
         let abort = Arc::new(AtomicBool::new(false));
-        let link = link_config(rank, size, place.machine_ranks, &config, abort.clone());
+        let link = link_config(rank, size, &place, &config, abort.clone());
         let mut over_sockets = false;
         let transport: Box<dyn Transport> = match (&fabric, listener) {
             (Fabric::Tcp { peers, .. }, Some(l)) => {
@@ -381,5 +411,40 @@ impl Drop for Comm {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(rank: usize, machine: &str, cpus: &[usize]) -> PeerInfo {
+        PeerInfo {
+            rank,
+            host_id: format!("h{rank}"),
+            machine_id: machine.into(),
+            addr: "127.0.0.1:9".parse().unwrap(),
+            pid: rank as u32,
+            cpus: cpus.to_vec(),
+        }
+    }
+
+    #[test]
+    fn machine_cores_is_the_union_of_the_machines_cpu_lists() {
+        // Bound one per CPU: 2 cores; both on CPU 0: 1; other machines do not count.
+        let bound = [
+            peer(0, "a", &[0]),
+            peer(1, "a", &[1]),
+            peer(2, "b", &[2, 3, 4]),
+        ];
+        assert_eq!(machine_cores(&bound, &bound[0]), 2);
+        assert_eq!(machine_cores(&bound, &bound[2]), 3);
+        let pinned = [peer(0, "a", &[0]), peer(1, "a", &[0])];
+        assert_eq!(machine_cores(&pinned, &pinned[1]), 1);
+        let free = [peer(0, "a", &[0, 1, 2]), peer(1, "a", &[1, 2, 3])];
+        assert_eq!(machine_cores(&free, &free[0]), 4);
+        // A rank that could not read its affinity: the machine's count.
+        let unknown = [peer(0, "a", &[0]), peer(1, "a", &[])];
+        assert_eq!(machine_cores(&unknown, &unknown[0]), online_cpus());
     }
 }

@@ -110,6 +110,7 @@ impl Comm {
                 .collect(),
             // The parent's processes still share this machine's cores.
             machine_ranks: self.place.machine_ranks,
+            machine_cores: self.place.machine_cores,
         };
         let fabric = match &self.fabric {
             Fabric::Tcp { ip, .. } => Fabric::Tcp {
