@@ -174,7 +174,7 @@ QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
   -T, --timeout <secs>       with -np: kill all ranks after this long              [3600]
   --bind-to <core|none|auto> with -np: bind rank r to the r-th CPU this process may use
                              (core), or not (none); auto: core when the ranks fit the
-                             CPUs, as mpirun                                       [auto]
+                             CPUs (as mpirun) or are a multiple of them            [auto]
   --calibrate                measure this machine's cost model for the planner (qccl-plan)
                              instead of the table: all_reduce alpha + beta*bytes per
                              transport/algorithm (every -A given, float sum, median call,

@@ -1356,7 +1356,14 @@ fn bind_to_places_ranks_as_mpirun() {
         let want: Vec<String> = cpus[..np].iter().map(|c| c.to_string()).collect();
         assert_eq!(rank_cpus(&out), want, "--bind-to {bind}\n{out}");
     }
-    // none, and auto with more ranks than CPUs: every rank may run anywhere.
+    // auto with twice as many ranks as CPUs: round-robin, each CPU gets two.
+    let twice = (2 * cpus.len()).to_string();
+    let o = run(&["-np", &twice, "-b", "1K", "-e", "1K"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let want: Vec<String> = cpus.iter().chain(&cpus).map(|c| c.to_string()).collect();
+    assert_eq!(rank_cpus(&out), want, "-np {twice}\n{out}");
+    // none, and auto with one rank more than CPUs (uneven): every rank may run anywhere.
     let over = (cpus.len() + 1).to_string();
     for args in [vec!["-np", &np_s, "--bind-to", "none"], vec!["-np", &over]] {
         let o = run(&[&args[..], &["-b", "1K", "-e", "1K"]].concat());
