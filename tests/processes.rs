@@ -108,8 +108,10 @@ fn run_child(scenario: &str) -> Result<(), String> {
                 .map_err(|e| e.to_string())
         }
         "silent" => {
-            // One all-reduce through the arena, then rank 2 stays away from the second one.
-            let mut buf = vec![1f32; 1 << 16];
+            // One all-reduce through the arena, then rank 2 stays away from the second one
+            // (SILENT_COUNT floats: SRA rounds, or one shot when small).
+            let count = std::env::var("SILENT_COUNT").map_or(1 << 16, |c| c.parse().unwrap());
+            let mut buf = vec![1f32; count];
             comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
                 .map_err(|e| e.to_string())?;
             if comm.rank() == 2 {
@@ -502,10 +504,20 @@ fn ranks_that_disagree_in_the_shared_memory_arena_all_get_the_same_error() {
 
 #[test]
 fn a_rank_that_stays_away_from_an_arena_collective_times_the_others_out() {
+    stays_away("65536");
+}
+
+#[test]
+fn a_rank_that_stays_away_from_a_one_shot_all_reduce_times_the_others_out() {
+    stays_away("1000");
+}
+
+fn stays_away(count: &str) {
     let env = [
         ("QCCL_TIMEOUT_MS", "1500"),
         ("QCCL_TRANSPORT", "shm"),
         ("QCCL_ALGO", "sra"),
+        ("SILENT_COUNT", count),
     ];
     let outs = Job::new(3).run("silent", &env, Duration::from_secs(30));
     assert_eq!(outs[2].status.code(), Some(0), "{}", text(&outs[2]));
@@ -518,6 +530,8 @@ fn a_rank_that_stays_away_from_an_arena_collective_times_the_others_out() {
             err.contains("shared-memory arena stalled"),
             "rank {r}: {err}"
         );
+        let one_shot = err.contains("one-shot round");
+        assert_eq!(one_shot, count == "1000", "rank {r}: {err}");
         let timeout = err.contains("timeout");
         assert!(timeout || err.contains("peer aborted"), "rank {r}: {err}");
         timed_out += usize::from(timeout && !err.contains("peer aborted"));

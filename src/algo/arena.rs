@@ -8,6 +8,9 @@
 //! after the reduction; all-gather skips it (the owner publishes its own data). Rounds
 //! pipeline over the arena's slots, and one loop progresses whatever is ready (stage ahead,
 //! reduce, copy out), so no rank waits on a step it could overlap.
+//!
+//! Small all-reduces go in one shot instead: every rank stages its whole input and folds all
+//! of them: one synchronisation point (up to [`ONE_SHOT_MAX_FOLDED`]).
 
 use super::{part, sub, Ctx};
 use crate::reduce;
@@ -35,7 +38,68 @@ pub fn all_reduce(
     buf: &mut [u8],
     count: usize,
 ) -> Result<bool> {
+    let one_shot_fits = ctx
+        .t
+        .arena()?
+        .is_some_and(|a| buf.len() * a.size() <= ONE_SHOT_MAX_FOLDED && buf.len() <= a.chunk());
+    if one_shot_fits {
+        one_shot(ctx, send, buf)?;
+        return Ok(true);
+    }
     run(ctx, Shape::AllReduce, send, buf, count)
+}
+
+/// Most bytes a rank folds in a one-shot all-reduce (buffer × ranks); larger calls go through
+/// SRA. Measured (2-CPU VM, µs per call, one-shot against SRA): 4 ranks 1 KiB 4.0 / 7.0,
+/// 4 KiB 5.2 / 7.5, 16 KiB 9.7 / 11.0, 24 KiB on par, 32 KiB 16 / 14.8; 3 ranks 4 KiB
+/// 4.0 / 6.2-8.2, 16 KiB on par, 32 KiB behind; 8 ranks 4 KiB 12.6 / 19.5, 16 KiB 25-29 / 23.5;
+/// 2 ranks on par to 32 KiB, behind at 64 KiB.
+const ONE_SHOT_MAX_FOLDED: usize = 64 << 10;
+
+/// One-shot all-reduce: every rank stages its whole input, and once all have, folds all of
+/// them in rank order into its output. One synchronisation point instead of SRA's two, and a
+/// rank that finished folds can stage its next call at once, so ranks that share a core hand
+/// it over about once per call; but each rank reduces the whole buffer, n times SRA's share.
+fn one_shot(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<()> {
+    let (desc, dtype, op) = (ctx.desc, ctx.dtype, ctx.op);
+    let arena = ctx.t.arena()?.expect("checked by the caller");
+    let (n, len) = (arena.size(), buf.len());
+    let round = arena.next_round();
+    let mut waiter = Waiter::new(arena.link_config());
+    let mut staged = false;
+    loop {
+        let seen = arena.bell();
+        if !staged {
+            let input: &[u8] = send.unwrap_or(buf);
+            staged = arena.try_stage_whole(&desc, round, |area| {
+                area[..len].copy_from_slice(input);
+            });
+        }
+        if staged {
+            let done = arena.try_gather(&desc, round, |inputs| {
+                let mut all = inputs.iter().map(|i| &i[..len]);
+                reduce::fold(dtype, op, buf, all.next(), all);
+                reduce::finish(dtype, op, buf, n);
+            })?;
+            if done {
+                break;
+            }
+        }
+        arena.idle(&mut waiter, seen, || {
+            format!(
+                "shared-memory arena stalled in {desc} (one-shot round {}: {})",
+                round,
+                if staged {
+                    "staged, waiting for the peers' inputs"
+                } else {
+                    "waiting for a free slot"
+                }
+            )
+        })?;
+    }
+    ctx.wire.sent += len as u64;
+    ctx.wire.received += (len * (n - 1)) as u64;
+    Ok(())
 }
 
 /// Reduce-scatter of `count` elements split as `part` splits them: out of place `send` holds

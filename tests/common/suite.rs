@@ -22,6 +22,15 @@ pub fn cases(big: bool) -> Vec<Case> {
             for count in [0, 1, 7, 1000] {
                 v.push(Case { dtype, op, count });
             }
+            // On shared memory 1000 elements all-reduce in one shot; from 32 KiB per rank
+            // every dtype goes through the arena's SRA rounds.
+            if big {
+                v.push(Case {
+                    dtype,
+                    op,
+                    count: 32771,
+                });
+            }
             if big && (op == ReduceOp::Sum || dtype == DType::Float32) {
                 v.push(Case {
                     dtype,

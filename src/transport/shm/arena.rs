@@ -244,6 +244,36 @@ impl Arena {
         &mut self,
         desc: &OpDesc,
         round: u64,
+        fill: impl FnMut(usize, &mut [u8]),
+    ) -> bool {
+        self.stage(desc, round, self.others(), fill)
+    }
+
+    /// Stages round `round` of a one-shot all-reduce when its slot is free: `fill(area)`
+    /// writes this rank's whole input into its own area (the one SRA leaves unused; `chunk`
+    /// bytes), which every peer reads in [`Arena::try_gather`]. False when not free yet.
+    pub fn try_stage_whole(
+        &mut self,
+        desc: &OpDesc,
+        round: u64,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> bool {
+        let mut fill = Some(fill);
+        self.stage(desc, round, std::iter::once(self.me), |_, area| {
+            if let Some(f) = fill.take() {
+                f(area)
+            }
+        })
+    }
+
+    /// Writes `areas` of round `round`'s slot with `fill(area index, area)` once every peer
+    /// is done with the slot, then the descriptor, and publishes staged. (The callers hold
+    /// the arena mutably: one stage at a time hands out the areas.)
+    fn stage(
+        &self,
+        desc: &OpDesc,
+        round: u64,
+        areas: impl Iterator<Item = usize>,
         mut fill: impl FnMut(usize, &mut [u8]),
     ) -> bool {
         debug_assert_eq!(round, self.next_round(), "rounds are staged in order");
@@ -258,13 +288,14 @@ impl Arena {
             len: round,
         }
         .encode();
-        // SAFETY (protocol): slot round % SLOTS of this segment is read by the owners only
-        // between staged ≥ round + 1 and their reduced ≥ round + 1; every owner reduced
-        // round − SLOTS, the last use of this slot, and this rank has not published round yet.
-        // Each area is borrowed alone, one after the other.
+        // SAFETY (protocol): slot round % SLOTS of this segment is read by the peers only
+        // between staged ≥ round + 1 and their reduced ≥ round + 1 (owners in try_reduce,
+        // everyone in try_gather); every peer reduced round − SLOTS, the last use of this
+        // slot, and this rank has not published round yet. Each area is borrowed alone, one
+        // after the other.
         unsafe { seg.bytes_mut(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN) }
             .copy_from_slice(&head);
-        for q in self.others() {
+        for q in areas {
             // SAFETY: as above.
             fill(q, unsafe { seg.bytes_mut(self.area(round, q), self.chunk) });
         }
@@ -288,6 +319,53 @@ impl Arena {
         {
             return Ok(false);
         }
+        self.check_staged(desc, round)?;
+        // SAFETY (protocol): the peers' areas for this owner are stable between their
+        // staged ≥ round + 1 and this rank's reduced ≥ round + 1; this rank's result area is
+        // unread by anyone (every rank copied round − SLOTS) until reduced ≥ round + 1 is
+        // published, after `reduce` returned and the slices are gone.
+        let srcs: Vec<&[u8]> = self
+            .others()
+            .map(|q| unsafe { self.segs[q].bytes(self.area(round, self.me), self.chunk) })
+            .collect();
+        // SAFETY: as above.
+        let result = unsafe { self.segs[self.me].bytes_mut(self.area(round, self.n), self.chunk) };
+        reduce(&srcs, result);
+        self.publish(OFF_REDUCED, round + 1);
+        Ok(true)
+    }
+
+    /// One-shot round `round`, once every peer staged it: `take(inputs)` gets every rank's
+    /// whole input in rank order (this rank's own staged copy included; `chunk` bytes each).
+    /// Then this rank has read the slot and holds no result to copy: it publishes reduced and
+    /// copied together. Ok(false) when not ready; an error when a peer staged another call.
+    pub fn try_gather(
+        &mut self,
+        desc: &OpDesc,
+        round: u64,
+        take: impl FnOnce(&[&[u8]]),
+    ) -> Result<bool> {
+        if !self.all_reached(OFF_STAGED, round + 1, self.others()) {
+            return Ok(false);
+        }
+        self.check_staged(desc, round)?;
+        // SAFETY (protocol): rank q's own area of this slot is written only in q's stage of
+        // this round and, SLOTS rounds later, once every peer (this rank too) published
+        // reduced ≥ round + 1, which this rank does below, after `take` returned. This rank's
+        // own area it wrote itself before publishing staged.
+        let inputs: Vec<&[u8]> = (0..self.n)
+            .map(|q| unsafe { self.segs[q].bytes(self.area(round, q), self.chunk) })
+            .collect();
+        take(&inputs);
+        let seg = &self.segs[self.me];
+        seg.word64(OFF_REDUCED).store(round + 1, Ordering::Release);
+        self.publish(OFF_COPIED, round + 1);
+        Ok(true)
+    }
+
+    /// Checks that every peer staged round `round` of the call `desc` (their descriptors,
+    /// written before their staged counter, which the caller saw reach round + 1).
+    fn check_staged(&self, desc: &OpDesc, round: u64) -> Result<()> {
         let want = Header {
             kind: FrameKind::Data,
             desc: *desc,
@@ -295,7 +373,8 @@ impl Arena {
         };
         for q in self.others() {
             // SAFETY (protocol): q wrote the descriptor before publishing staged ≥ round + 1
-            // (Acquire above) and rewrites it only after this rank publishes reduced ≥ round + 1.
+            // (the caller's Acquire load saw it) and rewrites it only after this rank
+            // publishes reduced ≥ round + 1.
             let raw: [u8; HEADER_LEN] = unsafe {
                 self.segs[q].bytes(OFF_SLOTS + 64 * (round as usize % SLOTS), HEADER_LEN)
             }
@@ -315,19 +394,7 @@ impl Arena {
             })?;
             debug_assert_eq!(got, want);
         }
-        // SAFETY (protocol): the peers' areas for this owner are stable between their
-        // staged ≥ round + 1 and this rank's reduced ≥ round + 1; this rank's result area is
-        // unread by anyone (every rank copied round − SLOTS) until reduced ≥ round + 1 is
-        // published, after `reduce` returned and the slices are gone.
-        let srcs: Vec<&[u8]> = self
-            .others()
-            .map(|q| unsafe { self.segs[q].bytes(self.area(round, self.me), self.chunk) })
-            .collect();
-        // SAFETY: as above.
-        let result = unsafe { self.segs[self.me].bytes_mut(self.area(round, self.n), self.chunk) };
-        reduce(&srcs, result);
-        self.publish(OFF_REDUCED, round + 1);
-        Ok(true)
+        Ok(())
     }
 
     /// Copies owner `peer`'s result of round `round` out with `take(result)` (`chunk` bytes)
