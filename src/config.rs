@@ -72,8 +72,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Bound on `Comm::init` waiting for all ranks (QCCL_INIT_TIMEOUT_MS, default = timeout).
     pub init_timeout: Duration,
-    /// Slice size in bytes that messages are cut into (QCCL_BUFFSIZE); `None`: by transport
-    /// ([`Config::slice_bytes`]).
+    /// Slice size in bytes that messages are cut into (QCCL_BUFFSIZE); `None`:
+    /// [`DEFAULT_SLICE`] ([`Config::slice_bytes`]).
     pub buffsize: Option<usize>,
     /// Bytes per piece of a pipelined hierarchical all-reduce (QCCL_CHUNKSIZE, default 4 MiB;
     /// 0 = no pipelining): larger buffers go through in pieces, the network phase of one
@@ -149,20 +149,17 @@ pub fn parse_size(s: &str) -> Option<u64> {
     digits.trim().parse::<u64>().ok()?.checked_mul(mult)
 }
 
-/// Default slice of a comm with a peer over TCP: the reduction of one slice then overlaps the
-/// kernel's copy of the next, which 512 KiB slices did not leave room for (2 ranks on loopback,
-/// 1–16 MiB all-reduce: 3.6–4.3 GB/s busbw against 1.9–2.6 with 512 KiB, same run).
-pub const TCP_SLICE: usize = 256 * 1024;
-/// Default slice of a comm whose peers are all in shared memory (bigger slices measured as good
-/// or better there: fewer ring hand-overs).
-pub const SHM_SLICE: usize = 512 * 1024;
+/// Default slice, over sockets and shared memory alike: fewer hand-overs per call. Over TCP,
+/// 2 ranks on loopback with both CPUs' placement checked (interleaved, µs per call): 1 MiB
+/// 180–193 against 226–760 with 256 KiB slices, 4 MiB 740–960 against 920–1050 (one pair the
+/// other way), 16–64 MiB on par; 4 ranks on par. (An earlier run that had 256 KiB ahead at
+/// 1–16 MiB did not know the host moves the two vCPUs apart for minutes at a time.)
+pub const DEFAULT_SLICE: usize = 512 * 1024;
 
 impl Config {
-    /// The slice size of a comm: QCCL_BUFFSIZE, else [`TCP_SLICE`] when some peer is reached
-    /// over sockets and [`SHM_SLICE`] otherwise.
-    pub fn slice_bytes(&self, over_sockets: bool) -> usize {
-        self.buffsize
-            .unwrap_or(if over_sockets { TCP_SLICE } else { SHM_SLICE })
+    /// The slice size of a comm: QCCL_BUFFSIZE, else [`DEFAULT_SLICE`].
+    pub fn slice_bytes(&self) -> usize {
+        self.buffsize.unwrap_or(DEFAULT_SLICE)
     }
 }
 

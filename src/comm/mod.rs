@@ -292,7 +292,7 @@ impl Comm {
             scratch: Default::default(),
             rank,
             size,
-            slice: config.slice_bytes(over_sockets),
+            slice: config.slice_bytes(),
             links: match (&fabric, over_sockets) {
                 (_, true) => Links::Sockets,
                 (Fabric::Tcp { .. }, false) => Links::Arena,
