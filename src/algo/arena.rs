@@ -38,12 +38,7 @@ pub fn all_reduce(
     buf: &mut [u8],
     count: usize,
 ) -> Result<bool> {
-    let one_shot_fits = ctx
-        .t
-        .arena()?
-        .is_some_and(|a| buf.len() * a.size() <= ONE_SHOT_MAX_FOLDED && buf.len() <= a.chunk());
-    if one_shot_fits {
-        one_shot(ctx, send, buf)?;
+    if one_shot(ctx, send, buf)? {
         return Ok(true);
     }
     run(ctx, Shape::AllReduce, send, buf, count)
@@ -60,10 +55,16 @@ const ONE_SHOT_MAX_FOLDED: usize = 64 << 10;
 /// them in rank order into its output. One synchronisation point instead of SRA's two, and a
 /// rank that finished folds can stage its next call at once, so ranks that share a core hand
 /// it over about once per call; but each rank reduces the whole buffer, n times SRA's share.
-fn one_shot(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<()> {
+/// False (nothing moved) when the comm has no arena or the buffer is too large for one shot.
+fn one_shot(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<bool> {
     let (desc, dtype, op) = (ctx.desc, ctx.dtype, ctx.op);
-    let arena = ctx.t.arena()?.expect("checked by the caller");
+    let Some(arena) = ctx.t.arena()? else {
+        return Ok(false);
+    };
     let (n, len) = (arena.size(), buf.len());
+    if len * n > ONE_SHOT_MAX_FOLDED || len > arena.chunk() {
+        return Ok(false);
+    }
     let round = arena.next_round();
     let mut waiter = Waiter::new(arena.link_config());
     let mut staged = false;
@@ -99,7 +100,7 @@ fn one_shot(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<()
     }
     ctx.wire.sent += len as u64;
     ctx.wire.received += (len * (n - 1)) as u64;
-    Ok(())
+    Ok(true)
 }
 
 /// Reduce-scatter of `count` elements split as `part` splits them: out of place `send` holds
