@@ -54,7 +54,7 @@ pub const TREE_MAX_BYTES: usize = 64 * 1024;
 /// Threads: byte size from which `auto` prefers SRA to the ring on 3..=`SRA_MAX_RANKS` ranks.
 pub const SRA_MIN_BYTES: usize = 1 << 20;
 /// Sockets: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
-pub const TCP_TREE_MAX_BYTES: usize = 256 * 1024;
+pub const TCP_TREE_MAX_BYTES: usize = 1 << 20;
 /// World size up to which `auto` prefers SRA over pairwise links to the ring.
 pub const SRA_MAX_RANKS: usize = 8;
 /// Byte size below which `auto` uses the one-exchange all-gather scheme on 2 ranks.
@@ -71,7 +71,9 @@ pub const ARENA_SRA_MIN_BYTES_2: usize = 1 << 20;
 /// element: it beats the tree and the ring at every size on 3 to 8 processes (4 ranks, 4 KiB
 /// 6–13 µs against the tree's 12–30; 64 MiB 32–38 ms against 42–45), and the ring from 1 MiB
 /// on 2. Over TCP each of the ring's dependent steps costs a socket round trip: the tree wins
-/// below 256 KiB and SRA above (4 ranks, 256 KiB–2 MiB: SRA 1.8–2.2 GB/s, ring 1.1–1.9).
+/// below 1 MiB and SRA above (4 ranks, µs per call, 512 KiB slices: 256 KiB tree 177–205
+/// against SRA 245–255, 512 KiB 325–357 against 365–380, 1 MiB on par, 4 MiB SRA 3.5–4.2 ms
+/// against 4.2–6.0; 3 ranks on par at 256–512 KiB; ring behind SRA from 256 KiB).
 /// Threads keep the rules measured for pairwise shared memory: tree below 64 KiB, ring to
 /// 1 MiB, SRA above. A measured cost model (`qccl-perf --calibrate`) is to replace these.
 pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, links: Links) -> Algo {
@@ -376,6 +378,7 @@ mod tests {
         assert_eq!(pick(4096, 4, Links::Arena), Sra);
         assert_eq!(pick(4096, 16, Links::Arena), Sra);
         assert_eq!(pick(4096, 4, Links::Sockets), Tree);
+        assert_eq!(pick(512 << 10, 4, Links::Sockets), Tree);
         assert_eq!(pick(1 << 20, 4, Links::Sockets), Sra);
         assert_eq!(pick(1 << 20, 16, Links::Sockets), Ring);
         assert_eq!(pick(4096, 4, Links::Threads), Tree);
