@@ -83,12 +83,20 @@ pub struct Comm {
 /// ranks a core each) nor the machine's count (taskset, cpusets and Slurm's cgroups give a
 /// job fewer). The machine's online CPUs when a rank could not tell its own.
 fn machine_cores(peers: &[PeerInfo], me: &PeerInfo) -> usize {
-    let mine = peers.iter().filter(|p| p.machine_id == me.machine_id);
-    if mine.clone().any(|p| p.cpus.is_empty()) {
+    cores_in(
+        peers
+            .iter()
+            .filter(|p| p.machine_id == me.machine_id)
+            .map(|p| &p.cpus[..]),
+    )
+}
+
+/// CPUs in the union of the `lists` (empty list: unknown, then the machine's online CPUs).
+fn cores_in<'a>(lists: impl Iterator<Item = &'a [usize]> + Clone) -> usize {
+    if lists.clone().any(|l| l.is_empty()) {
         return online_cpus();
     }
-    let union: std::collections::BTreeSet<usize> =
-        mine.flat_map(|p| p.cpus.iter().copied()).collect();
+    let union: std::collections::BTreeSet<usize> = lists.flatten().copied().collect();
     union.len().max(1)
 }
 
@@ -218,8 +226,9 @@ impl Comm {
                     host_ids: host_ids.to_vec(),
                     machine_ranks: host_ids.len(),
                     // Threads share this process's CPUs.
-                    machine_cores: crate::launch::allowed_cpus()
-                        .map_or_else(|_| online_cpus(), |c| c.len().max(1)),
+                    machine_cores: cores_in(std::iter::once(
+                        &crate::launch::allowed_cpus().unwrap_or_default()[..],
+                    )),
                 };
                 Comm::build(
                     r,
