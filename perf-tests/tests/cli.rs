@@ -1116,8 +1116,14 @@ fn calibrate_writes_a_cost_model_the_planner_reads() {
     assert_eq!(algo, "sra", "{}", m.default_link);
     for (name, l) in &m.links {
         assert!(l.alpha.is_finite() && l.alpha >= 0.0, "{name} {l:?}");
-        assert!(l.beta.is_finite() && l.beta > 0.0, "{name} {l:?}");
+        assert!(l.beta.is_finite() && l.beta >= 0.0, "{name} {l:?}");
     }
+    // The default link spans 4 KiB..4 MiB, so its time must grow with the bytes. A link that
+    // auto picks only at the smallest sizes (the one-shot rounds up to 32 KiB) may fit flat:
+    // among 2-3 points that close together, wake-up noise of the tests running beside this
+    // one outweighs the bytes (seen: α 357 µs, β 0).
+    let default = &m.links[&m.default_link];
+    assert!(default.beta > 0.0, "{} {default:?}", m.default_link);
     assert_eq!(m.codecs.len(), 5, "{:?}", m.codecs.keys());
     for spec in [
         "fp16",

@@ -156,6 +156,8 @@ pub fn exchange(
     loop {
         let mut moved = false;
         let mut pending = 0;
+        // A peer whose socket failed: reported after the loop, which holds `rxs` borrowed.
+        let mut lost: Option<(usize, String)> = None;
         for t in txs.iter_mut().filter(|t| !t.done()) {
             let conn = conns[t.peer]
                 .as_mut()
@@ -178,11 +180,10 @@ pub fn exchange(
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
-                    return Err(closed(
-                        conns,
-                        t.peer,
-                        format!("sending failed: {e} (the peer exited or closed the connection)"),
-                    ))
+                    let what =
+                        format!("sending failed: {e} (the peer exited or closed the connection)");
+                    lost = Some((t.peer, what));
+                    break;
                 }
             }
             if t.sock == 0 {
@@ -190,6 +191,9 @@ pub fn exchange(
                 conn.mid_frame = !t.done();
             }
             pending += usize::from(!t.done());
+        }
+        if let Some((peer, what)) = lost {
+            return Err(lost_peer(conns, &rxs, peer, what));
         }
         for r in rxs.iter_mut().filter(|r| !r.done()) {
             let conn = conns[r.peer]
@@ -214,11 +218,9 @@ pub fn exchange(
             };
             match res {
                 Ok(0) => {
-                    return Err(closed(
-                        conns,
-                        r.peer,
-                        "connection closed by the peer (it exited, was killed, or aborted)".into(),
-                    ))
+                    let what = "connection closed by the peer (it exited, was killed, or aborted)";
+                    lost = Some((r.peer, what.into()));
+                    break;
                 }
                 Ok(n) => {
                     moved = true;
@@ -244,14 +246,16 @@ pub fn exchange(
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
-                    return Err(closed(
-                        conns,
-                        r.peer,
-                        format!("receiving failed: {e} (the peer exited or closed the connection)"),
-                    ))
+                    let what =
+                        format!("receiving failed: {e} (the peer exited or closed the connection)");
+                    lost = Some((r.peer, what));
+                    break;
                 }
             }
             pending += usize::from(!r.done());
+        }
+        if let Some((peer, what)) = lost {
+            return Err(lost_peer(conns, &rxs, peer, what));
         }
         if pending == 0 {
             return Ok(());
@@ -372,6 +376,65 @@ fn block(
     Ok(())
 }
 
+/// The error for a peer whose socket failed. A peer that aborted (because a third rank
+/// died, say) sent an abort frame before closing; when our send to it fails first, that
+/// frame still waits unread in our receive buffer, and its reason names the rank that
+/// really failed. So look for it before blaming the peer.
+fn lost_peer(conns: &mut [Option<Conn>], rxs: &[Rx<'_>], peer: usize, what: String) -> Error {
+    // Bytes left of the frame being read on the peer's first socket, if the frame's length is known.
+    let rest = match rxs.iter().find(|r| r.peer == peer && r.sock == 0) {
+        None => Some(0),
+        Some(r) if r.done() => Some(0),
+        Some(r) => match r.head {
+            Some((_, 0)) => Some(0),
+            Some((_, got)) if got < HEADER_LEN => None,
+            _ => Some(r.data.len() - r.pos),
+        },
+    };
+    let reason = match (rest, conns[peer].as_mut()) {
+        (Some(rest), Some(conn)) if conn.shm.is_none() => pending_abort(conn, peer, rest),
+        _ => None,
+    };
+    match reason {
+        Some(reason) => closed(conns, peer, format!("peer aborted: {reason}")),
+        None => closed(conns, peer, what),
+    }
+}
+
+/// Reads on from a frame boundary (after skipping `skip` bytes of the current frame) over
+/// whatever data frames were queued, to an abort frame; returns its reason. Bounded: a few
+/// frames, half a second per read, since the peer is gone or going.
+fn pending_abort(conn: &mut Conn, peer: usize, skip: usize) -> Option<String> {
+    const MAX_FRAMES: usize = 16;
+    let nsocks = conn.socks.len();
+    let sock = &mut conn.socks[0];
+    sock.set_nonblocking(false).ok()?;
+    sock.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .ok()?;
+    const SCRATCH: usize = 4096;
+    let mut scratch = [0u8; SCRATCH];
+    let mut skip = skip;
+    for _ in 0..MAX_FRAMES {
+        while skip > 0 {
+            let n = sock.read(&mut scratch[..skip.min(SCRATCH)]).ok()?;
+            if n == 0 {
+                return None;
+            }
+            skip -= n;
+        }
+        let mut h = [0u8; HEADER_LEN];
+        sock.read_exact(&mut h).ok()?;
+        let header = Header::decode(&h, peer).ok()?;
+        if header.kind == FrameKind::Abort {
+            return Some(read_reason(conn, header.len as usize));
+        }
+        // A data frame sent ahead of us: only its first part travels on this socket.
+        let (a, b) = split(header.len as usize, nsocks)[0];
+        skip = b - a;
+    }
+    None
+}
+
 /// Reads an abort frame's reason; bounded in time since the peer is going away.
 fn read_reason(conn: &mut Conn, len: usize) -> String {
     let mut buf = vec![0u8; len];
@@ -395,5 +458,90 @@ fn read_reason(conn: &mut Conn, len: usize) -> String {
         String::from_utf8_lossy(&buf).into_owned()
     } else {
         "(reason lost)".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::frame::CollKind;
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn desc() -> OpDesc {
+        OpDesc {
+            coll: CollKind::AllReduce,
+            dtype: 7,
+            op: 0,
+            algo: 0,
+            root: 0,
+            count: 0,
+        }
+    }
+
+    /// Rank 1 queues a data frame for a later step, then an abort frame naming the rank that
+    /// really died, and closes with our bytes unread (a reset). Our send to it fails first;
+    /// the error must carry the abort's reason, not just a broken pipe.
+    #[test]
+    fn a_send_to_a_peer_that_aborted_reports_the_abort_reason() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ours = TcpStream::connect(addr).unwrap();
+        let (mut theirs, _) = listener.accept().unwrap();
+        // As `configure` sets for every comm socket: the frames leave at once, ahead of
+        // the reset that the close sends (a reset drops what was still queued to send).
+        theirs.set_nodelay(true).unwrap();
+        let peer = std::thread::spawn(move || {
+            // Wait until our send arrived, so the close below leaves it unread.
+            let mut b = [0u8; 1];
+            while theirs.peek(&mut b).unwrap() == 0 {}
+            let early = vec![1u8; 1000];
+            let head = Header {
+                kind: FrameKind::Data,
+                desc: desc(),
+                len: early.len() as u64,
+            };
+            theirs.write_all(&head.encode()).unwrap();
+            theirs.write_all(&early).unwrap();
+            let reason = b"rank 1 failed: rank 2 is gone";
+            theirs
+                .write_all(&Header::abort(reason.len()).encode())
+                .unwrap();
+            theirs.write_all(reason).unwrap();
+        });
+        ours.set_nonblocking(true).unwrap();
+        let mut conns = vec![
+            None,
+            Some(Conn {
+                socks: vec![ours],
+                addr,
+                mid_frame: false,
+                shm: None,
+            }),
+        ];
+        let cfg = LinkConfig {
+            rank: 0,
+            size: 2,
+            timeout: Duration::from_secs(10),
+            spin: Duration::ZERO,
+            yield_for: Duration::ZERO,
+            abort: Arc::new(AtomicBool::new(false)),
+            arena_chunk: None,
+        };
+        let big = vec![0u8; 64 << 20];
+        let sends = [SendReq {
+            peer: 1,
+            data: &big,
+        }];
+        let err = exchange(&mut conns, &cfg, &desc(), &sends, &mut [])
+            .unwrap_err()
+            .to_string();
+        peer.join().unwrap();
+        assert!(
+            err.contains("peer aborted: rank 1 failed: rank 2 is gone"),
+            "{err}"
+        );
     }
 }
