@@ -56,7 +56,7 @@ pub(crate) fn spawn_root_speaking(
         .set_nonblocking(true)
         .map_err(|e| Error::io(format!("bootstrap root {addr}: set_nonblocking"), e))?;
     let root = Root {
-        listener,
+        listener: Some(listener),
         addr,
         secret,
         version,
@@ -96,7 +96,10 @@ struct Joined {
 }
 
 struct Root {
-    listener: TcpListener,
+    /// None once the deadline passed: closed before the timeouts are sent, so a rank that
+    /// learns of them and tries again is refused at once instead of landing in the backlog
+    /// of a listener about to close (which resets it: "closed without an answer").
+    listener: Option<TcpListener>,
     addr: SocketAddr,
     secret: [u8; 16],
     version: u32,
@@ -202,7 +205,9 @@ impl Root {
     fn wait(&self, left: Duration) {
         let ms = left.as_millis().clamp(1, 100) as u16;
         let mut fds = Vec::with_capacity(1 + self.pending.len());
-        fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
+        if let Some(l) = &self.listener {
+            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+        }
         for p in &self.pending {
             fds.push(PollFd::new(p.stream.as_fd(), PollFlags::POLLIN));
         }
@@ -215,8 +220,11 @@ impl Root {
     }
 
     fn accept_all(&mut self) {
+        let Some(listener) = &self.listener else {
+            return;
+        };
         loop {
-            match self.listener.accept() {
+            match listener.accept() {
                 Ok((stream, from)) => {
                     if self.pending.len() >= MAX_PENDING {
                         if !self.refused_warned {
@@ -402,6 +410,9 @@ impl Root {
     }
 
     fn fail_deadline(mut self) {
+        // Who connected in time hears why below; who comes later is refused.
+        self.accept_all();
+        self.listener = None;
         let ms = self.deadline.as_millis();
         let msg = match self.size {
             None => format!("init deadline of {ms} ms passed: no rank joined"),
