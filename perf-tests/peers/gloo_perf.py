@@ -180,7 +180,10 @@ def worker(rank, args, addr):
                   (nbytes, cnt, args.d, redop, t * 1e6, algbw, busbw, wrong, iters), flush=True)
         out.append({"size": nbytes, "count": cnt, "type": args.d, "redop": redop, "coll": coll,
                     "nranks": nr, "iters": iters, "time_us": round(t * 1e6, 3),
-                    "algbw": round(algbw, 6), "busbw": round(busbw, 6), "wrong": wrong})
+                    "algbw": round(algbw, 6), "busbw": round(busbw, 6), "wrong": wrong,
+                    # torch's all_reduce and broadcast work on one buffer: compare's tables
+                    # set them against qccl's in-place figures
+                    "in_place": coll in ("allreduce", "bcast")})
         if size * args.f > args.e:
             break
         size = int(size * args.f)

@@ -24,6 +24,10 @@ holding all runs as "run1 / run2"; then rows for the average busbw over the size
 "Avg bus bandwidth") and the time
 at the smallest size; then the machine-limit lines (memcpy, loopback TCP).
 
+Like with like: a peer whose results say "in_place": true (Gloo: torch's all_reduce works in
+place) is divided into qccl's in-place figures ("inplace_busbw", shown in their own column),
+every other peer (MPI_Allreduce with two buffers) into qccl's out-of-place "busbw".
+
 Placement: a round-trip sample is "far" when it is over twice the fastest sample of the
 session (all .rtt files); a run is near (<= 25% far samples), mixed, or far (>= 75%). Cells of
 far runs end in "f", of mixed runs in "m"; a ratio whose two runs differ in placement ends
@@ -204,7 +208,23 @@ def main():
         if not present:
             print("(no results)\n")
             continue
-        head = ["size"] + [f"{lab} busbw" for lab in present]
+        def in_place(lab):
+            return any(v.get("in_place") for x in res[lab] if x for v in x.values())
+
+        # qccl's in-place column, when some peer measured in place and qccl reported it
+        ip_ref = has_ref and any(in_place(p) for p in peers) and any(
+            v.get("inplace_busbw") is not None for x in res[ref] if x for v in x.values())
+        # (label, busbw key, time key, header) of every busbw column
+        cols = []
+        for lab in present:
+            cols.append((lab, "busbw", "time_us", f"{lab} busbw"))
+            if lab == ref and ip_ref:
+                cols.append((lab, "inplace_busbw", "inplace_time_us", f"{lab} in-place busbw"))
+
+        def ref_key(p):  # which of qccl's figures peer p is compared with
+            return "inplace_busbw" if ip_ref and in_place(p) else "busbw"
+
+        head = ["size"] + [h for _, _, _, h in cols]
         if has_ref:
             head += [f"{ref}/{p}" for p in peers]
         print("| " + " | ".join(head) + " |")
@@ -226,40 +246,41 @@ def main():
                 out.append("?" if a and b and a.kind != b.kind else "")
             return out
 
-        def get_or_tmo(lab, r, s):
-            v = get(lab, r, s)
+        def get_or_tmo(lab, r, s, key="busbw"):
+            v = get(lab, r, s, key)
             return TIMED_OUT if v is None and tmo[lab][r] else v
 
         for s in sizes:
             row = [human(s)]
-            for lab in present:
-                row.append(cell([get_or_tmo(lab, r, s) for r in range(runs)], 2, marks(lab)))
+            for lab, key, _, _ in cols:
+                row.append(cell([get_or_tmo(lab, r, s, key) for r in range(runs)], 2, marks(lab)))
             if has_ref:
                 for p in peers:
                     ratios = []
                     for r in range(runs):
-                        q, v = get(ref, r, s), get(p, r, s)
+                        q, v = get(ref, r, s, ref_key(p)), get(p, r, s)
                         ratios.append(q / v if q is not None and v else None)
                     row.append(cell(ratios, 2, ratio_marks(p)))
             print("| " + " | ".join(row) + " |")
 
         # average busbw over the sizes each run measured (nccl-tests' Avg bus bandwidth)
-        def mean(lab, r):  # over all sizes; "t/o" for a run cut short (fewer sizes)
+        def mean(lab, r, key="busbw"):  # over all sizes; "t/o" for a run cut short
             x = res[lab][r]
             if tmo[lab][r]:
                 return TIMED_OUT
             if not x:
                 return None
-            vals = [float(v["busbw"]) for v in x.values() if v.get("busbw") is not None]
+            vals = [float(v[key]) for v in x.values() if v.get(key) is not None]
             return sum(vals) / len(vals) if vals else None
 
         row = ["**avg busbw**"]
-        row += [cell([mean(lab, r) for r in range(runs)], 2, marks(lab)) for lab in present]
+        row += [cell([mean(lab, r, key) for r in range(runs)], 2, marks(lab))
+                for lab, key, _, _ in cols]
         if has_ref:
             for p in peers:
                 ratios = []
                 for r in range(runs):
-                    q, v = mean(ref, r), mean(p, r)
+                    q, v = mean(ref, r, ref_key(p)), mean(p, r)
                     ok = q not in (None, TIMED_OUT) and v not in (None, TIMED_OUT) and v
                     ratios.append(q / v if ok else None)
                 row.append(cell(ratios, 2, ratio_marks(p)))
@@ -267,8 +288,8 @@ def main():
         if sizes:
             s0 = sizes[0]
             row = [f"**time @ {human(s0)} (µs)**"]
-            row += [cell([get(lab, r, s0, "time_us") for r in range(runs)], 1, marks(lab))
-                    for lab in present]
+            row += [cell([get(lab, r, s0, tkey) for r in range(runs)], 1, marks(lab))
+                    for lab, _, tkey, _ in cols]
             if has_ref:
                 row += [""] * len(peers)
             print("| " + " | ".join(row) + " |")

@@ -193,3 +193,53 @@ fn merge_marks_each_run_by_where_the_cpus_were() {
     let none = d.join("run3/np2/mpi-tcp.rtt");
     assert_eq!(ask(&["--placement", none.to_str().unwrap()]), "");
 }
+
+#[test]
+fn merge_sets_in_place_peers_against_qccls_in_place_figures() {
+    let dir = TempDir::new("merge-ip");
+    let d = &dir.0;
+    let np = d.join("run1/np2");
+    // qccl out of place 2.0 / in place 3.0 GB/s; MPI (two buffers) 1.0; Gloo (in place) 1.5.
+    write(
+        &np.join("qccl.json"),
+        "{\"results\": [{\"size\": 4096, \"time_us\": 8.0, \"busbw\": 2.0, \
+         \"inplace_time_us\": 6.0, \"inplace_busbw\": 3.0}]}",
+    );
+    write(
+        &np.join("mpi-tcp.json"),
+        "[{\"size\": 4096, \"time_us\": 20.0, \"busbw\": 1.0}]",
+    );
+    write(
+        &np.join("gloo.json"),
+        "[{\"size\": 4096, \"time_us\": 900.0, \"busbw\": 1.5, \"in_place\": true}]",
+    );
+    let out = Command::new("python3")
+        .arg(format!("{PEERS}/merge.py"))
+        .arg("--dir")
+        .arg(d)
+        .args(["--labels", "qccl,mpi-tcp,gloo", "--np", "2", "--runs", "1"])
+        .output()
+        .expect("python3 (needed to run peers/merge.py)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "| size | qccl busbw | qccl in-place busbw | mpi-tcp busbw | gloo busbw \
+             | qccl/mpi-tcp | qccl/gloo |"
+        ),
+        "{text}"
+    );
+    // MPI against qccl's out-of-place 2.0, Gloo against its in-place 3.0.
+    assert!(
+        text.contains("| 4 KiB | 2.00 | 3.00 | 1.00 | 1.50 | 2.00 | 2.00 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| **avg busbw** | 2.00 | 3.00 | 1.00 | 1.50 | 2.00 | 2.00 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| **time @ 4 KiB (µs)** | 8.0 | 6.0 | 20.0 | 900.0 |"),
+        "{text}"
+    );
+}
