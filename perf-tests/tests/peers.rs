@@ -102,6 +102,24 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
+/// Runs peers/merge.py on the results dir `d` with `args`; its stdout once it succeeded.
+fn merge(d: &Path, args: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg(format!("{PEERS}/merge.py"))
+        .arg("--dir")
+        .arg(d)
+        .args(args)
+        .output()
+        .expect("python3 (needed to run peers/merge.py)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn result(busbw: f64) -> String {
     format!(
         "[{{\"size\": 4096, \"time_us\": 10.0, \"busbw\": {busbw}}}, \
@@ -137,19 +155,7 @@ fn merge_marks_each_run_by_where_the_cpus_were() {
             write(&np.join("mpi-tcp.rtt"), t);
         }
     }
-    let out = Command::new("python3")
-        .arg(format!("{PEERS}/merge.py"))
-        .arg("--dir")
-        .arg(d)
-        .args(["--labels", "qccl,mpi-tcp", "--np", "2", "--runs", "3"])
-        .output()
-        .expect("python3 (needed to run peers/merge.py)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = merge(d, &["--labels", "qccl,mpi-tcp", "--np", "2", "--runs", "3"]);
     let row = |first: &str| {
         text.lines()
             .find(|l| l.starts_with(&format!("| {first} |")))
@@ -173,17 +179,7 @@ fn merge_marks_each_run_by_where_the_cpus_were() {
     );
 
     // What compare asks while it runs: the far line, and one run's placement.
-    let ask = |args: &[&str]| {
-        let o = Command::new("python3")
-            .arg(format!("{PEERS}/merge.py"))
-            .arg("--dir")
-            .arg(d)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{o:?}");
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
-    };
+    let ask = |args: &[&str]| merge(d, args).trim().to_string();
     assert_eq!(ask(&["--far-above"]), "120");
     let run2 = d.join("run2/np2/qccl.rtt");
     assert_eq!(
@@ -213,15 +209,10 @@ fn merge_sets_in_place_peers_against_qccls_in_place_figures() {
         &np.join("gloo.json"),
         "[{\"size\": 4096, \"time_us\": 900.0, \"busbw\": 1.5, \"in_place\": true}]",
     );
-    let out = Command::new("python3")
-        .arg(format!("{PEERS}/merge.py"))
-        .arg("--dir")
-        .arg(d)
-        .args(["--labels", "qccl,mpi-tcp,gloo", "--np", "2", "--runs", "1"])
-        .output()
-        .expect("python3 (needed to run peers/merge.py)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = merge(
+        d,
+        &["--labels", "qccl,mpi-tcp,gloo", "--np", "2", "--runs", "1"],
+    );
     assert!(
         text.contains(
             "| size | qccl busbw | qccl in-place busbw | mpi-tcp busbw | gloo busbw \
