@@ -26,7 +26,9 @@ at the smallest size; then the machine-limit lines (memcpy, loopback TCP).
 
 Like with like: a peer whose results say "in_place": true (Gloo: torch's all_reduce works in
 place) is divided into qccl's in-place figures ("inplace_busbw", shown in their own column),
-every other peer (MPI_Allreduce with two buffers) into qccl's out-of-place "busbw".
+every other peer (MPI_Allreduce with two buffers) into qccl's out-of-place "busbw". When qccl's
+results have no in-place figures, a note under the table says the in-place peers were divided
+into the out-of-place ones.
 
 Placement: a round-trip sample is "far" when it is over twice the fastest sample of the
 session (all .rtt files); a run is near (<= 25% far samples), mixed, or far (>= 75%). Cells of
@@ -294,6 +296,10 @@ def main():
                 row += [""] * len(peers)
             print("| " + " | ".join(row) + " |")
         print()
+        unmatched = [p for p in peers if in_place(p)] if has_ref and not ip_ref else []
+        if unmatched:
+            print(f"note: {', '.join(unmatched)} measured in place, but {ref}'s results have no "
+                  f"in-place figures: {ref}/{unmatched[0]} divides {ref}'s out-of-place busbw\n")
         placed = [lab for lab in present if any(place[lab])]
         if placed:
             print(f"placement of the two CPUs during each run (median round trip; far = over "

@@ -96,9 +96,10 @@ struct Joined {
 }
 
 struct Root {
-    /// None once the deadline passed: closed before the timeouts are sent, so a rank that
-    /// learns of them and tries again is refused at once instead of landing in the backlog
-    /// of a listener about to close (which resets it: "closed without an answer").
+    /// None once the deadline (or a failed init's linger) passed: closed before the last
+    /// answers are sent, so a rank that learns of them and tries again is refused at once
+    /// instead of landing in the backlog of a listener about to close (which resets it:
+    /// "closed without an answer").
     listener: Option<TcpListener>,
     addr: SocketAddr,
     secret: [u8; 16],
@@ -143,9 +144,7 @@ impl Root {
         loop {
             let now = Instant::now();
             if now >= self.end {
-                if self.failed.is_none() {
-                    self.fail_deadline();
-                }
+                self.close();
                 return;
             }
             self.wait(self.end - now);
@@ -409,12 +408,29 @@ impl Root {
         self.failed = Some((kind, msg.to_string()));
     }
 
-    fn fail_deadline(mut self) {
-        // Who connected in time hears why below; who comes later is refused.
+    /// The deadline (or a failed init's linger) ran out: who connected in time hears why, who
+    /// comes later is refused.
+    fn close(mut self) {
         self.accept_all();
         self.listener = None;
+        let (kind, msg) = match self.failed.take() {
+            Some(failed) => failed,
+            None => {
+                let msg = self.deadline_message();
+                self.fail(ErrorKind::Timeout, &msg, None);
+                (ErrorKind::Timeout, msg)
+            }
+        };
+        let frame = wire::encode_error(kind, &msg);
+        for p in std::mem::take(&mut self.pending) {
+            send(p.stream, &frame);
+        }
+    }
+
+    /// What the ranks hear when the deadline passed before all joined.
+    fn deadline_message(&self) -> String {
         let ms = self.deadline.as_millis();
-        let msg = match self.size {
+        match self.size {
             None => format!("init deadline of {ms} ms passed: no rank joined"),
             Some((size, _)) => {
                 let missing: Vec<usize> = (0..size).filter(|&r| self.joined[r].is_none()).collect();
@@ -423,11 +439,6 @@ impl Root {
                     rank_list(&missing)
                 )
             }
-        };
-        self.fail(ErrorKind::Timeout, &msg, None);
-        let frame = wire::encode_error(ErrorKind::Timeout, &msg);
-        for p in std::mem::take(&mut self.pending) {
-            send(p.stream, &frame);
         }
     }
 }

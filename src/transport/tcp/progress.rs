@@ -193,7 +193,7 @@ pub fn exchange(
             pending += usize::from(!t.done());
         }
         if let Some((peer, what)) = lost {
-            return Err(lost_peer(conns, &rxs, peer, what));
+            return Err(lost_peer(conns, cfg, &rxs, peer, what));
         }
         for r in rxs.iter_mut().filter(|r| !r.done()) {
             let conn = conns[r.peer]
@@ -255,7 +255,7 @@ pub fn exchange(
             pending += usize::from(!r.done());
         }
         if let Some((peer, what)) = lost {
-            return Err(lost_peer(conns, &rxs, peer, what));
+            return Err(lost_peer(conns, cfg, &rxs, peer, what));
         }
         if pending == 0 {
             return Ok(());
@@ -380,19 +380,24 @@ fn block(
 /// died, say) sent an abort frame before closing; when our send to it fails first, that
 /// frame still waits unread in our receive buffer, and its reason names the rank that
 /// really failed. So look for it before blaming the peer.
-fn lost_peer(conns: &mut [Option<Conn>], rxs: &[Rx<'_>], peer: usize, what: String) -> Error {
-    // Bytes left of the frame being read on the peer's first socket, if the frame's length is known.
-    let rest = match rxs.iter().find(|r| r.peer == peer && r.sock == 0) {
-        None => Some(0),
-        Some(r) if r.done() => Some(0),
-        Some(r) => match r.head {
-            Some((_, 0)) => Some(0),
-            Some((_, got)) if got < HEADER_LEN => None,
-            _ => Some(r.data.len() - r.pos),
+fn lost_peer(
+    conns: &mut [Option<Conn>],
+    cfg: &LinkConfig,
+    rxs: &[Rx<'_>],
+    peer: usize,
+    what: String,
+) -> Error {
+    // Where the peer's first socket stands: bytes left of the frame being read, or the part
+    // of a header read so far (one receive per peer, so nothing else is half-read).
+    let (skip, head): (usize, &[u8]) = match rxs.iter().find(|r| r.peer == peer && r.sock == 0) {
+        Some(r) if !r.done() => match &r.head {
+            Some((h, got)) if *got < HEADER_LEN => (0, &h[..*got]),
+            _ => (r.data.len() - r.pos, &[]),
         },
+        _ => (0, &[]),
     };
-    let reason = match (rest, conns[peer].as_mut()) {
-        (Some(rest), Some(conn)) if conn.shm.is_none() => pending_abort(conn, peer, rest),
+    let reason = match conns[peer].as_mut() {
+        Some(conn) if conn.shm.is_none() => pending_abort(conn, cfg, peer, skip, head),
         _ => None,
     };
     match reason {
@@ -401,36 +406,62 @@ fn lost_peer(conns: &mut [Option<Conn>], rxs: &[Rx<'_>], peer: usize, what: Stri
     }
 }
 
-/// Reads on from a frame boundary (after skipping `skip` bytes of the current frame) over
-/// whatever data frames were queued, to an abort frame; returns its reason. Bounded: a few
-/// frames, half a second per read, since the peer is gone or going.
-fn pending_abort(conn: &mut Conn, peer: usize, skip: usize) -> Option<String> {
+/// Reads on from where the peer's first socket stands (`skip` bytes of the current frame
+/// left, or `head`, the part of a header already read) over whatever data frames were queued,
+/// to an abort frame; returns its reason. Bounded: 16 frames, one second in all, and
+/// `abort()` on the comm ends it, since the peer is gone or going.
+fn pending_abort(
+    conn: &mut Conn,
+    cfg: &LinkConfig,
+    peer: usize,
+    skip: usize,
+    head: &[u8],
+) -> Option<String> {
     const MAX_FRAMES: usize = 16;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     let nsocks = conn.socks.len();
     let sock = &mut conn.socks[0];
     sock.set_nonblocking(false).ok()?;
-    sock.set_read_timeout(Some(std::time::Duration::from_millis(500)))
-        .ok()?;
-    const SCRATCH: usize = 4096;
-    let mut scratch = [0u8; SCRATCH];
-    let mut skip = skip;
-    for _ in 0..MAX_FRAMES {
-        while skip > 0 {
-            let n = sock.read(&mut scratch[..skip.min(SCRATCH)]).ok()?;
-            if n == 0 {
+    // Some bytes, waiting in slices of at most 100 ms so the abort flag is seen.
+    let mut read = |buf: &mut [u8]| -> Option<usize> {
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || cfg.abort.load(std::sync::atomic::Ordering::Relaxed) {
                 return None;
             }
-            skip -= n;
+            let wait = left.min(std::time::Duration::from_millis(100));
+            sock.set_read_timeout(Some(wait)).ok()?;
+            match sock.read(buf) {
+                Ok(0) => return None,
+                Ok(n) => return Some(n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => return None,
+            }
         }
-        let mut h = [0u8; HEADER_LEN];
-        sock.read_exact(&mut h).ok()?;
+    };
+    let mut scratch = [0u8; 4096];
+    let mut h = [0u8; HEADER_LEN];
+    let (mut skip, mut got) = (skip, head.len());
+    h[..got].copy_from_slice(head);
+    for _ in 0..MAX_FRAMES {
+        while skip > 0 {
+            let n = skip.min(scratch.len());
+            skip -= read(&mut scratch[..n])?;
+        }
+        while got < HEADER_LEN {
+            got += read(&mut h[got..])?;
+        }
         let header = Header::decode(&h, peer).ok()?;
         if header.kind == FrameKind::Abort {
             return Some(read_reason(conn, header.len as usize));
         }
         // A data frame sent ahead of us: only its first part travels on this socket.
         let (a, b) = split(header.len as usize, nsocks)[0];
-        skip = b - a;
+        (skip, got) = (b - a, 0);
     }
     None
 }
@@ -481,41 +512,52 @@ mod tests {
         }
     }
 
-    /// Rank 1 queues a data frame for a later step, then an abort frame naming the rank that
+    /// Rank 1 queues a data frame of `early` bytes for a later step (split over the pair's
+    /// `nsocks` sockets as `exchange` splits it), then an abort frame naming the rank that
     /// really died, and closes with our bytes unread (a reset). Our send to it fails first;
     /// the error must carry the abort's reason, not just a broken pipe.
-    #[test]
-    fn a_send_to_a_peer_that_aborted_reports_the_abort_reason() {
+    fn abort_queued_behind(nsocks: usize, early: usize) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let ours = TcpStream::connect(addr).unwrap();
-        let (mut theirs, _) = listener.accept().unwrap();
-        // As `configure` sets for every comm socket: the frames leave at once, ahead of
-        // the reset that the close sends (a reset drops what was still queued to send).
-        theirs.set_nodelay(true).unwrap();
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for _ in 0..nsocks {
+            ours.push(TcpStream::connect(addr).unwrap());
+            let (s, _) = listener.accept().unwrap();
+            // As `configure` sets for every comm socket: the frames leave at once, ahead of
+            // the reset that the close sends (a reset drops what was still queued to send).
+            s.set_nodelay(true).unwrap();
+            theirs.push(s);
+        }
         let peer = std::thread::spawn(move || {
-            // Wait until our send arrived, so the close below leaves it unread.
+            // Wait until our send reached every socket, so the close leaves it unread.
             let mut b = [0u8; 1];
-            while theirs.peek(&mut b).unwrap() == 0 {}
-            let early = vec![1u8; 1000];
+            for s in &theirs {
+                while s.peek(&mut b).unwrap() == 0 {}
+            }
+            let data = vec![1u8; early];
             let head = Header {
                 kind: FrameKind::Data,
                 desc: desc(),
-                len: early.len() as u64,
+                len: early as u64,
             };
-            theirs.write_all(&head.encode()).unwrap();
-            theirs.write_all(&early).unwrap();
+            theirs[0].write_all(&head.encode()).unwrap();
+            for (i, (a, b)) in split(early, nsocks).into_iter().enumerate() {
+                theirs[i].write_all(&data[a..b]).unwrap();
+            }
             let reason = b"rank 1 failed: rank 2 is gone";
-            theirs
+            theirs[0]
                 .write_all(&Header::abort(reason.len()).encode())
                 .unwrap();
-            theirs.write_all(reason).unwrap();
+            theirs[0].write_all(reason).unwrap();
         });
-        ours.set_nonblocking(true).unwrap();
+        for s in &ours {
+            s.set_nonblocking(true).unwrap();
+        }
         let mut conns = vec![
             None,
             Some(Conn {
-                socks: vec![ours],
+                socks: ours,
                 addr,
                 mid_frame: false,
                 shm: None,
@@ -543,5 +585,15 @@ mod tests {
             err.contains("peer aborted: rank 1 failed: rank 2 is gone"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_send_to_a_peer_that_aborted_reports_the_abort_reason() {
+        abort_queued_behind(1, 1000);
+    }
+
+    #[test]
+    fn the_abort_reason_is_found_behind_a_frame_split_over_two_sockets() {
+        abort_queued_behind(2, 100 << 10);
     }
 }
