@@ -41,8 +41,12 @@ pub struct Engine {
 /// How a comm's ranks reach each other, as far as choosing an algorithm goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Links {
-    /// Some peer over TCP.
+    /// Some peer over TCP, every rank on one host: loopback, where the CPUs' copies, not the
+    /// wire, set the pace (a job run with QCCL_TRANSPORT=tcp on one machine).
     Sockets,
+    /// Some peer over TCP on another host: a network link, where the bytes each link
+    /// carries set the pace.
+    Network,
     /// Every peer over shared memory: the comm-wide arena (`transport::shm::arena`) serves SRA.
     Arena,
     /// Threads of one process (frames over channels).
@@ -55,6 +59,8 @@ pub const TREE_MAX_BYTES: usize = 64 * 1024;
 pub const SRA_MIN_BYTES: usize = 1 << 20;
 /// Sockets: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
 pub const TCP_TREE_MAX_BYTES: usize = 1 << 20;
+/// Network: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
+pub const NET_TREE_MAX_BYTES: usize = 16 * 1024;
 /// World size up to which `auto` prefers SRA over pairwise links to the ring.
 pub const SRA_MAX_RANKS: usize = 8;
 /// Byte size below which `auto` uses the one-exchange all-gather scheme on 2 ranks.
@@ -73,7 +79,12 @@ pub const ARENA_SRA_MIN_BYTES_2: usize = 1 << 20;
 /// on 2. Over TCP each of the ring's dependent steps costs a socket round trip: the tree wins
 /// below 1 MiB and SRA above (4 ranks, µs per call, 512 KiB slices: 256 KiB tree 177–205
 /// against SRA 245–255, 512 KiB 325–357 against 365–380, 1 MiB on par, 4 MiB SRA 3.5–4.2 ms
-/// against 4.2–6.0; 3 ranks on par at 256–512 KiB; ring behind SRA from 256 KiB).
+/// against 4.2–6.0; 3 ranks on par at 256–512 KiB; ring behind SRA from 256 KiB). Between
+/// hosts the wire sets the pace, and SRA, which sends 2(n−1)/n of the buffer per rank over
+/// both directions of every link at once, overtakes the tree (whose root link carries the
+/// buffer twice each way, up then down) from 16 KiB (emulated cluster, one rank per host,
+/// 1 Gbit/s: 4 hosts 16 KiB 187–238 µs against 275, 64 KiB 829 against 1097, 1 MiB 13.3 ms
+/// against 23.3; 3 hosts 16 KiB 151–186 against 269–276; the tree ahead to 8 KiB).
 /// Threads keep the rules measured for pairwise shared memory: tree below 64 KiB, ring to
 /// 1 MiB, SRA above. A measured cost model (`qccl-perf --calibrate`) is to replace these.
 pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, links: Links) -> Algo {
@@ -88,6 +99,7 @@ pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, links: Links) -> Algo
         Links::Arena => Algo::Ring,
         _ if size == 2 => Algo::Ring,
         Links::Sockets if bytes < TCP_TREE_MAX_BYTES => Algo::Tree,
+        Links::Network if bytes < NET_TREE_MAX_BYTES => Algo::Tree,
         Links::Threads if bytes < TREE_MAX_BYTES => Algo::Tree,
         Links::Threads if bytes < SRA_MIN_BYTES => Algo::Ring,
         _ if size <= SRA_MAX_RANKS => Algo::Sra,
@@ -381,6 +393,12 @@ mod tests {
         assert_eq!(pick(512 << 10, 4, Links::Sockets), Tree);
         assert_eq!(pick(1 << 20, 4, Links::Sockets), Sra);
         assert_eq!(pick(1 << 20, 16, Links::Sockets), Ring);
+        assert_eq!(pick(8 << 10, 4, Links::Network), Tree);
+        assert_eq!(pick(16 << 10, 4, Links::Network), Sra);
+        assert_eq!(pick(16 << 10, 3, Links::Network), Sra);
+        assert_eq!(pick(16 << 10, 16, Links::Network), Ring);
+        assert_eq!(pick(4096, 2, Links::Network), AllGather);
+        assert_eq!(pick(64 << 10, 2, Links::Network), Ring);
         assert_eq!(pick(4096, 4, Links::Threads), Tree);
         assert_eq!(pick(256 << 10, 4, Links::Threads), Ring);
         assert_eq!(pick(4 << 20, 4, Links::Threads), Sra);

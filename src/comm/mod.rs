@@ -303,6 +303,7 @@ impl Comm {
             size,
             slice: config.slice_bytes(),
             links: match (&fabric, over_sockets) {
+                (_, true) if topo.nnodes > 1 => Links::Network,
                 (_, true) => Links::Sockets,
                 (Fabric::Tcp { .. }, false) => Links::Arena,
                 (Fabric::InProc, false) => Links::Threads,
