@@ -7,7 +7,7 @@
 mod common;
 
 use common::suite::{cases, run_all, run_case, run_huge, Case};
-use qccl::{Comm, DType, ReduceOp};
+use qccl::{Algo, Comm, DType, ReduceOp};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -96,6 +96,27 @@ fn run_child(scenario: &str) -> Result<(), String> {
                 let t = Instant::now();
                 if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
                     return Err(format!("after {} ms: {e}", t.elapsed().as_millis()));
+                }
+            }
+            Ok(())
+        }
+        "auto_between_hosts" => {
+            // One rank per emulated host: auto takes the tree below 16 KiB, SRA from there.
+            for (count, want) in [(2048, Algo::Tree), (4096, Algo::Sra), (65536, Algo::Sra)] {
+                let send: Vec<f32> = (0..count).map(|i| (comm.rank() + i % 7) as f32).collect();
+                let mut recv = vec![0f32; count];
+                let got = comm
+                    .all_reduce_with(Some(&send), &mut recv, ReduceOp::Sum, Algo::Auto)
+                    .map_err(|e| e.to_string())?;
+                if got != want {
+                    return Err(format!("{count} floats: auto took {got:?}, want {want:?}"));
+                }
+                let n = comm.size();
+                for (i, &x) in recv.iter().enumerate() {
+                    let exact: usize = (0..n).map(|r| r + i % 7).sum();
+                    if x != exact as f32 {
+                        return Err(format!("{count} floats: element {i} is {x}, want {exact}"));
+                    }
                 }
             }
             Ok(())
@@ -417,6 +438,24 @@ fn emulated_hosts_use_shm_inside_a_host_and_tcp_between_hosts() {
                 .any(|l| l.contains("/2: comm ") && l.contains(" on tcp (node")),
             "rank {r}: no inter-host tcp comm in {log}"
         );
+    }
+}
+
+#[test]
+fn auto_between_hosts_takes_sra_from_16_kib() {
+    let job = Job::new(3);
+    let children: Vec<Child> = (0..3)
+        .map(|r| {
+            job.spawn(
+                r,
+                "auto_between_hosts",
+                &[("QCCL_HOSTID", &format!("host-{r}"))],
+            )
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(60));
+        assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
     }
 }
 
