@@ -21,7 +21,7 @@ Layout read (written by perf-tests/compare):
 
 Prints, per world size, one table: size | <label> busbw ... | qccl/<peer> ratios, every cell
 holding all runs as "run1 / run2"; then rows for the average busbw over the sizes (nccl-tests'
-"Avg bus bandwidth") and the time
+"Avg bus bandwidth"; a ratio of averages takes only the sizes both sides measured) and the time
 at the smallest size; then the machine-limit lines (memcpy, loopback TCP).
 
 Like with like: a peer whose results say "in_place": true (Gloo: torch's all_reduce works in
@@ -266,14 +266,20 @@ def main():
             print("| " + " | ".join(row) + " |")
 
         # average busbw over the sizes each run measured (nccl-tests' Avg bus bandwidth)
-        def mean(lab, r, key="busbw"):  # over all sizes; "t/o" for a run cut short
+        def mean(lab, r, key="busbw", only=None):  # "t/o" for a run cut short
             x = res[lab][r]
             if tmo[lab][r]:
                 return TIMED_OUT
             if not x:
                 return None
-            vals = [float(v[key]) for v in x.values() if v.get(key) is not None]
+            vals = [float(v[key]) for s, v in x.items()
+                    if v.get(key) is not None and (only is None or s in only)]
             return sum(vals) / len(vals) if vals else None
+
+        def common(a, ka, b, kb, r):  # sizes both runs measured, so a ratio compares like sizes
+            xa, xb = res[a][r] or {}, res[b][r] or {}
+            return {s for s in xa if xa[s].get(ka) is not None} & {
+                s for s in xb if xb[s].get(kb) is not None}
 
         row = ["**avg busbw**"]
         row += [cell([mean(lab, r, key) for r in range(runs)], 2, marks(lab))
@@ -282,7 +288,8 @@ def main():
             for p in peers:
                 ratios = []
                 for r in range(runs):
-                    q, v = mean(ref, r, ref_key(p)), mean(p, r)
+                    both = common(ref, ref_key(p), p, "busbw", r)
+                    q, v = mean(ref, r, ref_key(p), both), mean(p, r, "busbw", both)
                     ok = q not in (None, TIMED_OUT) and v not in (None, TIMED_OUT) and v
                     ratios.append(q / v if ok else None)
                 row.append(cell(ratios, 2, ratio_marks(p)))

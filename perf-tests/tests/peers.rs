@@ -234,3 +234,27 @@ fn merge_sets_in_place_peers_against_qccls_in_place_figures() {
         "{text}"
     );
 }
+
+#[test]
+fn merge_divides_averages_over_the_sizes_both_sides_measured() {
+    let dir = TempDir::new("merge-common");
+    let d = &dir.0;
+    let np = d.join("run1/np2");
+    // qccl's in-place figure is missing at 8 KiB; Gloo measured both sizes.
+    write(
+        &np.join("qccl.json"),
+        "[{\"size\": 4096, \"busbw\": 2.0, \"inplace_busbw\": 3.0}, \
+         {\"size\": 8192, \"busbw\": 4.0, \"inplace_busbw\": null}]",
+    );
+    write(
+        &np.join("gloo.json"),
+        "[{\"size\": 4096, \"busbw\": 1.5, \"in_place\": true}, \
+         {\"size\": 8192, \"busbw\": 10.0, \"in_place\": true}]",
+    );
+    let text = merge(d, &["--labels", "qccl,gloo", "--np", "2", "--runs", "1"]);
+    // Columns average what they have; the ratio only 4 KiB, where both have a figure.
+    assert!(
+        text.contains("| **avg busbw** | 3.00 | 3.00 | 5.75 | 2.00 |"),
+        "{text}"
+    );
+}
