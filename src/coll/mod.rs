@@ -26,6 +26,8 @@ pub struct Engine {
     pub size: usize,
     /// Slice size (QCCL_BUFFSIZE).
     pub slice: usize,
+    /// Slice size of the pairwise SRA all-reduce (`Config::sra_slice_bytes`).
+    pub sra_slice: usize,
     /// How the ranks reach each other: `auto` picks by it.
     pub links: Links,
     /// Default all-reduce algorithm (QCCL_ALGO).
@@ -152,7 +154,11 @@ impl Engine {
         if count == 0 {
             return Ok(algo);
         }
+        let sra_slice = self.sra_slice;
         let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo as u8);
+        if algo == Algo::Sra {
+            ctx.slice = sra_slice;
+        }
         match algo {
             Algo::Hier => {
                 return Err(crate::Error::Internal(

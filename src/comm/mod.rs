@@ -302,6 +302,7 @@ impl Comm {
             rank,
             size,
             slice: config.slice_bytes(),
+            sra_slice: config.sra_slice_bytes(size),
             links: match (&fabric, over_sockets) {
                 (_, true) if topo.nnodes > 1 => Links::Network,
                 (_, true) => Links::Sockets,
