@@ -192,6 +192,13 @@ impl Hier {
             })
             .collect();
         let (local, me) = (self.intra.size(), self.intra.rank());
+        // After the inter-host level, the ranks with this local rank on every host hold the
+        // same bits of their part; the intra-host all-gather must encode them identically on
+        // every host, so its random draws are keyed by the local rank, not the global one.
+        let gather_site = Site {
+            rank: me as u64,
+            ..site
+        };
         pipeline::run(
             pieces.iter_mut().collect(),
             |p| {
@@ -230,7 +237,8 @@ impl Hier {
                     let w0 = e.wire;
                     if intra_host {
                         let res = p.residual.as_deref_mut();
-                        e.all_gather_coded(p.work, Coded::new(plan, site, p.base, res, dtype))?;
+                        let coded = Coded::new(plan, gather_site, p.base, res, dtype);
+                        e.all_gather_coded(p.work, coded)?;
                     } else {
                         let count = p.work.len();
                         let bytes = bytemuck::cast_slice_mut(&mut *p.work);
