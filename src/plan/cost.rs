@@ -250,8 +250,8 @@ pub struct CostModel {
     /// Codec costs by codec name (the names the comm's codec specs use).
     pub codecs: BTreeMap<String, CodecCost>,
     /// Measured (bytes, seconds) points of some links, which refine their lines where the
-    /// simulator and Cupcake evaluate them ([`LinkCost`]); Espresso's derived collectives use
-    /// the lines alone.
+    /// simulator and Cupcake's DP evaluate them ([`LinkCost`]; Cupcake's Algorithm 1 refuses a
+    /// link that has them); Espresso's derived collectives use the lines alone.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub measured: BTreeMap<String, Vec<[f64; 2]>>,
 }

@@ -10,7 +10,9 @@
 //!
 //! Such a curve need not be subadditive (fusing may cost more than the parts), so planners that
 //! bound the rest of a search by "the rest fused into one group" use
-//! [`LinkCost::fused_lower_bound`] instead, which holds for any cut.
+//! [`LinkCost::fused_lower_bound`] instead, which holds for any cut. Cupcake's Algorithm 1
+//! (`plan::algorithm1`), whose prunings hold only for a line, refuses a link that is a curve
+//! ([`LinkCost::is_line`]).
 
 use super::cost::Linear;
 
@@ -46,6 +48,13 @@ impl LinkCost {
             p[1] = floor;
         }
         LinkCost { line, points }
+    }
+
+    /// Whether the cost is the line `α + β·bytes` alone: no measured points (fewer than two
+    /// distinct ones count as none). A link with points is a curve even where they happen to
+    /// lie near the line (below the first point its time is flat, for one).
+    pub fn is_line(&self) -> bool {
+        self.points.is_empty()
     }
 
     /// The fitted line.
@@ -102,11 +111,12 @@ mod tests {
         let c = LinkCost::line(l);
         assert_eq!(c.time(1e6), l.time(1e6));
         assert_eq!(c.fused_lower_bound(5e6), l.time(5e6));
+        assert!(c.is_line());
         // One point is not a curve.
-        assert_eq!(
-            LinkCost::with_points(l, vec![[1e6, 9.0]]).time(1e6),
-            l.time(1e6)
-        );
+        let one = LinkCost::with_points(l, vec![[1e6, 9.0]]);
+        assert_eq!(one.time(1e6), l.time(1e6));
+        assert!(one.is_line());
+        assert!(!LinkCost::with_points(l, vec![[1e3, 1e-3], [1e6, 3e-3]]).is_line());
     }
 
     #[test]

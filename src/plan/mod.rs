@@ -9,8 +9,9 @@
 //!   all-gather and divisible schemes and flat or two-level topologies ([`CostModel::sync`]).
 //! - [`fusion`]: a plan (fusion groups, each with a codec or none) and the baseline fusions.
 //! - [`sim`]: the timeline simulator that turns (profile, cost model, plan) into an iteration time.
-//! - [`cupcake`]: optimal fusion for compression: the paper's Algorithm 1 and an exact dynamic
-//!   program with Pareto pruning that scales to hundreds of tensors.
+//! - [`cupcake`]: optimal fusion for compression: the paper's Algorithm 1 (exact on a link's
+//!   line, refuses measured curves) and an exact dynamic program with Pareto pruning that scales
+//!   to hundreds of tensors.
 //! - [`espresso`](mod@espresso): per-tensor compression strategy (compress or not, codec, divisible or
 //!   all-gather scheme, which tiers of a two-level job): the paper's Algorithm 1 and brute force.
 //! - [`apply`]: the runner that executes a plan on a comm during training (fuses each group's
