@@ -166,6 +166,37 @@ pub const SRA_IN_FLIGHT: usize = 1 << 20;
 const MIN_SRA_SLICE: usize = 64 * 1024;
 
 impl Config {
+    /// Checks the sizes every algorithm relies on, naming the variable and the range; every
+    /// init calls it (a `Config` built in code gets the same checks as the environment's).
+    pub fn validate(&self) -> Result<()> {
+        const MIN: usize = 4096;
+        const MAX: usize = 1 << 30;
+        let range = |v: usize| (MIN..=MAX).contains(&v);
+        if let Some(b) = self.buffsize.filter(|&b| !range(b)) {
+            return Err(Error::invalid(format!(
+                "QCCL_BUFFSIZE={b} is outside 4096 bytes..1 GiB"
+            )));
+        }
+        if self.chunksize != 0 && !range(self.chunksize) {
+            return Err(Error::invalid(format!(
+                "QCCL_CHUNKSIZE={} is outside 4096 bytes..1 GiB (0 disables pipelining)",
+                self.chunksize
+            )));
+        }
+        if let Some(b) = self.shm_arena_chunk.filter(|&b| !range(b) || b % 64 != 0) {
+            return Err(Error::invalid(format!(
+                "QCCL_SHM_ARENA_CHUNK={b} must be a multiple of 64 from 4096 to 1 GiB"
+            )));
+        }
+        if !(1..=16).contains(&self.nsocks_per_peer) {
+            return Err(Error::invalid(format!(
+                "QCCL_NSOCKS_PERPEER={} is outside 1..=16",
+                self.nsocks_per_peer
+            )));
+        }
+        Ok(())
+    }
+
     /// The slice size of a comm: QCCL_BUFFSIZE, else [`DEFAULT_SLICE`].
     pub fn slice_bytes(&self) -> usize {
         self.buffsize.unwrap_or(DEFAULT_SLICE)
@@ -192,41 +223,22 @@ impl Config {
         if let Some(ms) = env_num("QCCL_INIT_TIMEOUT_MS")? {
             c.init_timeout = Duration::from_millis(ms.max(1));
         }
+        let size = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
         if let Some(b) = env_num("QCCL_BUFFSIZE")? {
-            if b < 4096 {
-                return Err(Error::invalid(format!(
-                    "QCCL_BUFFSIZE={b} is below the minimum of 4096 bytes"
-                )));
-            }
-            c.buffsize = Some(b as usize);
+            c.buffsize = Some(size(b));
         }
         if let Some(b) = env_num("QCCL_CHUNKSIZE")? {
-            if b != 0 && b < 4096 {
-                return Err(Error::invalid(format!(
-                    "QCCL_CHUNKSIZE={b} is below the minimum of 4096 bytes (0 disables pipelining)"
-                )));
-            }
-            c.chunksize = b as usize;
+            c.chunksize = size(b);
         }
         if let Some(b) = env_num("QCCL_SHM_ARENA_CHUNK")? {
-            if b < 4096 || b % 64 != 0 || b > 1 << 30 {
-                return Err(Error::invalid(format!(
-                    "QCCL_SHM_ARENA_CHUNK={b} must be a multiple of 64 from 4096 to 1 GiB"
-                )));
-            }
-            c.shm_arena_chunk = Some(b as usize);
+            c.shm_arena_chunk = Some(size(b));
         }
         if let Some(a) = env_var("QCCL_ALGO") {
             c.algo = Algo::parse(&a).map_err(|e| Error::invalid(format!("QCCL_ALGO: {e}")))?;
         }
         c.socket_ifname = env_var("QCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());
         if let Some(n) = env_num("QCCL_NSOCKS_PERPEER")? {
-            if !(1..=16).contains(&n) {
-                return Err(Error::invalid(format!(
-                    "QCCL_NSOCKS_PERPEER={n} is outside 1..=16"
-                )));
-            }
-            c.nsocks_per_peer = n as usize;
+            c.nsocks_per_peer = size(n);
         }
         if let Some(t) = env_var("QCCL_TRANSPORT") {
             c.transport = match t.trim().to_ascii_lowercase().as_str() {
@@ -269,6 +281,7 @@ impl Config {
         if let Some(n) = env_num("QCCL_COMPRESSION_MINIMAL_SIZE")? {
             c.filter.min_size = n as usize;
         }
+        c.validate()?;
         Ok(c)
     }
 }
@@ -298,5 +311,63 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(set.sra_slice_bytes(8), 3 << 20);
+    }
+
+    #[test]
+    fn sizes_out_of_range_are_refused_by_name() {
+        let bad = |c: Config, needle: &str| {
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        };
+        let d = Config::default;
+        bad(
+            Config {
+                buffsize: Some(4095),
+                ..d()
+            },
+            "QCCL_BUFFSIZE=4095 is outside",
+        );
+        bad(
+            Config {
+                buffsize: Some(2 << 30),
+                ..d()
+            },
+            "QCCL_BUFFSIZE=2147483648",
+        );
+        bad(
+            Config {
+                chunksize: 100,
+                ..d()
+            },
+            "QCCL_CHUNKSIZE=100",
+        );
+        bad(
+            Config {
+                shm_arena_chunk: Some(4100),
+                ..d()
+            },
+            "QCCL_SHM_ARENA_CHUNK=4100",
+        );
+        bad(
+            Config {
+                nsocks_per_peer: 0,
+                ..d()
+            },
+            "QCCL_NSOCKS_PERPEER=0",
+        );
+        for ok in [4096, 4097, 5001, 1 << 30] {
+            Config {
+                buffsize: Some(ok),
+                ..d()
+            }
+            .validate()
+            .unwrap();
+        }
+        Config {
+            chunksize: 0,
+            ..d()
+        }
+        .validate()
+        .unwrap();
     }
 }

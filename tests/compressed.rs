@@ -246,12 +246,13 @@ fn error_feedback_resends_what_was_lost() {
                 }
             }
         }
-        // A different length for the same key is an error.
+        // A different length for the same key starts its residual from zero: 5 zeros sum to
+        // zeros exactly (a residual of 2000 elements would have leaked into them).
         let c = Compression::parse("bf16:ef=1").unwrap().key("w");
-        let e = comm
-            .all_reduce_compressed(&mut [0f32; 5], ReduceOp::Sum, &c)
-            .unwrap_err();
-        (totals, e.to_string())
+        let mut five = [0f32; 5];
+        comm.all_reduce_compressed(&mut five, ReduceOp::Sum, &c)
+            .unwrap();
+        (totals, five)
     });
     let mut exact = vec![0f64; count];
     for s in 0..steps {
@@ -268,11 +269,7 @@ fn error_feedback_resends_what_was_lost() {
     };
     let (plain, fed) = (err(&outs[0].0[0]), err(&outs[0].0[1]));
     assert!(fed * 3.0 < plain, "error feedback {fed} vs plain {plain}");
-    assert!(
-        outs[0].1.contains("used with 2000 elements, now with 5"),
-        "{}",
-        outs[0].1
-    );
+    assert_eq!(outs[0].1, [0.0; 5]);
 }
 
 #[test]

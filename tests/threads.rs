@@ -2,8 +2,8 @@
 
 mod common;
 
-use common::suite::{cases, run_all, run_huge};
-use qccl::{Comm, Config};
+use common::suite::{cases, run_all, run_huge, Case};
+use qccl::{Comm, Config, DType, ReduceOp};
 
 fn on_threads(n: usize, f: impl Fn(&Comm) -> Result<(), String> + Send + Sync + 'static) {
     on_hosts(&vec!["h".to_string(); n], f)
@@ -11,9 +11,14 @@ fn on_threads(n: usize, f: impl Fn(&Comm) -> Result<(), String> + Send + Sync + 
 
 /// Ranks as threads, rank i pretending to run on host `hosts[i]`.
 fn on_hosts(hosts: &[String], f: impl Fn(&Comm) -> Result<(), String> + Send + Sync + 'static) {
-    let n = hosts.len();
-    let f = std::sync::Arc::new(f);
     let comms = Comm::init_threads_on_hosts(hosts, Config::default()).expect("init_threads");
+    run_comms(comms, f)
+}
+
+/// Runs `f` on every comm, each on its own thread; panics naming the ranks that failed.
+fn run_comms(comms: Vec<Comm>, f: impl Fn(&Comm) -> Result<(), String> + Send + Sync + 'static) {
+    let n = comms.len();
+    let f = std::sync::Arc::new(f);
     let handles: Vec<_> = comms
         .into_iter()
         .map(|c| {
@@ -58,6 +63,40 @@ fn world_7() {
     on_threads(7, |c| run_all(c, &cases(true)));
 }
 
+/// Any slice size the config accepts works for every collective and algorithm: one below
+/// an element boundary, odd, one larger than every buffer; out of range is refused at init.
+#[test]
+fn every_accepted_slice_size_works_and_others_are_refused() {
+    for buffsize in [4096usize, 4097, 5001, 1 << 30] {
+        for hosts in [vec!["h".to_string(); 3], hosts(&["a", "a", "b", "b"])] {
+            let config = Config {
+                buffsize: Some(buffsize),
+                chunksize: 4096,
+                ..Config::default()
+            };
+            let comms = Comm::init_threads_on_hosts(&hosts, config).expect("init_threads");
+            run_comms(comms, move |c| {
+                let big = [DType::Float32, DType::Float64, DType::Int8].map(|dtype| Case {
+                    dtype,
+                    op: ReduceOp::Sum,
+                    count: 100_003,
+                });
+                run_all(c, &cases(false))
+                    .and_then(|()| run_all(c, &big))
+                    .map_err(|e| format!("QCCL_BUFFSIZE={buffsize}: {e}"))
+            });
+        }
+    }
+    for buffsize in [0usize, 4095, (1 << 30) + 1] {
+        let config = Config {
+            buffsize: Some(buffsize),
+            ..Config::default()
+        };
+        let e = Comm::init_threads(2, config).err().expect("refused");
+        assert!(e.to_string().contains("QCCL_BUFFSIZE"), "{e}");
+    }
+}
+
 #[test]
 fn huge_16mi_world_3() {
     on_threads(3, run_huge);
@@ -78,6 +117,29 @@ fn hierarchical_2_hosts_x_3_ranks_interleaved() {
     on_hosts(&hosts(&["a", "b", "a", "b", "a", "b"]), |c| {
         run_all(c, &cases(false))
     });
+}
+
+#[test]
+fn hierarchical_from_the_config_does_not_recurse_into_its_levels() {
+    // QCCL_ALGO=hier: the levels inherit the config; were they hierarchical too, each level's
+    // all-reduce would split again until the stack overflowed.
+    for spec in [&["a", "a", "b", "b"][..], &["a", "a", "a"]] {
+        let config = Config {
+            algo: qccl::Algo::Hier,
+            ..Config::default()
+        };
+        let comms = Comm::init_threads_on_hosts(&hosts(spec), config).unwrap();
+        let n = spec.len();
+        run_comms(comms, move |c| {
+            let mut v = vec![1f32 + c.rank() as f32; 4099];
+            c.all_reduce_in_place(&mut v, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let want = (n * (n + 1) / 2) as f32;
+            (v.iter().all(|&x| x == want))
+                .then_some(())
+                .ok_or_else(|| format!("{} instead of {want}", v[0]))
+        });
+    }
 }
 
 #[test]

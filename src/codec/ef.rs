@@ -6,7 +6,6 @@
 //! the residual; the next call adds the residual to its input once, before the algorithm runs.
 //! Whatever mass any hop of any algorithm dropped is thus re-sent by the rank that dropped it.
 
-use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -53,20 +52,31 @@ pub struct Residuals {
 }
 
 impl Residuals {
-    /// The residual of `key`, created zeroed at `len` elements on first use. A later call with
-    /// another length for the same key is an error (a key names one tensor).
-    pub fn get(&mut self, key: &TensorKey, len: usize) -> Result<&mut Vec<f32>> {
+    /// The residual of `key`, created zeroed at `len` elements on first use. A call with
+    /// another length for the same key starts its residual again from zero (logged at INFO):
+    /// the tensor was re-created (PyTorch DDP rebuilds its buckets after the first step), and
+    /// what the old one lost belongs to other elements. Every rank sees the same calls, so all
+    /// reset together.
+    pub fn get(&mut self, key: &TensorKey, len: usize) -> &mut Vec<f32> {
         let r = self
             .map
             .entry(key.clone())
             .or_insert_with(|| vec![0.0; len]);
         if r.len() != len {
-            return Err(Error::invalid(format!(
-                "error feedback: tensor key {key} was used with {} elements, now with {len}",
+            crate::qlog!(
+                Info,
+                "error feedback: tensor key {key} was used with {} elements, now with {len}: \
+                 its residual starts again from zero",
                 r.len()
-            )));
+            );
+            *r = vec![0.0; len];
         }
-        Ok(r)
+        r
+    }
+
+    /// Puts back the residual of `key` that a call took out with `std::mem::take`.
+    pub fn put(&mut self, key: &TensorKey, residual: Vec<f32>) {
+        self.map.insert(key.clone(), residual);
     }
 
     /// Forgets the residual of `key` (e.g. when a tensor is re-created); true if it existed.
@@ -105,16 +115,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn residual_is_sized_per_key() {
+    fn residual_is_sized_per_key_and_restarts_when_the_length_changes() {
         let mut r = Residuals::default();
-        r.get(&"w".into(), 4).unwrap()[1] = 2.0;
-        assert_eq!(r.get(&"w".into(), 4).unwrap()[1], 2.0);
-        let e = r.get(&"w".into(), 5).unwrap_err().to_string();
-        assert!(
-            e.contains("\"w\" was used with 4 elements, now with 5"),
-            "{e}"
-        );
-        assert_eq!(r.get(&7u64.into(), 3).unwrap().len(), 3);
+        r.get(&"w".into(), 4)[1] = 2.0;
+        assert_eq!(r.get(&"w".into(), 4)[1], 2.0);
+        assert_eq!(r.get(&"w".into(), 5), &[0.0; 5]);
+        assert_eq!(r.get(&7u64.into(), 3).len(), 3);
         assert_eq!(r.len(), 2);
     }
 

@@ -403,7 +403,7 @@ fn coded_turn<R>(
     e.coded_calls += 1;
     let key = key.filter(|_| plan.error_feedback());
     let mut residual = match key {
-        Some(k) => Some(std::mem::take(e.residuals.get(k, work.len())?)),
+        Some(k) => Some(std::mem::take(e.residuals.get(k, work.len()))),
         None => None,
     };
     compensate(work, residual.as_deref_mut());
@@ -415,9 +415,7 @@ fn coded_turn<R>(
     };
     let out = f(e, work, site, residual.as_deref_mut());
     if let (Some(k), Some(r)) = (key, residual) {
-        *e.residuals
-            .get(k, 0)
-            .unwrap_or_else(|_| unreachable!("taken residual")) = r;
+        e.residuals.put(k, r);
     }
     out
 }

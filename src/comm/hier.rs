@@ -68,8 +68,8 @@ impl Comm {
             )
         } else {
             (
-                self.split(color(t.node)?, color(self.rank)?)?,
-                self.split(color(t.local_rank)?, color(t.node)?)?,
+                self.split_level(color(t.node)?, color(self.rank)?)?,
+                self.split_level(color(t.local_rank)?, color(t.node)?)?,
             )
         };
         let (Some(intra), Some(inter)) = (intra, inter) else {

@@ -343,7 +343,7 @@ impl PreparedTopK {
         let k = k_of(self.opts.density, slice.len());
         let key = self.opts.key.as_ref().filter(|_| self.opts.error_feedback);
         let mut residual = match key {
-            Some(k) => Some(std::mem::take(e.residuals.get(k, slice.len())?)),
+            Some(k) => Some(std::mem::take(e.residuals.get(k, slice.len()))),
             None => None,
         };
         if let Some(r) = residual.as_deref_mut() {
@@ -375,9 +375,7 @@ impl PreparedTopK {
             }
         }
         if let (Some(k), Some(r)) = (key, residual) {
-            *e.residuals
-                .get(k, 0)
-                .unwrap_or_else(|_| unreachable!("taken residual")) = r;
+            e.residuals.put(k, r);
         }
         report.k = idx.len();
         report.steps[1] = t.elapsed();

@@ -149,6 +149,7 @@ impl Comm {
     /// ranks joined (or `config.init_timeout` passes).
     pub fn init(id: &UniqueId, rank: usize, size: usize, config: Config) -> Result<Comm> {
         check_rank(rank, size)?;
+        config.validate()?;
         let (ifname, ip) =
             select_interface(config.socket_ifname.as_deref(), Some(id.root_addr().ip()))?;
         let listener = TcpListener::bind((ip, 0))
@@ -218,6 +219,7 @@ impl Comm {
         if host_ids.is_empty() {
             return Err(Error::invalid("a comm needs at least one rank (got 0)"));
         }
+        config.validate()?;
         let comm_id: u64 = rand::random();
         let secret: [u8; 16] = rand::random();
         (0..host_ids.len())

@@ -37,6 +37,24 @@ impl Comm {
     /// form a new comm, ranked by `key` (ties broken by rank in this comm). A negative color
     /// (NCCL_SPLIT_NOCOLOR) takes no part and gets `None`.
     pub fn split(&self, color: i32, key: i32) -> Result<Option<Comm>> {
+        self.split_as(color, key, self.config.clone())
+    }
+
+    /// A level of this comm's hierarchy (`split` with the levels' config): a level is never
+    /// hierarchical itself, or QCCL_ALGO=hier would have each level split again, without end.
+    pub(super) fn split_level(&self, color: i32, key: i32) -> Result<Option<Comm>> {
+        self.split_as(color, key, self.level_config())
+    }
+
+    fn level_config(&self) -> crate::Config {
+        let mut config = self.config.clone();
+        if config.algo == crate::Algo::Hier {
+            config.algo = crate::Algo::Auto;
+        }
+        config
+    }
+
+    fn split_as(&self, color: i32, key: i32, config: crate::Config) -> Result<Option<Comm>> {
         let seq = self.splits.fetch_add(1, Ordering::Relaxed);
         let listener = match &self.fabric {
             Fabric::Tcp { ip, .. } if color >= 0 => Some(
@@ -60,7 +78,7 @@ impl Comm {
                 (c == color).then_some((k, r, a))
             })
             .collect();
-        self.child(seq, color, members, listener).map(Some)
+        self.child(seq, color, members, listener, config).map(Some)
     }
 
     /// A split whose color and key of every rank this rank can compute itself
@@ -68,6 +86,7 @@ impl Comm {
     /// sub-comms meet through the process-wide registry. One thread may then drive every
     /// rank's first hierarchical call in turn (qcclCommInitAll inside a group) where the
     /// collective `split` would wait for the ranks that thread has not reached yet.
+    /// The comm is a level of this comm's hierarchy (never hierarchical itself).
     pub(super) fn split_known(&self, assign: impl Fn(usize) -> (i32, i32)) -> Result<Comm> {
         if !matches!(self.fabric, Fabric::InProc) {
             return Err(Error::Internal(
@@ -83,7 +102,7 @@ impl Comm {
                 (c == color).then_some((k, r, unspecified))
             })
             .collect();
-        self.child(seq, color, members, None)
+        self.child(seq, color, members, None, self.level_config())
     }
 
     /// The comm of `members` (key, parent rank, listen address), the `seq`-th split of this
@@ -94,6 +113,7 @@ impl Comm {
         color: i32,
         mut members: Vec<(i32, usize, SocketAddr)>,
         listener: Option<TcpListener>,
+        config: crate::Config,
     ) -> Result<Comm> {
         members.sort_unstable_by_key(|&(k, r, _)| (k, r));
         let child_rank = members
@@ -124,7 +144,7 @@ impl Comm {
             place,
             child_id,
             self.secret,
-            self.config.clone(),
+            config,
             fabric,
             listener,
         )

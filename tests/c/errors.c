@@ -5,7 +5,34 @@
 #include "common.h"
 
 static int checks = 0;
-#define ERR(call, code, comm, needle) do { EXPECT_ERR(call, code, comm, needle); checks++; } while (0)
+/* While set (outside open groups), every expected error is followed by a good grouped
+ * all-reduce on both comms of the pair: an argument error must leave the comm usable. */
+static qcclComm_t* g_pair = NULL;
+static void good_call(qcclComm_t* pair);
+#define ERR(call, code, comm, needle)             \
+    do {                                          \
+        EXPECT_ERR(call, code, comm, needle);     \
+        checks++;                                 \
+        if (g_pair) good_call(g_pair);            \
+    } while (0)
+
+/* A grouped all-reduce over the two comms of qcclCommInitAll (one thread drives both), with
+ * its result checked; neither comm may report an async error. */
+static void good_call(qcclComm_t* pair) {
+    float x[2][5], y[2][5];
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 5; i++) x[r][i] = (float)(r + 1) * (float)(i + 1);
+    CHECK(qcclGroupStart());
+    for (int r = 0; r < 2; r++) CHECK(qcclAllReduce(x[r], y[r], 5, qcclFloat32, qcclSum, pair[r], NULL));
+    CHECK(qcclGroupEnd());
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < 5; i++)
+            if (y[r][i] != 3.0f * (float)(i + 1)) FAIL("good call after an error: rank %d [%d] = %g", r, i, (double)y[r][i]);
+        qcclResult_t async = qcclInternalError;
+        CHECK(qcclCommGetAsyncError(pair[r], &async));
+        if (async != qcclSuccess) FAIL("an argument error failed comm %d (%d): %s", r, (int)async, qcclGetLastError(pair[r]));
+    }
+}
 
 static void strings(void) {
     const char* seen[10];
@@ -93,9 +120,11 @@ static void handle_errors(qcclComm_t live) {
     if (sub != NULL) FAIL("a failed split left *newcomm set");
 }
 
-/* c2: a comm of 2 ranks (driven from this thread, so only calls that fail before moving a
- * byte are made on it). */
-static void argument_errors(qcclComm_t c2) {
+/* c2: rank 0 of a comm of 2 (the pair, both driven from this thread): each bad call is made
+ * on c2 alone and fails before moving a byte; a good grouped call on both follows it. */
+static void argument_errors(qcclComm_t* pair) {
+    qcclComm_t c2 = pair[0];
+    g_pair = pair;
     float a[64], b[64];
     void* s = a;
     void* r = b;
@@ -183,13 +212,16 @@ static void argument_errors(qcclComm_t c2) {
     ERR(qcclTest(NULL, &done), qcclInvalidArgument, NULL, "request is NULL");
     ERR(qcclTest((qcclRequest_t)&done, &done), qcclInvalidUsage, NULL, "not live");
 
-    /* Groups. */
+    /* Groups (no good call inside the open group: it would join it). */
     ERR(qcclGroupEnd(), qcclInvalidUsage, NULL, "without a matching qcclGroupStart");
+    g_pair = NULL;
     CHECK(qcclGroupStart());
     ERR(qcclIAllReduce(s, r, 4, qcclFloat32, qcclSum, c2, &req), qcclInvalidUsage, c2, "non-blocking calls cannot");
     qcclComm_t child = NULL;
     ERR(qcclCommSplit(c2, 0, 0, &child), qcclUnsupported, c2, "between qcclGroupStart and qcclGroupEnd");
     CHECK(qcclGroupEnd());
+    g_pair = pair;
+    good_call(pair);
 
     /* Codecs: bad specs name the field; handles are checked; codec rules before any byte. */
     qcclCodec_t codec = (qcclCodec_t)&codec;
@@ -242,6 +274,30 @@ static void argument_errors(qcclComm_t c2) {
     qcclResult_t async = qcclInternalError;
     CHECK(qcclCommGetAsyncError(c2, &async));
     if (async != qcclSuccess) FAIL("argument errors failed the comm (%d)", (int)async);
+    g_pair = NULL;
+}
+
+/* An error-feedback key used again with another length starts its residual from zero (INFO
+ * line); the calls succeed and the comm stays usable. */
+static void key_changes_length(qcclComm_t* pair) {
+    qcclCodec_t q4 = NULL;
+    CHECK(qcclCodecCreate("qsgd:bits=4,bucket=128,ef=1", &q4));
+    for (size_t n = 1000; n <= 2000; n += 1000) {
+        float* buf[2];
+        for (int r = 0; r < 2; r++) {
+            buf[r] = (float*)xmalloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) buf[r][i] = 0.25f * (float)(i % 7) - 0.5f * (float)r;
+        }
+        CHECK(qcclGroupStart());
+        for (int r = 0; r < 2; r++)
+            CHECK(qcclAllReduceCompressed(buf[r], buf[r], n, qcclFloat32, qcclSum, q4, 5, pair[r], NULL));
+        CHECK(qcclGroupEnd());
+        if (memcmp(buf[0], buf[1], n * sizeof(float)) != 0) FAIL("key 5 at %zu: ranks differ", n);
+        free(buf[0]);
+        free(buf[1]);
+        good_call(pair);
+    }
+    CHECK(qcclCodecDestroy(q4));
 }
 
 /* Per-comm and per-thread last errors. */
@@ -322,7 +378,8 @@ int main(void) {
     CHECK(qcclCommInitAll(&c1, 1, NULL));
     CHECK(qcclCommInitAll(c2, 2, NULL));
     handle_errors(c2[0]);
-    argument_errors(c2[0]);
+    argument_errors(c2);
+    key_changes_length(c2);
     last_errors(c1, c2[0]);
     single_rank(c1);
     grouped_overlap(c2[0]);

@@ -2,6 +2,8 @@
  * collectives, send/recv rings and swaps (up to 64 MiB, both sides sending first),
  * all-to-all-v through send/recv including self, nested groups, non-blocking calls on all
  * comms at once, a spoiled group, and a runtime error at qcclGroupEnd. */
+#include <time.h>
+
 #include "common.h"
 
 #define N 4
@@ -220,6 +222,41 @@ static void mismatch(qcclComm_t* comms) {
     if (strlen(qcclGetLastError(comms[1])) == 0) FAIL("comm 1 has no last error");
 }
 
+/* QCCL_ALGO=hier on comms of qcclCommInitAll, one thread, inside a group: each comm's first
+ * hierarchical all-reduce makes its levels, which must neither wait for the ranks this thread
+ * has not reached yet (the timeout) nor go hierarchical again themselves (that recursed until
+ * the stack overflowed). */
+static void hier_in_a_group(void) {
+    setenv("QCCL_ALGO", "hier", 1);
+    qcclComm_t comms[N];
+    CHECK(qcclCommInitAll(comms, N, NULL));
+    unsetenv("QCCL_ALGO");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    grouped_all_reduce(comms, qcclFloat32, 4099);
+    grouped_all_reduce(comms, qcclFloat64, 7);
+    qcclCodec_t fp16 = NULL;
+    CHECK(qcclCodecCreate("fp16", &fp16));
+    float* buf[N];
+    for (int r = 0; r < N; r++) {
+        buf[r] = (float*)xmalloc(1000 * sizeof(float));
+        for (int i = 0; i < 1000; i++) buf[r][i] = (float)(r + 1);
+    }
+    CHECK(qcclGroupStart());
+    for (int r = 0; r < N; r++)
+        CHECK(qcclAllReduceCompressed(buf[r], buf[r], 1000, qcclFloat32, qcclSum, fp16, 0, comms[r], NULL));
+    CHECK(qcclGroupEnd());
+    for (int r = 0; r < N; r++) {
+        if (buf[r][999] != 10.0f) FAIL("hier compressed: rank %d got %g", r, (double)buf[r][999]);
+        free(buf[r]);
+    }
+    CHECK(qcclCodecDestroy(fp16));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (secs > 10.0) FAIL("hierarchical all-reduces in a group took %.1f s (waited for a timeout?)", secs);
+    for (int r = 0; r < N; r++) CHECK(qcclCommDestroy(comms[r]));
+}
+
 int main(void) {
     qcclComm_t comms[N];
     g_rank = 0;
@@ -241,6 +278,7 @@ int main(void) {
     nonblocking(comms);
     spoiled_group(comms);
     mismatch(comms);
+    hier_in_a_group();
     CHECK(qcclCommDestroy(comms[0]));
     CHECK(qcclCommDestroy(comms[1]));
     CHECK(qcclCommAbort(comms[2]));
