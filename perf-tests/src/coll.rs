@@ -281,15 +281,11 @@ pub fn run<T: Elem>(
 ) -> Result<Ran> {
     let (c, op) = (ctx.comm, ctx.op);
     if let (Coll::AllReduce, Some(z)) = (coll, &ctx.compression) {
-        // Out of place as a copy then the in-place call: the typed API is in place only and
-        // the raw one wants bytes, which this crate cannot view its buffers as without unsafe
-        // or a bytemuck dependency. For float, the default, this is exactly what qccl does
-        // with a send buffer (copy, then encode in place); for the 2- and 8-byte types it adds
-        // one memcpy to a call that converts the whole buffer to f32 and back anyway.
-        if !in_place {
-            recv.copy_from_slice(send);
-        }
-        let rep = c.all_reduce_compressed(recv, op, z)?;
+        let rep = if in_place {
+            c.all_reduce_compressed(recv, op, z)?
+        } else {
+            c.all_reduce_compressed_out_of_place(send, recv, op, z)?
+        };
         return Ok(Ran {
             algo: Some(rep.algo),
             wire: Some(rep.wire),

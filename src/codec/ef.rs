@@ -103,6 +103,15 @@ pub fn compensate(input: &mut [f32], residual: &mut [f32]) {
     }
 }
 
+/// `compensate` of an out-of-place call: `work = input + residual` in one pass, residual
+/// cleared (the same bits as copying, then compensating).
+pub fn compensate_from(input: &[f32], work: &mut [f32], residual: &mut [f32]) {
+    for ((w, &x), r) in work.iter_mut().zip(input).zip(residual.iter_mut()) {
+        *w = x + *r;
+        *r = 0.0;
+    }
+}
+
 /// Records what an encode lost: residual += input − decoded.
 pub fn record(residual: &mut [f32], input: &[f32], decoded: &[f32]) {
     for ((r, &x), &d) in residual.iter_mut().zip(input).zip(decoded) {

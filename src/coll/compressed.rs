@@ -36,6 +36,9 @@ pub struct Coded<'a> {
     pub residual: Option<&'a mut [f32]>,
     /// The dtype the user called with (for the descriptor).
     pub dtype: DType,
+    /// Out of place: the input, aligned with `work`, which then holds nothing yet. Read where
+    /// the schedule first reads each element, so no pass copies it into `work` first.
+    pub input: Option<&'a [f32]>,
 }
 
 impl<'a> Coded<'a> {
@@ -54,7 +57,21 @@ impl<'a> Coded<'a> {
             base,
             residual,
             dtype,
+            input: None,
         }
+    }
+
+    /// Out of place: `work` holds nothing yet, the data is `input` (None: in place).
+    pub fn input(mut self, input: Option<&'a [f32]>) -> Coded<'a> {
+        self.input = input;
+        self
+    }
+}
+
+/// Copies `input` into `work` (out of place, for schedules that read `work` only).
+fn fill(work: &mut [f32], input: Option<&[f32]>) {
+    if let Some(i) = input {
+        work.copy_from_slice(i);
     }
 }
 
@@ -71,6 +88,10 @@ impl Engine {
         if work.is_empty() {
             return Ok(algo);
         }
+        let input = c.input;
+        if algo != Algo::Sra {
+            fill(work, input);
+        }
         let scratch = std::mem::take(&mut self.scratch.decoded);
         let mut ctx = self.coded_ctx(CollKind::AllReduce, work.len(), &c, algo);
         let mut cd = Coder::new(c.plan, c.site, c.base, c.residual, scratch);
@@ -78,7 +99,8 @@ impl Engine {
             Algo::Ring => coded::ring::all_reduce(&mut ctx, &mut cd, work),
             Algo::Tree => coded::tree::all_reduce(&mut ctx, &mut cd, work),
             Algo::AllGather => coded::gather::all_reduce(&mut ctx, &mut cd, work),
-            Algo::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, work),
+            // Reads the input where it encodes it, and copies only its own chunk.
+            Algo::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, input, work),
             Algo::Hier | Algo::Auto => Err(crate::Error::Internal(
                 "the hierarchical compressed all-reduce runs above the engine".into(),
             )),
@@ -87,16 +109,18 @@ impl Engine {
         done.map(|()| algo)
     }
 
-    /// Compressed reduce-scatter (sum) in place: afterwards part `rank` of `work`
-    /// (`algo::part(len, size, rank)`) holds its sum.
+    /// Compressed reduce-scatter (sum): afterwards part `rank` of `work`
+    /// (`algo::part(len, size, rank)`) holds its sum. Out of place (`c.input`), the other
+    /// parts of `work` are left as they were.
     pub fn reduce_scatter_coded(&mut self, work: &mut [f32], c: Coded<'_>) -> Result<()> {
         if work.is_empty() {
             return Ok(());
         }
+        let input = c.input;
         let scratch = std::mem::take(&mut self.scratch.decoded);
         let mut ctx = self.coded_ctx(CollKind::ReduceScatter, work.len(), &c, Algo::Sra);
         let mut cd = Coder::new(c.plan, c.site, c.base, c.residual, scratch);
-        let done = coded::sra::reduce_scatter(&mut ctx, &mut cd, work);
+        let done = coded::sra::reduce_scatter(&mut ctx, &mut cd, input, work);
         self.scratch.decoded = cd.into_scratch();
         done
     }

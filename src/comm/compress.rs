@@ -185,6 +185,27 @@ impl Comm {
         self.all_reduce_compressed_raw(None, bytemuck::cast_slice_mut(buf), n, T::DTYPE, op, c)
     }
 
+    /// Compressed all-reduce out of place: `recv` gets the result, `send` is only read (where
+    /// the schedule first needs each element: no copy of it up front).
+    pub fn all_reduce_compressed_out_of_place<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        c: &Compression,
+    ) -> Result<Report> {
+        let n = recv.len();
+        let send = bytemuck::cast_slice(send);
+        self.all_reduce_compressed_raw(
+            Some(send),
+            bytemuck::cast_slice_mut(recv),
+            n,
+            T::DTYPE,
+            op,
+            c,
+        )
+    }
+
     /// Compressed all-reduce over bytes; in place when `send` is None.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_compressed_raw(
@@ -268,15 +289,15 @@ impl Comm {
         super::api::need(k.name(), "buffer", buf.len() * dtype.size(), total, dtype)?;
         let plan = self.plan(k, total, dtype, op, c)?;
         let (seed, rank, size) = (self.config.seed, self.rank, self.size);
-        with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |work| {
+        with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |_, work| {
             self.queue.run(|e| {
                 coded_turn(
                     e,
                     c.key.as_ref(),
                     &plan,
-                    work,
+                    (None, work),
                     (seed, rank),
-                    |e, work, site, res| {
+                    |e, _, work, site, res| {
                         let w0 = e.wire;
                         e.reduce_scatter_coded(work, Coded::new(&plan, site, 0, res, dtype))?;
                         let mine = rank * recvcount..(rank + 1) * recvcount;
@@ -304,15 +325,15 @@ impl Comm {
         super::api::need(k.name(), "buffer", buf.len() * dtype.size(), total, dtype)?;
         let plan = self.plan(k, total, dtype, ReduceOp::Sum, c)?;
         let (seed, rank) = (self.config.seed, self.rank);
-        with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |work| {
+        with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |_, work| {
             self.queue.run(|e| {
                 coded_turn(
                     e,
                     c.key.as_ref(),
                     &plan,
-                    work,
+                    (None, work),
                     (seed, rank),
-                    |e, work, site, res| {
+                    |e, _, work, site, res| {
                         let w0 = e.wire;
                         e.all_gather_coded(work, Coded::new(&plan, site, 0, res, dtype))?;
                         Ok(Report::flat(Algo::Ring, e.wire - w0))
@@ -390,30 +411,37 @@ impl Comm {
 /// The part every compressed call does on the engine, around its schedule `f`: takes the
 /// call's step number (the random streams' `step`), lends it the tensor's error-feedback
 /// residual (taken out of the engine for the call, put back after) and adds that residual to
-/// the input first.
+/// the input first. Out of place (`input`), that addition is also the copy into `work`, and
+/// `f` then runs in place; without a residual `f` gets the input.
 fn coded_turn<R>(
     e: &mut Engine,
     key: Option<&TensorKey>,
     plan: &Plan,
-    work: &mut [f32],
+    (input, work): (Option<&[f32]>, &mut [f32]),
     (seed, rank): (u64, usize),
-    f: impl FnOnce(&mut Engine, &mut [f32], Site, Option<&mut [f32]>) -> Result<R>,
+    f: impl FnOnce(&mut Engine, Option<&[f32]>, &mut [f32], Site, Option<&mut [f32]>) -> Result<R>,
 ) -> Result<R> {
     let step = e.coded_calls;
     e.coded_calls += 1;
     let key = key.filter(|_| plan.error_feedback());
-    let mut residual = match key {
-        Some(k) => Some(std::mem::take(e.residuals.get(k, work.len()))),
-        None => None,
+    let mut residual = key.map(|k| std::mem::take(e.residuals.get(k, work.len())));
+    let input = match residual.as_deref_mut() {
+        Some(r) => {
+            match input {
+                Some(i) => ef::compensate_from(i, work, r),
+                None => ef::compensate(work, r),
+            }
+            None
+        }
+        None => input,
     };
-    compensate(work, residual.as_deref_mut());
     let site = Site {
         seed,
         step,
         chunk: 0,
         rank: rank as u64,
     };
-    let out = f(e, work, site, residual.as_deref_mut());
+    let out = f(e, input, work, site, residual.as_deref_mut());
     if let (Some(k), Some(r)) = (key, residual) {
         e.residuals.put(k, r);
     }
@@ -461,16 +489,16 @@ impl PreparedAllReduce {
         }
         let (plan, dtype) = (&self.plan, self.dtype);
         let who = (self.seed, self.rank);
-        with_f32(send, recv, dtype, |work| {
+        with_f32(send, recv, dtype, |input, work| {
             let report = coded_turn(
                 e,
                 self.key.as_ref(),
                 plan,
-                work,
+                (input, work),
                 who,
-                |e, work, site, res| match &self.hier {
+                |e, input, work, site, res| match &self.hier {
                     Some(h) => h
-                        .all_reduce_coded(work, plan, site, res, self.intra_host, dtype)
+                        .all_reduce_coded(input, work, plan, site, res, self.intra_host, dtype)
                         .map(|(wire, inter)| Report {
                             algo: Algo::Hier,
                             wire,
@@ -478,7 +506,7 @@ impl PreparedAllReduce {
                         }),
                     None => {
                         let w0 = e.wire;
-                        let coded = Coded::new(plan, site, 0, res, dtype);
+                        let coded = Coded::new(plan, site, 0, res, dtype).input(input);
                         e.all_reduce_coded(work, coded, self.algo)
                             .map(|algo| Report::flat(algo, e.wire - w0))
                     }
@@ -492,27 +520,26 @@ impl PreparedAllReduce {
 }
 
 /// Runs `f` on the data as f32: in place for aligned f32, else through a converted copy that
-/// is written back after. `send` (out of place) is copied in first.
+/// is written back after. Out of place (`send`), `f` gets the input beside the work buffer
+/// when both are aligned f32 (the schedule reads it where it first needs it: no pass copies
+/// it), else the work buffer starts as the (converted) input and `f` gets None.
 pub(super) fn with_f32<R>(
     send: Option<&[u8]>,
     recv: &mut [u8],
     dtype: DType,
-    f: impl FnOnce(&mut [f32]) -> Result<R>,
+    f: impl FnOnce(Option<&[f32]>, &mut [f32]) -> Result<R>,
 ) -> Result<R> {
     if dtype == DType::Float32 {
-        if let Some(s) = send {
-            recv.copy_from_slice(s);
-        }
-        if let Ok(work) = bytemuck::try_cast_slice_mut::<u8, f32>(recv) {
-            return f(work);
+        let input = send.map(bytemuck::try_cast_slice::<u8, f32>);
+        if !matches!(input, Some(Err(_))) {
+            if let Ok(work) = bytemuck::try_cast_slice_mut::<u8, f32>(recv) {
+                return f(input.and_then(|i| i.ok()), work);
+            }
         }
     }
-    let input: &[u8] = match send {
-        Some(s) if dtype != DType::Float32 => s,
-        _ => recv,
-    };
+    let input: &[u8] = send.unwrap_or(recv);
     let mut work = to_f32(input, dtype);
-    let out = f(&mut work)?;
+    let out = f(None, &mut work)?;
     from_f32(&work, recv, dtype);
     Ok(out)
 }
@@ -538,12 +565,5 @@ fn from_f32(work: &[f32], b: &mut [u8], dtype: DType) {
             DType::Float16 => e.copy_from_slice(&f16::from_f32(x).to_bits().to_ne_bytes()),
             _ => e.copy_from_slice(&bf16::from_f32(x).to_bits().to_ne_bytes()),
         }
-    }
-}
-
-/// Adds the residual to the input at the start of a compensated call.
-fn compensate(work: &mut [f32], residual: Option<&mut [f32]>) {
-    if let Some(r) = residual {
-        ef::compensate(work, r);
     }
 }

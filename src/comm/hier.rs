@@ -150,6 +150,8 @@ pub fn all_reduce(
 /// error-feedback residual, and the bytes its intra-host and inter-host phases moved.
 struct CodedPiece<'a> {
     base: usize,
+    /// Out of place: the piece's input (`work` then holds nothing until the first phase).
+    input: Option<&'a [f32]>,
     work: &'a mut [f32],
     residual: Option<&'a mut [f32]>,
     intra: Wire,
@@ -162,8 +164,10 @@ impl Hier {
     /// intra-host all-gather, pipelined over pieces as the dense one. The intra-host phases
     /// are compressed too when `intra_host`. Returns the bytes this rank moved over all three
     /// phases, and of those the inter-host phase's.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_coded(
         &self,
+        input: Option<&[f32]>,
         work: &mut [f32],
         plan: &Plan,
         site: Site,
@@ -185,6 +189,7 @@ impl Hier {
             .zip(residuals.iter_mut())
             .map(|((r, work), res)| CodedPiece {
                 base: r.start,
+                input: input.map(|i| &i[r.clone()]),
                 work,
                 residual: res.take(),
                 intra: Wire::default(),
@@ -204,13 +209,17 @@ impl Hier {
             |p| {
                 let wire = self.intra.execute(|e| {
                     let w0 = e.wire;
+                    // Out of place, the reduce-scatter reads the input: only this rank's part
+                    // of `work` is written, the all-gather fills the rest.
                     if intra_host {
                         let res = p.residual.as_deref_mut();
-                        e.reduce_scatter_coded(p.work, Coded::new(plan, site, p.base, res, dtype))?;
+                        let coded = Coded::new(plan, site, p.base, res, dtype).input(p.input);
+                        e.reduce_scatter_coded(p.work, coded)?;
                     } else {
                         let count = p.work.len();
+                        let input = p.input.map(bytemuck::cast_slice);
                         let bytes = bytemuck::cast_slice_mut(&mut *p.work);
-                        e.reduce_scatter_parts(None, bytes, count, DType::Float32, ReduceOp::Sum)?;
+                        e.reduce_scatter_parts(input, bytes, count, DType::Float32, ReduceOp::Sum)?;
                     }
                     Ok(e.wire - w0)
                 })?;

@@ -309,7 +309,7 @@ impl PreparedTopK {
                 report.k = k_of(self.opts.density, self.count);
             }
             Kind::HiTopK(h) => {
-                super::compress::with_f32(None, buf, self.dtype, |work| {
+                super::compress::with_f32(None, buf, self.dtype, |_, work| {
                     self.hitopk(e, h, work, &mut report)
                 })?;
             }

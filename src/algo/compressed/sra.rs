@@ -8,25 +8,41 @@ use crate::algo::Ctx;
 use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 
-/// Compressed SRA all-reduce (sum) of `work`, in place.
-pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Result<()> {
-    scatter_reduce(ctx, cd, work, true)
+/// Compressed SRA all-reduce (sum) of `work`: in place, or out of place from `input` (read
+/// where it is encoded; only this rank's own chunk is copied into `work`).
+pub fn all_reduce(
+    ctx: &mut Ctx<'_>,
+    cd: &mut Coder<'_>,
+    input: Option<&[f32]>,
+    work: &mut [f32],
+) -> Result<()> {
+    scatter_reduce(ctx, cd, input, work, true)
 }
 
 /// Compressed reduce-scatter (sum): afterwards chunk `rank` of `work` (`chunk(count, n, rank)`)
-/// holds the exact sum of its own data and every peer's decoded contribution.
-pub fn reduce_scatter(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Result<()> {
-    scatter_reduce(ctx, cd, work, false)
+/// holds the exact sum of its own data and every peer's decoded contribution. Out of place
+/// (`input`), the other chunks of `work` are not touched.
+pub fn reduce_scatter(
+    ctx: &mut Ctx<'_>,
+    cd: &mut Coder<'_>,
+    input: Option<&[f32]>,
+    work: &mut [f32],
+) -> Result<()> {
+    scatter_reduce(ctx, cd, input, work, false)
 }
 
 fn scatter_reduce(
     ctx: &mut Ctx<'_>,
     cd: &mut Coder<'_>,
+    input: Option<&[f32]>,
     work: &mut [f32],
     gather: bool,
 ) -> Result<()> {
     let (n, r, count) = (ctx.size, ctx.rank, work.len());
     if n == 1 {
+        if let Some(i) = input {
+            work.copy_from_slice(i);
+        }
         return Ok(());
     }
     let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
@@ -39,11 +55,14 @@ fn scatter_reduce(
         let s = |c: usize| slice(&chunks[c], nsl, j);
         // Scatter: every peer's slice, encoded once, to its owner.
         for &p in &peers {
-            cd.encode(work, s(p), &mut out[p])?;
+            cd.encode(input.unwrap_or(work), s(p), &mut out[p])?;
             land[p].resize(cd.len(&s(r)), 0);
         }
         swap(ctx, &peers, |p| &out[p], &mut land)?;
         // Own data exact, then the peers in rank order: the same arithmetic on every run.
+        if let Some(i) = input {
+            work[s(r)].copy_from_slice(&i[s(r)]);
+        }
         for &p in &peers {
             cd.decode(&land[p], work, s(r), true)?;
         }
