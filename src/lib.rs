@@ -50,6 +50,9 @@ pub mod reduce;
 pub mod transport;
 pub mod types;
 
+#[cfg(test)]
+mod test_alloc;
+
 pub use algo::Wire;
 pub use bootstrap::UniqueId;
 pub use codec::ef::TensorKey;

@@ -4,6 +4,14 @@
 //! most [`MAX_HELLO_LEN`] bytes, so a stranger cannot make it allocate more than that; a rank
 //! reads replies of at most [`MAX_REPLY_LEN`] bytes, and only as fast as they arrive.
 //!
+//! The decoders check every length field against its limit ([`MAX_HOST_ID_LEN`],
+//! [`MAX_CPU_MASK_LEN`], [`MAX_WORLD_SIZE`]) and against the bytes left in the body before
+//! they allocate, so a decoded message holds no more string bytes than its body, at most one
+//! table entry per 29 body bytes, and at most 8 CPU numbers per body byte (a CPU mask is a
+//! bit set; the decoded list holds one `usize` per set bit). A decoded hello therefore holds
+//! at most two 1 KiB strings and 8192 CPU numbers (64 KiB). The properties in `wire/props.rs`
+//! check this over random and mutated bytes.
+//!
 //! Hello (rank → root). The first 32 bytes are frozen across protocol versions, so that a root
 //! can name the rank and both versions when they differ:
 //!
@@ -228,9 +236,10 @@ fn cpus(rd: &mut Rd<'_>) -> Result<Vec<usize>> {
         ));
     }
     let mask = rd.take(len)?;
-    Ok((0..len * 8)
-        .filter(|&c| mask[c / 8] & (1 << (c % 8)) != 0)
-        .collect())
+    // One reservation of exactly the list's size: a usize per set bit.
+    let mut list = Vec::with_capacity(mask.iter().map(|b| b.count_ones() as usize).sum());
+    list.extend((0..len * 8).filter(|&c| mask[c / 8] & (1 << (c % 8)) != 0));
+    Ok(list)
 }
 
 /// Frame: length prefix then body.
@@ -430,6 +439,9 @@ pub(crate) fn frame_complete(buf: &[u8], max: usize) -> std::result::Result<Opti
     }
     Ok((buf.len() >= 4 + len).then_some(len))
 }
+
+#[cfg(test)]
+mod props;
 
 #[cfg(test)]
 mod tests {

@@ -54,12 +54,26 @@ fn exchange_names(sock: &mut TcpStream, name: &str) -> Result<(i32, String)> {
     msg.extend_from_slice(name.as_bytes());
     sock.write_all(&msg)
         .map_err(|e| Error::io("shared memory setup: sending the segment name", e))?;
+    read_name(sock)
+}
+
+/// Longest segment name a peer may send (NAME_MAX; ours are about 50 bytes).
+const MAX_NAME_LEN: usize = 255;
+
+/// Reads the peer's pid (u32) and segment name (u16 length, then the bytes). The length is
+/// checked against [`MAX_NAME_LEN`] before anything is reserved.
+fn read_name(sock: &mut impl Read) -> Result<(i32, String)> {
     let mut head = [0u8; 6];
     sock.read_exact(&mut head)
         .map_err(|e| Error::io("shared memory setup: reading the peer's segment name", e))?;
     let pid = u32::from_le_bytes(head[0..4].try_into().unwrap()) as i32;
     let len = u16::from_le_bytes(head[4..6].try_into().unwrap()) as usize;
-    let mut peer_name = vec![0u8; len.min(255)];
+    if len > MAX_NAME_LEN {
+        return Err(Error::InvalidUsage(format!(
+            "peer sent a segment name of {len} bytes, over the limit of {MAX_NAME_LEN}"
+        )));
+    }
+    let mut peer_name = vec![0u8; len];
     sock.read_exact(&mut peer_name)
         .map_err(|e| Error::io("shared memory setup: reading the peer's segment name", e))?;
     let peer_name = String::from_utf8(peer_name)
@@ -77,4 +91,64 @@ pub fn alive(pid: i32) -> bool {
         kill(nix::unistd::Pid::from_raw(pid), None),
         Err(Errno::ESRCH)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn message(pid: u32, name: &[u8]) -> Vec<u8> {
+        let mut m = pid.to_le_bytes().to_vec();
+        m.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        m.extend_from_slice(name);
+        m
+    }
+
+    #[test]
+    fn segment_names_are_bounded() {
+        let name = segment::new_name(7, "0-1");
+        assert_eq!(
+            read_name(&mut &message(42, name.as_bytes())[..]).unwrap(),
+            (42, name.clone())
+        );
+        // A length over the limit is refused before anything is reserved or read.
+        let mut m = message(42, name.as_bytes());
+        m[4..6].copy_from_slice(&u16::MAX.to_le_bytes());
+        let mut r = &m[..];
+        let e = read_name(&mut r).unwrap_err().to_string();
+        assert!(
+            e.contains("segment name of 65535 bytes, over the limit of 255"),
+            "{e}"
+        );
+        assert_eq!(r.len(), m.len() - 6);
+        // A name that is not one of ours.
+        let e = read_name(&mut &message(1, b"/etc/passwd")[..]).unwrap_err();
+        assert!(e.to_string().contains("malformed segment name"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Random or mutated messages: an error or a name of ours within the limit, never a
+        /// panic.
+        #[test]
+        fn read_name_never_panics(
+            bytes in proptest::collection::vec(any::<u8>(), 0..400),
+            at in any::<usize>(),
+            v in any::<u8>(),
+            cut in any::<usize>(),
+        ) {
+            let mut valid = message(9, segment::new_name(3, "1-0").as_bytes());
+            let n = valid.len();
+            valid[at % n] = v;
+            valid.truncate(cut % (n + 1));
+            for m in [&bytes, &valid] {
+                if let Ok((_, name)) = read_name(&mut &m[..]) {
+                    prop_assert!(name.len() <= MAX_NAME_LEN);
+                    prop_assert!(segment::checked_name(&name).is_some());
+                }
+            }
+        }
+    }
 }

@@ -68,6 +68,22 @@ pub fn accept(
     stream
         .read_exact(&mut b)
         .map_err(|e| format!("no complete hello: {e}"))?;
+    let (rank, sock) = check(&b, secret, comm_id, size)?;
+    let mut ack = [0u8; 8];
+    ack[0..4].copy_from_slice(&ACK_MAGIC.to_le_bytes());
+    stream
+        .write_all(&ack)
+        .map_err(|e| format!("sending ack: {e}"))?;
+    Ok((rank, sock))
+}
+
+/// Decodes and checks a hello: the caller's rank and socket index, or why it is refused.
+fn check(
+    b: &[u8; HELLO_LEN],
+    secret: &[u8; 16],
+    comm_id: u64,
+    size: usize,
+) -> std::result::Result<(usize, usize), String> {
     if u32::from_le_bytes(b[0..4].try_into().unwrap()) != HELLO_MAGIC {
         return Err("not a qccl hello".into());
     }
@@ -87,10 +103,91 @@ pub fn accept(
     if rank >= size {
         return Err(format!("rank {rank} out of range"));
     }
-    let mut ack = [0u8; 8];
-    ack[0..4].copy_from_slice(&ACK_MAGIC.to_le_bytes());
-    stream
-        .write_all(&ack)
-        .map_err(|e| format!("sending ack: {e}"))?;
     Ok((rank, sock))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hello() -> impl Strategy<Value = Hello> {
+        (any::<[u8; 16]>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
+            |(secret, comm_id, rank, sock)| Hello {
+                secret,
+                comm_id,
+                rank,
+                sock,
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Random bytes: refused, or accepted only with our magic, version, secret and comm
+        /// id and a rank in range.
+        #[test]
+        fn random_hellos_never_panic(
+            b in any::<[u8; HELLO_LEN]>(),
+            secret in any::<[u8; 16]>(),
+            comm_id in any::<u64>(),
+            size in 0usize..1 << 20,
+            pick in any::<u32>(),
+        ) {
+            let (r, asked) =
+                crate::test_alloc::requested(|| check(&b, &secret, comm_id, size));
+            prop_assert!(asked <= 1024, "{asked} bytes requested");
+            if let Ok((rank, _)) = r {
+                prop_assert!(rank < size);
+                prop_assert_eq!(&b[8..24], &secret[..]);
+            }
+            // The same bytes with a valid head, then with our secret and comm id too, so the
+            // later checks run: the rank decides.
+            let mut b = b;
+            b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+            b[4..8].copy_from_slice(&crate::bootstrap::PROTOCOL_VERSION.to_le_bytes());
+            prop_assert!(check(&b, &secret, comm_id, size).is_err());
+            b[8..24].copy_from_slice(&secret);
+            b[24..32].copy_from_slice(&comm_id.to_le_bytes());
+            // A rank in range about half the time.
+            b[32..36].copy_from_slice(&(pick % (2 * size as u32 + 1)).to_le_bytes());
+            let rank = u32::from_le_bytes(b[32..36].try_into().unwrap()) as usize;
+            let sock = u32::from_le_bytes(b[36..40].try_into().unwrap()) as usize;
+            let r = check(&b, &secret, comm_id, size);
+            prop_assert_eq!(r.is_ok(), rank < size);
+            if let Ok(got) = r {
+                prop_assert_eq!(got, (rank, sock));
+            }
+        }
+
+        /// A valid hello round-trips; changing any byte of magic, version, secret or comm id
+        /// refuses it, and a changed rank is accepted only in range.
+        #[test]
+        fn hellos_round_trip_and_mutations_are_refused(
+            h in hello(),
+            extra in 0usize..1000,
+            at in 0..HELLO_LEN,
+            flip in 1..=255u8,
+        ) {
+            let size = h.rank as usize + 1 + extra;
+            let b = h.encode();
+            prop_assert_eq!(
+                check(&b, &h.secret, h.comm_id, size),
+                Ok((h.rank as usize, h.sock as usize))
+            );
+            prop_assert!(check(&b, &h.secret, h.comm_id, h.rank as usize).is_err());
+            let mut m = b;
+            m[at] ^= flip;
+            let r = check(&m, &h.secret, h.comm_id, size);
+            match at {
+                0..32 => prop_assert!(r.is_err(), "byte {} changed: {:?}", at, r),
+                32..36 => {
+                    let rank = u32::from_le_bytes(m[32..36].try_into().unwrap()) as usize;
+                    prop_assert_eq!(r.is_ok(), rank < size);
+                }
+                _ => prop_assert_eq!(r.map(|(_, s)| s as u32).ok(), Some(u32::from_le_bytes(m[36..40].try_into().unwrap()))),
+            }
+        }
+    }
 }

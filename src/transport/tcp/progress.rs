@@ -17,7 +17,10 @@ const MIN_SPLIT: usize = 64 * 1024;
 /// Byte ranges of a `len`-byte payload on each of `nsocks` sockets.
 pub fn split(len: usize, nsocks: usize) -> Vec<(usize, usize)> {
     let k = if len < MIN_SPLIT { 1 } else { nsocks };
-    (0..k).map(|i| (len * i / k, len * (i + 1) / k)).collect()
+    // In u128: `len` may come from a peer's frame header (any u64), and len * k must not
+    // overflow.
+    let at = |i: usize| (len as u128 * i as u128 / k as u128) as usize;
+    (0..k).map(|i| (at(i), at(i + 1))).collect()
 }
 
 /// Shared-memory frames are padded to 8 bytes, so every frame starts 8-aligned in the ring
@@ -595,5 +598,27 @@ mod tests {
     #[test]
     fn the_abort_reason_is_found_behind_a_frame_split_over_two_sockets() {
         abort_queued_behind(2, 100 << 10);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Any length splits without overflow into ranges that tile it: a peer's header may
+        /// announce any u64, and the abort path splits it before the length is checked.
+        #[test]
+        fn split_tiles_any_length(
+            len in proptest::prop_oneof![proptest::prelude::any::<u64>(), 0..1u64 << 20],
+            nsocks in 1usize..16,
+        ) {
+            let len = len as usize;
+            let parts = split(len, nsocks);
+            proptest::prop_assert!(!parts.is_empty() && parts.len() <= nsocks);
+            proptest::prop_assert_eq!(parts[0].0, 0);
+            proptest::prop_assert_eq!(parts[parts.len() - 1].1, len);
+            for w in parts.windows(2) {
+                proptest::prop_assert_eq!(w[0].1, w[1].0);
+            }
+            proptest::prop_assert!(parts.iter().all(|(a, b)| a <= b));
+        }
     }
 }
