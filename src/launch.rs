@@ -21,9 +21,9 @@
 //! arguments given to [`Launch::args`], stdin closed, stdout and stderr shared with this
 //! process (by convention only rank 0 prints the report), and this process's environment plus
 //! QCCL_RANK, QCCL_WORLD_SIZE, QCCL_LOCAL_RANK (all = the rank), QCCL_COMM_ID
-//! (127.0.0.1 and a free port: rank 0 hosts the rendezvous there) and QCCL_SECRET (random,
-//! one per job). Everything else is inherited unchanged, QCCL_HOSTID included: all ranks of
-//! one launch claim the same host.
+//! (127.0.0.1 and a free port, held by a [`ReservedPort`] for the whole job: rank 0 hosts the
+//! rendezvous there) and QCCL_SECRET (random, one per job). Everything else is inherited
+//! unchanged, QCCL_HOSTID included: all ranks of one launch claim the same host.
 //!
 //! Binding, as `mpirun`'s default when the ranks fit the CPUs this process may run on: rank r
 //! is bound to the r-th of them ([`Bind::Core`]). Unlike mpirun, ranks that outnumber the CPUs
@@ -43,7 +43,7 @@ use crate::{Error, Result};
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 use std::ffi::OsString;
-use std::net::TcpListener;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -141,10 +141,10 @@ impl Launch {
         }
         let exe = std::env::current_exe()
             .map_err(|e| Error::io("cannot find this program's executable", e))?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| Error::io("cannot find a free port on 127.0.0.1", e))?
-            .port();
+        // Held until the job ends: no other process can take the port before rank 0 binds it.
+        let reserved = ReservedPort::loopback()
+            .map_err(|e| Error::io("cannot reserve a free port on 127.0.0.1", e))?;
+        let port = reserved.port();
         let secret = format!("{:032x}", rand::random::<u128>());
         let argv0 = std::env::args_os().next();
         let allowed = allowed_cpus()?;
@@ -224,6 +224,47 @@ impl Launch {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+/// A TCP port on 127.0.0.1 that the kernel hands to no one else while this value lives, but
+/// that a process may still bind and listen on explicitly with SO_REUSEADDR, as Rust's
+/// `TcpListener::bind` (and so qccl's rendezvous root) does.
+///
+/// It holds a socket bound to the port with SO_REUSEADDR that never listens. Linux (4.6 and
+/// later) then picks the port neither for a `bind` to port 0 nor for an outgoing
+/// connection's local end, while an explicit SO_REUSEADDR `bind` + `listen` succeeds (only
+/// one such listener at a time). Binding port 0 and closing the socket to "find a free port"
+/// instead leaves a window in which another process, or any outgoing connection, may take
+/// the port before the rank binds it.
+#[derive(Debug)]
+pub struct ReservedPort {
+    _sock: OwnedFd,
+    port: u16,
+}
+
+impl ReservedPort {
+    /// Reserves a free port on 127.0.0.1 (the socket is close-on-exec: ranks do not inherit it).
+    pub fn loopback() -> std::io::Result<ReservedPort> {
+        use nix::sys::socket::{
+            bind, getsockname, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType,
+            SockaddrIn,
+        };
+        let sock = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        setsockopt(&sock, sockopt::ReuseAddr, &true)?;
+        bind(sock.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0))?;
+        let port = getsockname::<SockaddrIn>(sock.as_raw_fd())?.port();
+        Ok(ReservedPort { _sock: sock, port })
+    }
+
+    /// The reserved port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 }
 
@@ -343,5 +384,34 @@ mod tests {
             e.contains("'socket'") && e.contains("auto, core, none"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_reserved_port_is_bound_explicitly_but_never_handed_out() {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        let held = ReservedPort::loopback().unwrap();
+        let port = held.port();
+        assert_ne!(port, 0);
+        // Ports the kernel picks while the reservation lives (port-0 binds, a connection's
+        // local end): never this one. (Also run in a network namespace whose ephemeral range
+        // was narrowed to 71 ports, so that these binds take nearly all of them.)
+        let others: Vec<TcpListener> = (0..64)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        assert!(others
+            .iter()
+            .all(|l| l.local_addr().unwrap().port() != port));
+        assert!((0..8).all(|_| ReservedPort::loopback().unwrap().port() != port));
+        // The rank that binds it explicitly listens there, and only one can.
+        let root = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let e = TcpListener::bind(("127.0.0.1", port)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        assert_ne!(c.local_addr().unwrap().port(), port);
+        c.write_all(b"hi").unwrap();
+        let mut got = [0u8; 2];
+        root.accept().unwrap().0.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hi");
     }
 }

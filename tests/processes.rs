@@ -7,6 +7,7 @@
 mod common;
 
 use common::suite::{cases, run_all, run_case, run_huge, Case};
+use qccl::launch::ReservedPort;
 use qccl::{Algo, Comm, DType, ReduceOp};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -215,19 +216,19 @@ fn child_command(scenario: &str) -> Command {
     cmd
 }
 
+/// One job's ranks, rendezvousing at 127.0.0.1:`port`.
 struct Job {
-    port: u16,
+    /// Held for the job's life: rank 0 binds the port, but no other process or connection
+    /// gets it from the kernel in the meantime (picking a free port and releasing it let
+    /// another process take it under load: "Address already in use").
+    port: ReservedPort,
     secret: String,
     size: usize,
 }
 
 impl Job {
     fn new(size: usize) -> Job {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = ReservedPort::loopback().expect("reserving a port");
         let secret = format!(
             "{:016x}{:016x}",
             rand::random::<u64>(),
@@ -240,7 +241,7 @@ impl Job {
         let mut cmd = child_command(scenario);
         cmd.env("QCCL_RANK", rank.to_string())
             .env("QCCL_WORLD_SIZE", self.size.to_string())
-            .env("QCCL_COMM_ID", format!("127.0.0.1:{}", self.port))
+            .env("QCCL_COMM_ID", format!("127.0.0.1:{}", self.port.port()))
             .env("QCCL_SECRET", &self.secret);
         for (k, v) in env {
             cmd.env(k, v);
@@ -655,6 +656,9 @@ fn a_late_joiner_past_the_init_deadline_fails_everyone_clearly() {
 #[test]
 fn torchrun_variables_are_enough_to_join() {
     let job = Job::new(2);
+    // qccl rendezvouses on MASTER_PORT + 1 (torchrun's store has MASTER_PORT): the job's
+    // reserved port. Nothing listens on MASTER_PORT here.
+    let master_port = job.port.port() - 1;
     let children: Vec<Child> = (0..2)
         .map(|r| {
             let mut cmd = child_command("allreduce");
@@ -662,7 +666,7 @@ fn torchrun_variables_are_enough_to_join() {
                 .env("LOCAL_RANK", r.to_string())
                 .env("WORLD_SIZE", "2")
                 .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", job.port.to_string())
+                .env("MASTER_PORT", master_port.to_string())
                 .env_remove("QCCL_RANK")
                 .env_remove("QCCL_COMM_ID");
             cmd.spawn().unwrap()

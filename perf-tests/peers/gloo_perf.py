@@ -40,10 +40,17 @@ def parse_size(s):
     return int(float(s))
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_port():
+    """A port on 127.0.0.1 and the socket that holds it: bound with SO_REUSEADDR, never
+    listening. While it is open the kernel hands the port to no other bind to port 0 and no
+    outgoing connection, yet a server that binds it explicitly with SO_REUSEADDR
+    (as torch's TCPStore does) can listen on it. (Binding port 0 and closing the socket to find a
+    free port let another process take the port before the server bound it.) Close it once
+    the server is done."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
 
 
 def val(r, idx):
@@ -230,11 +237,14 @@ def main():
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    port = free_port()
+    hold, port = reserve_port()
     os.environ["MASTER_PORT"] = str(port)
 
     import torch.multiprocessing as mp
-    mp.spawn(worker, args=(args, f"127.0.0.1:{port}"), nprocs=args.np, join=True)
+    try:
+        mp.spawn(worker, args=(args, f"127.0.0.1:{port}"), nprocs=args.np, join=True)
+    finally:
+        hold.close()
     return 0
 
 

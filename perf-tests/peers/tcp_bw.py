@@ -25,14 +25,21 @@ import sys
 import time
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_port():
+    """A port on 127.0.0.1 and the socket that holds it: bound with SO_REUSEADDR, never
+    listening. While it is open the kernel hands the port to no other bind to port 0 and no
+    outgoing connection, yet a server that binds it explicitly with SO_REUSEADDR
+    (as iperf3 does) can listen on it. (Binding port 0 and closing the socket to find a
+    free port let another process take the port before the server bound it.) Close it once
+    the server is done."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
 
 
 def run_iperf3(streams, secs, blk):
-    port = free_port()
+    hold, port = reserve_port()
     srv = subprocess.Popen(["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -54,6 +61,7 @@ def run_iperf3(streams, secs, blk):
         except subprocess.TimeoutExpired:
             srv.kill()
             srv.wait()
+        hold.close()
 
 
 def _recv(port_q, res_q, blk):

@@ -11,19 +11,24 @@
 
 #define NR 3
 
-static int free_port(void) {
+/* A port on 127.0.0.1, held by *hold (bound with SO_REUSEADDR, never listening) until the
+ * job ends: the kernel then hands it to no other bind to port 0 and no outgoing connection,
+ * while rank 0 still binds it explicitly (SO_REUSEADDR, as Rust's TcpListener) and listens.
+ * Closing the socket right away let another process take the port first. */
+static int reserve_port(int* hold) {
     int s = socket(AF_INET, SOCK_STREAM, 0);
+    int on = 1;
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof a;
-    if (s < 0 || bind(s, (struct sockaddr*)&a, sizeof a) != 0 ||
+    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+        bind(s, (struct sockaddr*)&a, sizeof a) != 0 ||
         getsockname(s, (struct sockaddr*)&a, &len) != 0)
-        FAIL("could not find a free port");
-    int port = ntohs(a.sin_port);
-    close(s);
-    return port;
+        FAIL("could not reserve a free port");
+    *hold = s;
+    return ntohs(a.sin_port);
 }
 
 static double now(void) {
@@ -92,12 +97,14 @@ static int child(int rank) {
 
 int main(void) {
     char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
+    int hold = -1;
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", reserve_port(&hold));
     pid_t pids[NR];
     for (int r = 0; r < NR; r++) {
         pid_t pid = fork();
         if (pid < 0) FAIL("fork");
         if (pid == 0) {
+            close(hold); /* the parent holds the port for the whole job */
             char rank[16], size[16];
             snprintf(rank, sizeof rank, "%d", r);
             snprintf(size, sizeof size, "%d", NR);
@@ -122,6 +129,7 @@ int main(void) {
             failed = 1;
         }
     }
+    close(hold);
     printf("init from env + abort on %d processes: %s\n", NR, failed ? "FAILED" : "ok");
     return failed;
 }
