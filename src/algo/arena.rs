@@ -179,7 +179,7 @@ fn run(
     } else {
         |d, s| d.copy_from_slice(s)
     };
-    let base = arena.next_round();
+    let base = arena.begin(rounds);
     let mut waiter = Waiter::new(arena.link_config());
     let (mut staged, mut reduced, mut copied) = (0, 0, 0);
     let mut have = vec![false; n]; // owners whose result of round `copied` is copied out
