@@ -71,6 +71,12 @@ qcclResult_t qcclCommInitAll(qcclComm_t* comms, int ndev, const int* devlist);
 qcclResult_t qcclCommInitFromEnv(qcclComm_t* comm);
 /* Collective: same color -> same new comm, ranked by key; QCCL_SPLIT_NOCOLOR -> *newcomm NULL. */
 qcclResult_t qcclCommSplit(qcclComm_t comm, int color, int key, qcclComm_t* newcomm);
+/* Survivors of a failure make a new comm (ncclCommShrink, MPIX_Comm_shrink): every rank but
+ * excludeRanks calls it with the same list, on the comm that returned the error, before
+ * destroying it; excludeRanks NULL (excludeCount 0): agree on the ranks that are gone. New
+ * rank = old rank minus the excluded ranks below it. comm is aborted; destroy it after. */
+qcclResult_t qcclCommShrink(qcclComm_t comm, const int* excludeRanks, int excludeCount,
+                            qcclComm_t* newcomm);
 /* Frees comm after its queued operations (NULL: no-op). Later use -> qcclInvalidUsage. */
 qcclResult_t qcclCommDestroy(qcclComm_t comm);
 /* Fails running and queued operations, tells the peers (within ~1 s), then frees comm. */

@@ -57,6 +57,7 @@ pub struct Launch {
     timeout: Option<Duration>,
     finished: Vec<i32>,
     bind: Bind,
+    lost_allowed: usize,
 }
 
 /// Where the ranks may run (`mpirun --bind-to`).
@@ -96,7 +97,19 @@ impl Launch {
             timeout: None,
             finished: Vec::new(),
             bind: Bind::Auto,
+            lost_allowed: 0,
         }
+    }
+
+    /// Up to `n` ranks may fail (a non-zero exit or a signal) without ending the job: the
+    /// others run on, as survivors that shrink their comm ([`Comm::shrink_failed`]) do
+    /// (Open MPI's `mpirun --with-ft ulfm`). Each loss is reported on stderr; one more fails
+    /// the job as usual.
+    ///
+    /// [`Comm::shrink_failed`]: crate::Comm::shrink_failed
+    pub fn allow_lost_ranks(mut self, n: usize) -> Launch {
+        self.lost_allowed = n;
+        self
     }
 
     /// Where the ranks run ([`Bind::Auto`] unless set).
@@ -182,7 +195,7 @@ impl Launch {
             }
         }
         drop(restore);
-        let mut code = 0;
+        let (mut code, mut lost) = (0, 0);
         loop {
             let mut i = 0;
             while i < kids.0.len() {
@@ -194,6 +207,16 @@ impl Launch {
                     }
                     Ok(Some(s)) if s.code().is_some_and(|c| self.finished.contains(&c)) => {
                         code = code.max(s.code().unwrap_or(0));
+                        kids.0.remove(i);
+                    }
+                    Ok(Some(s)) if lost < self.lost_allowed => {
+                        lost += 1;
+                        eprintln!(
+                            "launch: rank {r} (pid {}) ended: {}; the others go on ({} more may be lost)",
+                            child.id(),
+                            describe(s),
+                            self.lost_allowed - lost
+                        );
                         kids.0.remove(i);
                     }
                     Ok(Some(s)) => {

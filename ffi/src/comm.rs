@@ -189,6 +189,58 @@ pub unsafe extern "C" fn qcclCommSplit(
     })
 }
 
+/// The survivors' comm (NCCL's `ncclCommShrink`, MPI ULFM's `MPIX_Comm_shrink`): every rank
+/// but `excludeRanks[0..excludeCount]` calls it with the same list, on the comm that failed,
+/// before aborting or destroying it; `excludeRanks` NULL: the survivors agree on which ranks
+/// are gone. A survivor's new rank is its old rank minus the excluded ranks below it. `comm`
+/// is aborted first; destroy it afterwards.
+///
+/// # Safety
+/// `excludeRanks` is NULL or holds `excludeCount` ints; `newcomm` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn qcclCommShrink(
+    comm: qcclComm_t,
+    exclude_ranks: *const c_int,
+    exclude_count: c_int,
+    newcomm: *mut qcclComm_t,
+) -> qcclResult_t {
+    guard("qcclCommShrink", comm, || {
+        out("newcomm", newcomm)?;
+        // SAFETY: non-null and valid for a write by the caller's contract.
+        unsafe { newcomm.write(null_mut()) };
+        let h = handle::comm(comm)?;
+        let count = usize::try_from(exclude_count)
+            .map_err(|_| Error::invalid(format!("excludeCount is {exclude_count}, below 0")))?;
+        if in_group() {
+            return Err(Error::Unsupported(
+                "qcclCommShrink between qcclGroupStart and qcclGroupEnd is not supported".into(),
+            ));
+        }
+        let child = if exclude_ranks.is_null() {
+            if count > 0 {
+                return Err(Error::invalid(format!(
+                    "excludeRanks is NULL but excludeCount is {count}"
+                )));
+            }
+            h.comm.shrink_failed()?
+        } else {
+            // SAFETY: non-null, holding `count` ints by the caller's contract.
+            let ranks = unsafe { std::slice::from_raw_parts(exclude_ranks, count) };
+            let ranks = ranks
+                .iter()
+                .map(|&r| {
+                    usize::try_from(r)
+                        .map_err(|_| Error::invalid(format!("excludeRanks holds rank {r}")))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            h.comm.shrink(&ranks)?
+        };
+        // SAFETY: as above. A shrunk comm gets a fusion plan only through qcclCommSetPlan.
+        unsafe { newcomm.write(handle::register(child, None)) };
+        Ok(())
+    })
+}
+
 /// Frees `comm` after its queued operations finished; NULL is a no-op. Later calls with the
 /// handle return qcclInvalidUsage.
 #[no_mangle]

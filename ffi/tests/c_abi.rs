@@ -133,6 +133,7 @@ fn setup() -> &'static Setup {
             "init_env",
             "hier",
             "plan",
+            "shrink",
         ] {
             let src = root().join(format!("tests/c/{name}.c"));
             compile(&cc, "-std=c11", &src, &bin.join(name), &dynamic);
@@ -238,6 +239,19 @@ fn c_group_drives_4_comms_from_one_thread() {
         return;
     }
     assert!(run("group_threads", &[]).contains("4 comms on one thread: ok"));
+}
+
+#[test]
+fn c_survivors_shrink_after_a_rank_is_killed() {
+    if skip() {
+        return;
+    }
+    let out = run("shrink", &[]);
+    assert!(out.contains("shrink on 4 processes: ok"), "{out}");
+    // Every survivor's failure names the killed rank (directly, or through an aborted peer).
+    let failed: Vec<&str> = out.lines().filter(|l| l.contains("failed (")).collect();
+    assert_eq!(failed.len(), 3, "{out}");
+    assert!(failed.iter().all(|l| l.contains("rank 2")), "{out}");
 }
 
 #[test]

@@ -7,6 +7,7 @@ mod hitopk;
 mod pipeline;
 mod queue;
 mod route;
+mod shrink;
 mod split;
 
 pub use compress::{Compression, PreparedAllReduce, Report};
@@ -76,6 +77,12 @@ pub struct Comm {
     /// Layers kept uncompressed (from the config; qcclCommExcludeLayers changes it).
     filter: std::sync::Mutex<crate::codec::plan::Filter>,
     transport: &'static str,
+    /// Over TCP: the transport's listener, held open (a second descriptor of the same
+    /// socket) for the comm's whole life, so that after a failure the survivors can still
+    /// reach each other at the addresses they know, to shrink (`shrink.rs`).
+    rescue: Option<TcpListener>,
+    /// After `shrink`: the thread answering latecomers' joins, for the comm's life.
+    shrinker: std::sync::Mutex<Option<shrink::Server>>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -260,6 +267,13 @@ impl Comm {
         let abort = Arc::new(AtomicBool::new(false));
         let link = link_config(rank, size, &place, &config, abort.clone());
         let mut over_sockets = false;
+        let rescue = match &listener {
+            Some(l) => Some(
+                l.try_clone()
+                    .map_err(|e| Error::io("duplicating the listener", e))?,
+            ),
+            None => None,
+        };
         let transport: Box<dyn Transport> = match (&fabric, listener) {
             (Fabric::Tcp { peers, .. }, Some(l)) => {
                 let shm_peers: Vec<bool> = (0..size)
@@ -344,6 +358,8 @@ impl Comm {
             default_layout: Default::default(),
             filter: std::sync::Mutex::new(filter),
             transport: transport_name,
+            rescue,
+            shrinker: Default::default(),
         })
     }
 

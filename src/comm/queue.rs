@@ -141,17 +141,21 @@ impl Queue {
 
     /// Aborts: running and later operations fail; peers are told. Returns within ~1 s.
     pub fn abort(&self) {
+        self.abort_because("abort() was called on this comm", "called abort()");
+    }
+
+    /// Aborts with `why` as this comm's error (if it had none) and `told` as what the peers
+    /// hear ("rank r <told>").
+    pub fn abort_because(&self, why: &str, told: &str) {
         self.abort.store(true, Ordering::SeqCst);
         self.lock_turns()
             .failed
-            .get_or_insert_with(|| Error::Aborted("abort() was called on this comm".into()));
+            .get_or_insert_with(|| Error::Aborted(why.into()));
         // The running operation sees the flag within 100 ms and releases the engine.
         let deadline = Instant::now() + Duration::from_millis(900);
         loop {
             if let Ok(mut engine) = self.engine.try_lock() {
-                engine
-                    .t
-                    .abort(&format!("rank {} called abort()", self.rank));
+                engine.t.abort(&format!("rank {} {told}", self.rank));
                 break;
             }
             if Instant::now() >= deadline {

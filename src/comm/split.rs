@@ -78,7 +78,8 @@ impl Comm {
                 (c == color).then_some((k, r, a))
             })
             .collect();
-        self.child(seq, color, members, listener, config).map(Some)
+        self.child(self.child_id(seq, color), members, listener, config)
+            .map(Some)
     }
 
     /// A split whose color and key of every rank this rank can compute itself
@@ -102,15 +103,26 @@ impl Comm {
                 (c == color).then_some((k, r, unspecified))
             })
             .collect();
-        self.child(seq, color, members, None, self.level_config())
+        self.child(
+            self.child_id(seq, color),
+            members,
+            None,
+            self.level_config(),
+        )
     }
 
-    /// The comm of `members` (key, parent rank, listen address), the `seq`-th split of this
-    /// comm, for `color`.
-    fn child(
+    /// The id of the `seq`-th split of this comm, for `color` (the same on every member).
+    fn child_id(&self, seq: u64, color: i32) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        (self.comm_id, seq, color).hash(&mut h);
+        h.finish()
+    }
+
+    /// The comm `child_id` of `members` (key, parent rank, listen address), ranked by key
+    /// then parent rank: a split's, or the survivors' of a shrink.
+    pub(super) fn child(
         &self,
-        seq: u64,
-        color: i32,
+        child_id: u64,
         mut members: Vec<(i32, usize, SocketAddr)>,
         listener: Option<TcpListener>,
         config: crate::Config,
@@ -120,9 +132,6 @@ impl Comm {
             .iter()
             .position(|&(_, r, _)| r == self.rank)
             .ok_or_else(|| Error::Internal("split: this rank missing from its own color".into()))?;
-        let mut h = std::hash::DefaultHasher::new();
-        (self.comm_id, seq, color).hash(&mut h);
-        let child_id = h.finish();
         let place = Placement {
             host_ids: members
                 .iter()

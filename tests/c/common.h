@@ -3,6 +3,7 @@
 #define QCCL_TEST_COMMON_H_
 
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,8 +182,10 @@ static inline int write_all(int fd, const void* buf, size_t n) {
 
 /* Forks `nranks` processes running body(rank, nranks, id): rank 0 makes the unique id
  * (hosting the rendezvous root) and sends it to the others through a pipe, as an
- * application would over its own channel. Returns 0 when every rank exited 0. */
-static inline int run_ranks(int nranks, int (*body)(int rank, int nranks, qcclUniqueId id)) {
+ * application would over its own channel. Returns 0 when every rank exited 0, but rank
+ * `killed` (if >= 0), which must have been killed by SIGKILL. */
+static inline int run_ranks_killing(int nranks, int (*body)(int rank, int nranks, qcclUniqueId id),
+                                    int killed) {
     int fds[2];
     if (pipe(fds) != 0) FAIL("pipe failed");
     pid_t* pids = (pid_t*)xmalloc(sizeof(pid_t) * (size_t)nranks);
@@ -216,7 +219,12 @@ static inline int run_ranks(int nranks, int (*body)(int rank, int nranks, qcclUn
     for (int r = 0; r < nranks; r++) {
         int status = 0;
         if (waitpid(pids[r], &status, 0) < 0) FAIL("waitpid failed");
-        if (WIFSIGNALED(status)) {
+        if (r == killed) {
+            if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
+                fprintf(stderr, "rank %d was to be killed, status %d\n", r, status);
+                failed = 1;
+            }
+        } else if (WIFSIGNALED(status)) {
             fprintf(stderr, "rank %d killed by signal %d\n", r, WTERMSIG(status));
             failed = 1;
         } else if (WEXITSTATUS(status) != 0) {
@@ -226,6 +234,11 @@ static inline int run_ranks(int nranks, int (*body)(int rank, int nranks, qcclUn
     }
     free(pids);
     return failed;
+}
+
+/* run_ranks_killing with no rank killed. */
+static inline int run_ranks(int nranks, int (*body)(int rank, int nranks, qcclUniqueId id)) {
+    return run_ranks_killing(nranks, body, -1);
 }
 
 #endif /* QCCL_TEST_COMMON_H_ */

@@ -212,6 +212,12 @@ static void argument_errors(qcclComm_t* pair) {
     ERR(qcclTest(NULL, &done), qcclInvalidArgument, NULL, "request is NULL");
     ERR(qcclTest((qcclRequest_t)&done, &done), qcclInvalidUsage, NULL, "not live");
 
+    /* Shrink: comms of threads cannot lose a rank; refused before anything moves. */
+    qcclComm_t shrunk = (qcclComm_t)&shrunk;
+    ERR(qcclCommShrink(c2, NULL, 0, &shrunk), qcclUnsupported, c2, "comms of threads");
+    if (shrunk != NULL) FAIL("a failed qcclCommShrink left *newcomm set");
+    ERR(qcclCommShrink(c2, NULL, 0, NULL), qcclInvalidArgument, c2, "newcomm is NULL");
+
     /* Groups (no good call inside the open group: it would join it). */
     ERR(qcclGroupEnd(), qcclInvalidUsage, NULL, "without a matching qcclGroupStart");
     g_pair = NULL;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod coded;
+pub mod job;
 pub mod suite;
 pub mod threads;
 pub mod topk;

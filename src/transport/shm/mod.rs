@@ -83,19 +83,47 @@ fn read_name(sock: &mut impl Read) -> Result<(i32, String)> {
     Ok((pid, peer_name))
 }
 
-/// False once process `pid` no longer exists.
+/// False once process `pid` no longer runs: gone, or a zombie (dead, not yet reaped by its
+/// parent: a launcher that waits for its children one by one leaves a killed rank so until
+/// its turn, and the peers would wait out their timeout on it).
 pub fn alive(pid: i32) -> bool {
     use nix::errno::Errno;
     use nix::sys::signal::kill;
-    !matches!(
+    if matches!(
         kill(nix::unistd::Pid::from_raw(pid), None),
         Err(Errno::ESRCH)
-    )
+    ) {
+        return false;
+    }
+    // /proc/<pid>/stat: "pid (comm) S ...", the state after the last ')' (comm may hold one).
+    // Unreadable (another pid namespace, no /proc): assume it runs, as before.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let state = s[s.rfind(')')? + 1..].trim_start().chars().next()?;
+            Some(!matches!(state, 'Z' | 'X' | 'x'))
+        })
+        .unwrap_or(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        // Not reaped yet: a zombie once it exited.
+        let start = std::time::Instant::now();
+        while alive(pid) && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!alive(pid), "an exited, unreaped child counts as alive");
+        child.wait().unwrap();
+        assert!(!alive(pid));
+        assert!(alive(std::process::id() as i32));
+    }
     use proptest::prelude::*;
 
     fn message(pid: u32, name: &[u8]) -> Vec<u8> {
