@@ -400,8 +400,8 @@ fn ask(
             std::thread::sleep(Duration::from_millis(50).min(left));
             continue;
         }
-        // It holds the join: the leader decides by its own deadline, which may be up to a
-        // timeout later than ours (it may have entered its shrink later).
+        // It holds the join: the leader decides by its own deadline, which may be later than
+        // ours by as much as it entered its shrink later.
         let wait = deadline.saturating_duration_since(Instant::now()) + hold_wait;
         let _ = s.set_read_timeout(Some(wait));
         return match Answer::read(&mut s, size) {
@@ -421,7 +421,7 @@ impl Comm {
     /// first (a peer still inside a collective fails at once), so call it on the comm that
     /// failed, then drop that one. A survivor's new rank is its old rank minus the excluded
     /// ranks below it. Every survivor ends with the same new comm, or every survivor gets an
-    /// error (within `QCCL_TIMEOUT_MS` and the new comm's first barrier). Comms of processes
+    /// error (within twice `QCCL_TIMEOUT_MS`, and the new comm's first barrier). Comms of processes
     /// (TCP, shared memory) only.
     pub fn shrink(&self, exclude: &[usize]) -> Result<Comm> {
         let mut list = exclude.to_vec();
@@ -449,7 +449,8 @@ impl Comm {
     /// Makes a comm of this comm's surviving ranks (MPI ULFM's `MPIX_Comm_shrink`): every
     /// survivor calls it, typically after a collective returned an error; the survivors
     /// agree on which ranks are gone (a rank whose process refuses connections, or that has
-    /// not joined within `QCCL_TIMEOUT_MS`). Otherwise as [`Comm::shrink`].
+    /// not joined within twice `QCCL_TIMEOUT_MS`: a survivor still waiting on the lost rank
+    /// needs up to one timeout to notice). Otherwise as [`Comm::shrink`].
     pub fn shrink_failed(&self) -> Result<Comm> {
         self.shrink_as(Leaving::Failed)
     }
@@ -485,7 +486,10 @@ impl Comm {
                 .local_addr()
                 .map_err(|e| Error::io("shrink: reading the listener's address", e))?,
         };
-        let deadline = Instant::now() + self.config.timeout;
+        // A survivor notices the failure within its timeout (a rank waiting for a lazy
+        // connection from a dead peer hears from no one and waits out the whole of it), so
+        // ranks are waited for twice that.
+        let deadline = Instant::now() + 2 * self.config.timeout;
         let outcome = self.agree(&join, peers, server, &held, deadline);
         server.set(Phase::Done(match &outcome {
             Ok((_, members)) => members.iter().map(|&(r, _)| r).collect(),
@@ -556,12 +560,19 @@ impl Comm {
                 Asked::Final(_) => unreachable!("ask returns only tables and refusals"),
                 Asked::AskRank(l) => next = l,
                 Asked::Gone => {
+                    crate::qlog!(
+                        Warn,
+                        "rank {}: shrink: rank {next} ({}) refuses connections or did not answer \
+                         in time: gone",
+                        self.rank,
+                        peers[next]
+                    );
                     if let Leaving::Given(_) = join.leaving {
                         return Err(Error::Remote {
                             rank: next,
                             addr: peers[next].to_string(),
                             msg: "shrink: the leader (the lowest rank not excluded) is gone or \
-                                  did not answer within the timeout: exclude it too"
+                                  did not answer within twice the timeout: exclude it too"
                                 .into(),
                         });
                     }
@@ -638,14 +649,14 @@ impl Comm {
                 if let Leaving::Given(_) = join.leaving {
                     let why = format!(
                         "ranks {waiting:?} did not join the shrink within {} ms",
-                        self.config.timeout.as_millis()
+                        2 * self.config.timeout.as_millis()
                     );
                     answer_all(&mut joined, &Answer::Refused(why.clone()));
                     return Err(Error::Timeout(format!("shrink: {why}")));
                 }
                 crate::qlog!(
                     Warn,
-                    "rank {}: shrink: ranks {waiting:?} did not join within the timeout: left out",
+                    "rank {}: shrink: ranks {waiting:?} did not join in time: left out",
                     self.rank
                 );
                 break;
@@ -658,11 +669,26 @@ impl Comm {
                     // empty connection).
                     let left = deadline.saturating_duration_since(Instant::now());
                     if let Err(e) = TcpStream::connect_timeout(&peers[r], left.min(HELLO_WAIT)) {
-                        gone[r] |= e.kind() == ErrorKind::ConnectionRefused;
+                        if e.kind() == ErrorKind::ConnectionRefused {
+                            crate::qlog!(
+                                Warn,
+                                "rank {}: shrink: rank {r} ({}) refuses connections: gone",
+                                self.rank,
+                                peers[r]
+                            );
+                            gone[r] = true;
+                        }
                     }
                 }
             }
         }
+        crate::qlog!(
+            Info,
+            "rank {}: shrink: leading; joined {:?}, gone {:?}",
+            self.rank,
+            (0..n).filter(|&r| joined[r].is_some()).collect::<Vec<_>>(),
+            (0..n).filter(|&r| gone[r]).collect::<Vec<_>>()
+        );
         let id: u64 = rand::random();
         let mut members = vec![(self.rank, join.addr)];
         members.extend(joined.iter().flatten().map(|h| (h.join.rank, h.join.addr)));
