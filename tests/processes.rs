@@ -21,6 +21,12 @@ fn child() {
     let Ok(scenario) = std::env::var(CHILD) else {
         return;
     };
+    // Strangers tests: ranks other than 0 join once the root's strangers are connected.
+    if std::env::var("QCCL_RANK").is_ok_and(|r| r != "0") {
+        if let Ok(gate) = std::env::var("GATE_BEFORE_INIT") {
+            wait_for_file(&gate);
+        }
+    }
     let code = match run_child(&scenario) {
         Ok(()) => 0,
         Err(e) => {
@@ -120,6 +126,27 @@ fn run_child(scenario: &str) -> Result<(), String> {
                     }
                 }
             }
+            Ok(())
+        }
+        "strangers" => {
+            // Connections start once the strangers hold their connections to every listener.
+            wait_for_file(&std::env::var("GATE_BEFORE_CONNECT").map_err(|e| e.to_string())?);
+            let t = Instant::now();
+            let n = comm.size();
+            let send = vec![comm.rank() as f32 + 1.0; 1000];
+            let mut recv = vec![0f32; 1000];
+            comm.all_reduce(&send, &mut recv, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let mut all = vec![0u32; n];
+            comm.all_gather(&[comm.rank() as u32], &mut all)
+                .map_err(|e| e.to_string())?;
+            if all != (0..n as u32).collect::<Vec<_>>() || recv[0] != (n * (n + 1) / 2) as f32 {
+                return Err(format!("wrong results {all:?} {}", recv[0]));
+            }
+            eprintln!(
+                "QCCL-TEST: connected and done in {} ms",
+                t.elapsed().as_millis()
+            );
             Ok(())
         }
         "mismatch" => {
@@ -780,4 +807,192 @@ fn a_segment_left_by_a_killed_setup_is_cleared_by_the_next_job() {
     assert!(!std::path::Path::new(&old).exists(), "{old} is still there");
     // Younger than a minute: perhaps a live setup in another pid namespace; kept.
     assert!(young_kept, "{young} was removed");
+}
+
+/// Waits (at most a minute) until `path` exists.
+fn wait_for_file(path: &str) {
+    let start = Instant::now();
+    while !std::path::Path::new(path).exists() && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A rank whose stderr is read as it comes: lines go to `lines` as well as into the text
+/// that `finish` returns with the rank's exit status.
+struct Watched {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// The lines received so far.
+    seen: Vec<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Watched {
+    fn spawn(job: &Job, rank: usize, scenario: &str, env: &[(&str, &str)]) -> Watched {
+        let mut child = job.spawn(rank, scenario, env);
+        let err = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stderr = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut all = String::new();
+            for line in std::io::BufReader::new(err).lines().map_while(|l| l.ok()) {
+                let _ = tx.send(line.clone());
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        Watched {
+            child,
+            lines,
+            seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    /// The text after `marker` on the first line holding it, up to the next space or comma.
+    fn find(&mut self, marker: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut i = 0;
+        loop {
+            if i == self.seen.len() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let line = self
+                    .lines
+                    .recv_timeout(left)
+                    .unwrap_or_else(|_| panic!("no line with {marker:?}"));
+                self.seen.push(line);
+            }
+            if let Some(rest) = self.seen[i].split(marker).nth(1) {
+                return rest.split([' ', ',']).next().unwrap().to_string();
+            }
+            i += 1;
+        }
+    }
+
+    /// Waits (at most `limit`, then kills) and returns the exit code and the whole stderr.
+    fn finish(self, limit: Duration) -> (Option<i32>, String) {
+        let o = wait(self.child, limit);
+        let mut err = self.stderr.join().unwrap();
+        err.push_str(&String::from_utf8_lossy(&o.stdout));
+        (o.status.code(), err)
+    }
+}
+
+/// How a stranger behaves once connected.
+#[derive(Clone, Copy, Debug)]
+enum Stranger {
+    /// Sends nothing.
+    Idle,
+    /// Sends a burst of random bytes, then nothing.
+    Garbage,
+    /// Sends a byte of a plausible hello every half second.
+    Trickle,
+}
+
+/// Opens `n` connections of each kind in `kinds` to `addr`, keeping them open (trickling)
+/// until `stop` is set.
+fn strangers(
+    addr: std::net::SocketAddr,
+    kinds: &[(Stranger, usize)],
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    use std::io::Write;
+    let kinds = kinds.to_vec();
+    let mut socks = Vec::new();
+    for (kind, n) in kinds {
+        for _ in 0..n {
+            let mut s = std::net::TcpStream::connect(addr).expect("a stranger connects");
+            if let Stranger::Garbage = kind {
+                let junk: Vec<u8> = (0..4096).map(|_| rand::random()).collect();
+                let _ = s.write_all(&junk);
+            }
+            socks.push((kind, s));
+        }
+    }
+    std::thread::spawn(move || {
+        // "QCHS", then the version, then zeros: the head of a hello, one byte at a time.
+        let mut hello = vec![0x53, 0x48, 0x43, 0x51, 3, 0, 0, 0];
+        hello.resize(40, 0);
+        let mut at = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            for (kind, s) in &mut socks {
+                if let Stranger::Trickle = kind {
+                    let _ = s.write_all(&hello[at % 40..at % 40 + 1]);
+                }
+            }
+            at += 1;
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        socks.len()
+    })
+}
+
+/// Strangers hold idle, garbage and trickling connections to the rendezvous root and to every
+/// rank's data listener before the ranks connect: the job must still complete (each rank's
+/// connections time out after QCCL_TIMEOUT_MS, so completing is completing in time).
+fn strangers_do_not_stall(transport: &str) {
+    let n = 3;
+    let job = Job::new(n);
+    let dir = std::env::temp_dir().join(format!("qccl-strangers-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (root_gate, gate) = (dir.join("root"), dir.join("listeners"));
+    let env = [
+        ("QCCL_TRANSPORT", transport),
+        ("QCCL_DEBUG", "INFO"),
+        ("QCCL_TIMEOUT_MS", "10000"),
+        ("GATE_BEFORE_INIT", root_gate.to_str().unwrap()),
+        ("GATE_BEFORE_CONNECT", gate.to_str().unwrap()),
+    ];
+    let kinds = [
+        (Stranger::Idle, 14),
+        (Stranger::Garbage, 3),
+        (Stranger::Trickle, 3),
+    ];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut ranks: Vec<Watched> = (0..n)
+        .map(|r| Watched::spawn(&job, r, "strangers", &env))
+        .collect();
+    let mut threads = Vec::new();
+    // The root first: the other ranks join only once its strangers are there.
+    let root: std::net::SocketAddr = ranks[0]
+        .find("bootstrap root listening on ")
+        .trim_end_matches(',')
+        .parse()
+        .unwrap();
+    threads.push(strangers(root, &[(Stranger::Idle, 20)], stop.clone()));
+    std::fs::write(&root_gate, b"").unwrap();
+    for (r, w) in ranks.iter_mut().enumerate() {
+        let addr: std::net::SocketAddr =
+            w.find(&format!("rank {r}: listening on ")).parse().unwrap();
+        threads.push(strangers(addr, &kinds, stop.clone()));
+    }
+    std::fs::write(&gate, b"").unwrap();
+    let outs: Vec<(Option<i32>, String)> = ranks
+        .into_iter()
+        .map(|w| w.finish(Duration::from_secs(60)))
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let held: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(held, 20 + 20 * n);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for (r, (code, err)) in outs.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r} over {transport}:\n{err}");
+        // The strangers were there: the garbage ones were refused on their first bytes.
+        let refused = err.matches("refused: not a qccl hello").count();
+        assert!(refused >= 3, "rank {r} over {transport}:\n{err}");
+        for line in err.lines().filter(|l| l.starts_with("QCCL-TEST:")) {
+            eprintln!("rank {r} over {transport}: {line}");
+        }
+    }
+}
+
+#[test]
+fn strangers_holding_connections_do_not_stall_a_tcp_job() {
+    strangers_do_not_stall("tcp");
+}
+
+#[test]
+fn strangers_holding_connections_do_not_stall_a_shm_job() {
+    strangers_do_not_stall("shm");
 }

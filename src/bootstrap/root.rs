@@ -1,7 +1,10 @@
 //! The bootstrap root: collects every rank's hello and sends back the world table.
 //!
 //! One thread, one `poll` loop over the listener and the connections whose hello is still
-//! incomplete; no thread per connection, so a stranger opening many connections costs little.
+//! incomplete; no thread per connection, so a stranger opening many connections costs little,
+//! and none is waited on alone: a rank's hello is read as soon as it arrives, however many idle
+//! or trickling strangers are connected. A connection gets `HELLO_TIMEOUT` to deliver its
+//! hello; beyond `MAX_PENDING` incomplete ones, a new connection pushes out the oldest.
 //! Outcomes:
 //! - a connection with a wrong secret or a malformed hello is answered (best effort), logged at
 //!   WARN with its address and dropped; the job goes on;
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a failed root keeps answering late ranks with the failure (bounded by the deadline).
 const LINGER: Duration = Duration::from_secs(10);
-/// Most connections whose hello is still incomplete; more are refused.
+/// Most connections whose hello is still incomplete; a new one beyond pushes out the oldest.
 const MAX_PENDING: usize = 1024;
 /// Bound on each write of a reply.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,7 +68,7 @@ pub(crate) fn spawn_root_speaking(
         pending: Vec::new(),
         size: None,
         joined: Vec::new(),
-        refused_warned: false,
+        flood_warned: false,
         failed: None,
     };
     std::thread::Builder::new()
@@ -111,7 +114,7 @@ struct Root {
     size: Option<(usize, usize)>,
     /// Indexed by rank once the size is known.
     joined: Vec<Option<Joined>>,
-    refused_warned: bool,
+    flood_warned: bool,
     /// Set once the init failed: later hellos (with the right secret) get this answer until
     /// `end`, so a rank that connects after the failure learns why instead of timing out.
     failed: Option<(ErrorKind, String)>,
@@ -226,16 +229,23 @@ impl Root {
             match listener.accept() {
                 Ok((stream, from)) => {
                     if self.pending.len() >= MAX_PENDING {
-                        if !self.refused_warned {
+                        // Push out the oldest: a rank sends its hello as soon as it connected,
+                        // so the connection waiting longest is the likeliest stranger (refusing
+                        // the newcomer instead would let idle strangers lock the ranks out).
+                        let oldest = (0..self.pending.len())
+                            .min_by_key(|&i| self.pending[i].since)
+                            .expect("MAX_PENDING > 0");
+                        let old = self.pending.swap_remove(oldest);
+                        if !self.flood_warned {
                             crate::qlog!(
                                 Warn,
                                 "bootstrap root {}: {MAX_PENDING} connections without a hello \
-                                 yet; refusing more (from {from} and others)",
-                                self.addr
+                                 yet; dropping the oldest ({} and others) for newer ones",
+                                self.addr,
+                                old.from
                             );
-                            self.refused_warned = true;
+                            self.flood_warned = true;
                         }
-                        continue;
                     }
                     if let Err(e) = stream.set_nonblocking(true) {
                         crate::qlog!(Warn, "bootstrap root {}: {from}: {e}", self.addr);

@@ -3,18 +3,41 @@
 //! Doing both halves of the accepting side here means a rank that connects never waits on
 //! the other rank's main thread (which may itself be connecting elsewhere), so lazy
 //! connection cannot deadlock.
+//!
+//! Strangers (anything that can reach the listener: port scanners, health checks, another
+//! job's ranks) must not delay a peer. So the thread never blocks on one connection: it polls
+//! the listener and every connection whose hello is still incomplete, and reads from each
+//! only what has arrived, never beyond the fixed-size hello. A connection gets
+//! [`HELLO_TIMEOUT`] from its accept to deliver a valid hello (secret, version, comm id), else
+//! it is dropped; at most [`MAX_UNVERIFIED`] such connections wait at a time, and a new one
+//! beyond that pushes out the oldest (a real peer sends its hello as soon as it connected, so
+//! the oldest waiting connection is the likeliest stranger). A verified same-host peer's
+//! shared-memory setup, which waits on that peer, runs in a thread of its own so it cannot hold
+//! up the others either.
 
-use super::handshake;
+use super::handshake::{self, HELLO_LEN};
 use crate::error::{Error, Result};
+use crate::log::Level;
 use crate::transport::shm::{self, ShmLink};
-use crossbeam_channel::{unbounded, Receiver};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use nix::poll::{poll, PollFd, PollFlags};
-use std::net::{TcpListener, TcpStream};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long an accepted connection may take to deliver its hello. A peer writes the hello
+/// right after its connect returns, so on a loaded machine it still arrives in milliseconds.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most accepted connections whose hello is incomplete, per listener; a new one beyond this
+/// pushes out the oldest.
+pub const MAX_UNVERIFIED: usize = 64;
+/// Bound on each read of a verified same-host peer's shared-memory setup.
+const SHM_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A verified incoming connection: peer rank, socket index, stream, and the shared-memory
 /// link when the peer is on this host (set up on its first socket).
@@ -26,6 +49,35 @@ pub struct Acceptor {
     thread: Option<JoinHandle<()>>,
     /// Verified connections, in arrival order.
     pub incoming: Receiver<Incoming>,
+}
+
+/// What the accept thread knows of the comm.
+struct Job {
+    secret: [u8; 16],
+    comm_id: u64,
+    size: usize,
+    me: usize,
+    shm_peers: Vec<bool>,
+}
+
+/// An accepted connection whose hello is not complete yet.
+struct Unverified {
+    stream: TcpStream,
+    from: SocketAddr,
+    since: Instant,
+    hello: [u8; HELLO_LEN],
+    got: usize,
+}
+
+/// What reading an unverified connection gave.
+enum Step {
+    /// Nothing more yet, and its time is not up.
+    Wait,
+    /// A complete hello that passed the checks and was acknowledged: peer rank, socket.
+    Verified(usize, usize),
+    /// Dropped, and why: a bad hello (logged at WARN), a silent or slow one (INFO), or
+    /// closed before sending anything (TRACE: port scans, health checks).
+    Drop(Level, String),
 }
 
 impl Acceptor {
@@ -44,47 +96,16 @@ impl Acceptor {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, incoming) = unbounded();
         let stop2 = stop.clone();
+        let job = Job {
+            secret,
+            comm_id,
+            size,
+            me,
+            shm_peers,
+        };
         let thread = std::thread::Builder::new()
             .name(format!("qccl-accept-{me}"))
-            .spawn(move || {
-                while !stop2.load(Ordering::Relaxed) {
-                    let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-                    if poll(&mut fds, 100u16).unwrap_or(0) <= 0 {
-                        continue;
-                    }
-                    let Ok((mut s, from)) = listener.accept() else {
-                        continue;
-                    };
-                    // A stranger gets two seconds to prove the secret, then is dropped.
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                    match handshake::accept(&mut s, &secret, comm_id, size) {
-                        Ok((rank, sock)) => {
-                            let link = if sock == 0 && shm_peers[rank] {
-                                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                                match shm::setup(&mut s, comm_id, me, rank) {
-                                    Ok(l) => Some(l),
-                                    Err(e) => {
-                                        crate::qlog!(
-                                            Warn,
-                                            "rank {me}: shm setup with rank {rank} failed: {e}"
-                                        );
-                                        continue;
-                                    }
-                                }
-                            } else {
-                                None
-                            };
-                            if tx.send((rank, sock, s, link)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(why) => {
-                            crate::qlog!(Warn, "rank {me}: refused connection from {from}: {why}")
-                        }
-                    }
-                }
-            })
+            .spawn(move || job.serve(&listener, &stop2, &tx))
             .map_err(|e| Error::io("spawning the accept thread", e))?;
         Ok(Acceptor {
             stop,
@@ -94,11 +115,306 @@ impl Acceptor {
     }
 }
 
+impl Job {
+    /// The accept loop: until `stop`, or until the transport is gone.
+    fn serve(&self, listener: &TcpListener, stop: &AtomicBool, tx: &Sender<Incoming>) {
+        let me = self.me;
+        let mut waiting: VecDeque<Unverified> = VecDeque::new();
+        let mut pushed_out = 0usize;
+        while !stop.load(Ordering::Relaxed) {
+            // Sleep until the listener or a waiting connection is readable, or the earliest
+            // hello deadline, or 100 ms (to see `stop`).
+            let ms = waiting
+                .front()
+                .map_or(Duration::from_millis(100), |u| {
+                    (u.since + HELLO_TIMEOUT).saturating_duration_since(Instant::now())
+                })
+                .clamp(Duration::from_millis(1), Duration::from_millis(100));
+            {
+                let mut fds: Vec<PollFd<'_>> = std::iter::once(listener.as_fd())
+                    .chain(waiting.iter().map(|u| u.stream.as_fd()))
+                    .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+                    .collect();
+                if let Err(e) = poll(&mut fds, ms.as_millis() as u16) {
+                    if e != nix::errno::Errno::EINTR {
+                        crate::qlog!(Warn, "rank {me}: accept thread: poll: {e}");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+            self.accept_all(listener, &mut waiting, &mut pushed_out);
+            let mut i = 0;
+            while i < waiting.len() {
+                match self.step(&mut waiting[i]) {
+                    Step::Wait => i += 1,
+                    Step::Drop(level, why) => {
+                        let u = waiting.remove(i).expect("index in range");
+                        if crate::log::enabled(level) {
+                            crate::log::write(
+                                level,
+                                format_args!(
+                                    "rank {me}: dropped the connection from {}: {why}",
+                                    u.from
+                                ),
+                            );
+                        }
+                    }
+                    Step::Verified(rank, sock) => {
+                        let u = waiting.remove(i).expect("index in range");
+                        if !self.hand_over(rank, sock, u.stream, tx) {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Accepts every connection the listener holds, pushing out the oldest waiting ones
+    /// beyond [`MAX_UNVERIFIED`].
+    fn accept_all(
+        &self,
+        listener: &TcpListener,
+        waiting: &mut VecDeque<Unverified>,
+        pushed_out: &mut usize,
+    ) {
+        let me = self.me;
+        loop {
+            let (stream, from) = match listener.accept() {
+                Ok(a) => a,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ECONNABORTED, EMFILE, ...: keep serving the connections we have.
+                    crate::qlog!(Warn, "rank {me}: accept: {e}");
+                    return;
+                }
+            };
+            if let Err(e) = stream.set_nonblocking(true) {
+                crate::qlog!(Warn, "rank {me}: connection from {from}: {e}");
+                continue;
+            }
+            crate::qlog!(Trace, "rank {me}: connection from {from}");
+            if waiting.len() >= MAX_UNVERIFIED {
+                let old = waiting.pop_front().expect("MAX_UNVERIFIED > 0");
+                *pushed_out += 1;
+                // Once loudly, then quietly: a flood must not flood the log too.
+                let msg = format!(
+                    "rank {me}: {MAX_UNVERIFIED} connections without a hello yet; dropped the \
+                     oldest, from {} ({pushed_out} so far)",
+                    old.from
+                );
+                if *pushed_out == 1 {
+                    crate::qlog!(Warn, "{msg}");
+                } else {
+                    crate::qlog!(Trace, "{msg}");
+                }
+            }
+            waiting.push_back(Unverified {
+                stream,
+                from,
+                since: Instant::now(),
+                hello: [0; HELLO_LEN],
+                got: 0,
+            });
+        }
+    }
+
+    /// Reads what has arrived of `u`'s hello (never more), checks and acknowledges it when
+    /// complete, and drops it when its time is up.
+    fn step(&self, u: &mut Unverified) -> Step {
+        while u.got < HELLO_LEN {
+            match u.stream.read(&mut u.hello[u.got..]) {
+                Ok(0) if u.got == 0 => {
+                    return Step::Drop(Level::Trace, "closed without a hello".into())
+                }
+                Ok(0) => {
+                    return Step::Drop(
+                        Level::Info,
+                        format!("closed after {} bytes of a hello", u.got),
+                    )
+                }
+                Ok(n) => u.got += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if u.since.elapsed() < HELLO_TIMEOUT {
+                        return Step::Wait;
+                    }
+                    return Step::Drop(
+                        Level::Info,
+                        format!(
+                            "no complete hello within {} ms ({} of {HELLO_LEN} bytes)",
+                            HELLO_TIMEOUT.as_millis(),
+                            u.got
+                        ),
+                    );
+                }
+                Err(e) => return Step::Drop(Level::Info, format!("reading the hello: {e}")),
+            }
+        }
+        match handshake::verify(
+            &mut u.stream,
+            &u.hello,
+            &self.secret,
+            self.comm_id,
+            self.size,
+        ) {
+            Ok((rank, sock)) => Step::Verified(rank, sock),
+            Err(why) => Step::Drop(Level::Warn, format!("refused: {why}")),
+        }
+    }
+
+    /// Hands a verified connection to the transport: at once, or after the shared-memory setup
+    /// (in a thread of its own) for a same-host peer's first socket. False once the transport
+    /// is gone.
+    fn hand_over(&self, rank: usize, sock: usize, s: TcpStream, tx: &Sender<Incoming>) -> bool {
+        if sock != 0 || !self.shm_peers[rank] {
+            return tx.send((rank, sock, s, None)).is_ok();
+        }
+        let (me, comm_id, tx) = (self.me, self.comm_id, tx.clone());
+        let setup = move || {
+            let mut s = s;
+            let link = s
+                .set_nonblocking(false)
+                .and_then(|()| s.set_read_timeout(Some(SHM_SETUP_TIMEOUT)))
+                .map_err(|e| Error::io("configuring the setup socket", e))
+                .and_then(|()| shm::setup(&mut s, comm_id, me, rank));
+            match link {
+                Ok(l) => {
+                    let _ = tx.send((rank, sock, s, Some(l)));
+                }
+                Err(e) => {
+                    crate::qlog!(Warn, "rank {me}: shm setup with rank {rank} failed: {e}")
+                }
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name(format!("qccl-shm-setup-{me}-{rank}"))
+            .spawn(setup)
+        {
+            crate::qlog!(
+                Warn,
+                "rank {me}: spawning the shm setup thread for rank {rank}: {e}"
+            );
+        }
+        true
+    }
+}
+
 impl Drop for Acceptor {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const SECRET: [u8; 16] = [7; 16];
+    const COMM: u64 = 0x1234;
+
+    /// An acceptor for rank 1 of 2 (rank 0 connects to it) and its address.
+    fn acceptor() -> (Acceptor, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let a = Acceptor::spawn(listener, SECRET, COMM, 2, 1, vec![false; 2]).unwrap();
+        (a, addr)
+    }
+
+    fn hello() -> handshake::Hello {
+        handshake::Hello {
+            secret: SECRET,
+            comm_id: COMM,
+            rank: 0,
+            sock: 0,
+        }
+    }
+
+    /// Rank 0's connection, hello sent and acknowledged.
+    fn peer(addr: SocketAddr) -> TcpStream {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        handshake::connect(&mut s, &hello()).unwrap();
+        s
+    }
+
+    /// Waits (bounded) until the acceptor closed `s`: true on end of file or reset.
+    fn closed(s: &mut TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        matches!(s.read(&mut [0u8; 64]), Ok(0) | Err(_))
+    }
+
+    #[test]
+    fn a_peer_is_verified_behind_more_idle_strangers_than_the_cap() {
+        let (a, addr) = acceptor();
+        let extra = 10;
+        let mut strangers: Vec<TcpStream> = (0..MAX_UNVERIFIED + extra)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let connected = Instant::now();
+        let _ours = peer(addr);
+        let (rank, sock, _, link) = a.incoming.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!((rank, sock), (0, 0));
+        assert!(link.is_none());
+        // The oldest strangers were pushed out for the newer ones, which stay until their
+        // deadline (checked only while it cannot have passed: the machine may be loaded).
+        assert!(closed(&mut strangers[0]));
+        let newest = strangers.last_mut().unwrap();
+        newest.set_nonblocking(true).unwrap();
+        let open =
+            matches!(newest.read(&mut [0u8; 1]), Err(e) if e.kind() == ErrorKind::WouldBlock);
+        assert!(open || connected.elapsed() >= HELLO_TIMEOUT);
+        assert!(closed(newest));
+    }
+
+    #[test]
+    fn nothing_past_the_hello_is_read_before_the_handover() {
+        let (a, addr) = acceptor();
+        let mut s = TcpStream::connect(addr).unwrap();
+        // Hello and the first frame bytes in one write.
+        let mut bytes = hello().encode().to_vec();
+        bytes.extend_from_slice(b"frame");
+        s.write_all(&bytes).unwrap();
+        let (_, _, mut theirs, _) = a.incoming.recv_timeout(Duration::from_secs(30)).unwrap();
+        theirs.set_nonblocking(false).unwrap();
+        let mut got = [0u8; 5];
+        theirs.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"frame");
+    }
+
+    #[test]
+    fn silent_and_trickling_strangers_are_dropped_at_the_hello_deadline() {
+        let (_a, addr) = acceptor();
+        let start = Instant::now();
+        let mut idle = TcpStream::connect(addr).unwrap();
+        assert!(closed(&mut idle));
+        // The deadline counts from the accept, which follows the connect.
+        assert!(start.elapsed() >= HELLO_TIMEOUT, "{:?}", start.elapsed());
+        // One byte every 200 ms would take 8 s to complete a hello: a byte does not extend
+        // the deadline, so the acceptor hangs up first.
+        let mut trickle = TcpStream::connect(addr).unwrap();
+        trickle.set_nonblocking(true).unwrap();
+        let mut sent = 0;
+        let hung_up = loop {
+            match trickle.read(&mut [0u8; 1]) {
+                Ok(0) => break true,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                _ => break true,
+            }
+            if sent == HELLO_LEN - 1 {
+                break false;
+            }
+            if trickle.write_all(&[0x53]).is_err() {
+                break true;
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(hung_up, "the acceptor waited for {sent} trickled bytes");
     }
 }

@@ -24,7 +24,8 @@ pub struct Hello {
 }
 
 impl Hello {
-    fn encode(&self) -> [u8; HELLO_LEN] {
+    /// The hello's bytes on the wire.
+    pub(super) fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&crate::bootstrap::PROTOCOL_VERSION.to_le_bytes());
@@ -56,25 +57,26 @@ pub fn connect(stream: &mut TcpStream, hello: &Hello) -> Result<()> {
     Ok(())
 }
 
-/// Acceptor side: reads a hello and checks it. Returns the caller's rank and socket index,
-/// or why it was refused (the connection is then dropped without an answer).
-pub fn accept(
+/// Acceptor side, once the `HELLO_LEN` bytes of a hello arrived (the accept thread reads them
+/// without blocking, never more): checks them and acknowledges. Returns the caller's rank and
+/// socket index, or why it was refused (the connection is then dropped without an answer).
+/// The stream may be non-blocking: the 8-byte acknowledgement is the first thing written to
+/// it, so it fits the socket buffer, and a short write counts as a refusal.
+pub fn verify(
     stream: &mut TcpStream,
+    hello: &[u8; HELLO_LEN],
     secret: &[u8; 16],
     comm_id: u64,
     size: usize,
 ) -> std::result::Result<(usize, usize), String> {
-    let mut b = [0u8; HELLO_LEN];
-    stream
-        .read_exact(&mut b)
-        .map_err(|e| format!("no complete hello: {e}"))?;
-    let (rank, sock) = check(&b, secret, comm_id, size)?;
+    let (rank, sock) = check(hello, secret, comm_id, size)?;
     let mut ack = [0u8; 8];
     ack[0..4].copy_from_slice(&ACK_MAGIC.to_le_bytes());
-    stream
-        .write_all(&ack)
-        .map_err(|e| format!("sending ack: {e}"))?;
-    Ok((rank, sock))
+    match stream.write(&ack) {
+        Ok(8) => Ok((rank, sock)),
+        Ok(n) => Err(format!("sending ack: only {n} of 8 bytes fit")),
+        Err(e) => Err(format!("sending ack: {e}")),
+    }
 }
 
 /// Decodes and checks a hello: the caller's rank and socket index, or why it is refused.

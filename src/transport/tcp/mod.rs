@@ -154,37 +154,53 @@ impl TcpTransport {
     }
 
     fn connect(&self, peer: usize, sock: usize, deadline: Instant) -> Result<TcpStream> {
+        // A connection the peer's accept thread dropped unanswered (pushed out by a flood of
+        // strangers: see `acceptor`) is tried again, a few times, within the deadline.
+        const HELLO_TRIES: usize = 4;
         let addr = self.peers[peer];
-        let mut stream = loop {
-            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() < deadline && !self.abort_requested() => {
-                    crate::qlog!(Trace, "connect to rank {peer} at {addr}: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => {
-                    return Err(Error::Remote {
-                        rank: peer,
-                        addr: addr.to_string(),
-                        msg: format!("cannot connect: {e}"),
-                    })
-                }
-            }
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(10))));
-        let hello = handshake::Hello {
-            secret: self.secret,
-            comm_id: self.comm_id,
-            rank: self.cfg.rank as u32,
-            sock: sock as u32,
-        };
-        handshake::connect(&mut stream, &hello).map_err(|e| Error::Remote {
+        let remote = |msg: String| Error::Remote {
             rank: peer,
             addr: addr.to_string(),
-            msg: e.to_string(),
-        })?;
-        Ok(stream)
+            msg,
+        };
+        let mut tries = 0;
+        loop {
+            let mut stream = loop {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() < deadline && !self.abort_requested() => {
+                        crate::qlog!(Trace, "connect to rank {peer} at {addr}: {e}; retrying");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => return Err(remote(format!("cannot connect: {e}"))),
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(10))));
+            let hello = handshake::Hello {
+                secret: self.secret,
+                comm_id: self.comm_id,
+                rank: self.cfg.rank as u32,
+                sock: sock as u32,
+            };
+            tries += 1;
+            match handshake::connect(&mut stream, &hello) {
+                Ok(()) => return Ok(stream),
+                Err(e @ Error::System(_))
+                    if tries < HELLO_TRIES
+                        && Instant::now() < deadline
+                        && !self.abort_requested() =>
+                {
+                    crate::qlog!(
+                        Info,
+                        "rank {}: rank {peer} at {addr} dropped our hello ({e}); trying again",
+                        self.cfg.rank
+                    );
+                    std::thread::sleep(Duration::from_millis(10 << tries));
+                }
+                Err(e) => return Err(remote(e.to_string())),
+            }
+        }
     }
 
     fn await_incoming(
