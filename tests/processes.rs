@@ -149,6 +149,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
             );
             Ok(())
         }
+        "stall_loop" => stall_loop(&comm),
         "mismatch" => {
             // Rank 2 disagrees on the count.
             let count = if comm.rank() == 2 { 7 } else { 5 };
@@ -175,6 +176,61 @@ fn run_child(scenario: &str) -> Result<(), String> {
         }
         other => Err(format!("unknown scenario {other}")),
     }
+}
+
+/// Collectives of every kind, sizes and algorithm in turn, until one fails (the parent stops a
+/// rank with SIGSTOP). The error must be the comm's asynchronous error too.
+fn stall_loop(comm: &Comm) -> Result<(), String> {
+    let (n, me) = (comm.size(), comm.rank());
+    let algos = [Algo::Ring, Algo::Tree, Algo::Sra, Algo::Auto];
+    let counts = [1000, 65536, 1 << 20];
+    let mut buf = vec![1f32; (1 << 20) * n];
+    let mut out = vec![0f32; (1 << 20) * n];
+    let start = Instant::now();
+    let mut i = 0usize;
+    while start.elapsed() < Duration::from_secs(60) {
+        if i == 20 {
+            eprintln!("QCCL-TEST: looping");
+        }
+        let count = counts[i / 11 % counts.len()];
+        let what = match i % 11 {
+            0..=3 => format!("all_reduce {count} {:?}", algos[i % 11]),
+            4 => format!("broadcast {count}"),
+            5 => format!("all_gather {count}"),
+            6 => format!("reduce_scatter {count}"),
+            7 => format!("reduce {count}"),
+            8 => format!("all_to_all {count}"),
+            9 => "barrier".to_string(),
+            _ => format!("all_reduce {count} in place"),
+        };
+        let t = Instant::now();
+        let r = match i % 11 {
+            0..=3 => comm
+                .all_reduce_with(
+                    Some(&buf[..count]),
+                    &mut out[..count],
+                    ReduceOp::Sum,
+                    algos[i % 11],
+                )
+                .map(drop),
+            4 => comm.broadcast_in_place(&mut buf[..count], i % n),
+            5 => comm.all_gather(&buf[..count], &mut out[..count * n]),
+            6 => comm.reduce_scatter(&buf[..count * n], &mut out[..count], ReduceOp::Max),
+            7 => comm.reduce(&buf[..count], &mut out[..count], ReduceOp::Max, i % n),
+            8 => comm.all_to_all(&buf[..count * n], &mut out[..count * n]),
+            9 => comm.barrier(),
+            _ => comm.all_reduce_in_place(&mut buf[..count], ReduceOp::Max),
+        };
+        if let Err(e) = r {
+            let same = comm.async_error().as_ref() == Some(&e);
+            return Err(format!(
+                "rank {me} after {} ms in {what} (call {i}; async error the same: {same}): {e}",
+                t.elapsed().as_millis()
+            ));
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// HiTopKComm over processes: every rank checks the whole result against the float64
@@ -597,6 +653,13 @@ fn stays_away(count: &str) {
             err.contains("shared-memory arena stalled"),
             "rank {r}: {err}"
         );
+        // Rank 2 is named, with its address, as the one the others waited for.
+        assert!(
+            err.contains("rank 2 (127.0.0.1:")
+                && err.contains("made no progress for 1500 ms (QCCL_TIMEOUT_MS)"),
+            "rank {r}: {err}"
+        );
+        eprintln!("rank {r}: {}", err.lines().last().unwrap_or_default());
         let one_shot = err.contains("one-shot round");
         assert_eq!(one_shot, count == "1000", "rank {r}: {err}");
         let timeout = err.contains("timeout");
@@ -995,4 +1058,96 @@ fn strangers_holding_connections_do_not_stall_a_tcp_job() {
 #[test]
 fn strangers_holding_connections_do_not_stall_a_shm_job() {
     strangers_do_not_stall("shm");
+}
+
+/// Stops rank `victim` of 4 with SIGSTOP while the ranks loop over collectives; every survivor
+/// must fail (not hang) within its timeout plus a margin, with an error naming the stopped
+/// rank and its address. The timeout is 3 s, or 8 s for all but rank `early` (which then
+/// fails first and the others may learn of it through its abort). Returns (survivor errors
+/// naming the stopped rank, survivors).
+fn stopped_rank(transport: &str, victim: usize, early: Option<usize>) -> (usize, usize) {
+    let n = 4;
+    let job = Job::new(n);
+    let mut ranks: Vec<Watched> = (0..n)
+        .map(|r| {
+            let timeout = if early.is_none_or(|e| e == r) {
+                "3000"
+            } else {
+                "8000"
+            };
+            let env = [
+                ("QCCL_TRANSPORT", transport),
+                ("QCCL_TIMEOUT_MS", timeout),
+                ("QCCL_DEBUG", "INFO"),
+            ];
+            Watched::spawn(&job, r, "stall_loop", &env)
+        })
+        .collect();
+    let addrs: Vec<String> = ranks
+        .iter_mut()
+        .enumerate()
+        .map(|(r, w)| w.find(&format!("rank {r}: listening on ")))
+        .collect();
+    for w in &mut ranks {
+        w.find("QCCL-TEST: looping");
+    }
+    // Somewhere in the loop, not always at the same call.
+    std::thread::sleep(Duration::from_millis(rand::random::<u64>() % 500));
+    let stopped = ranks.remove(victim);
+    let pid = nix::unistd::Pid::from_raw(stopped.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let outs: Vec<(Option<i32>, String)> = ranks
+        .into_iter()
+        .map(|w| w.finish(Duration::from_secs(8 + 10)))
+        .collect();
+    // Child::kill is SIGKILL, which a stopped process gets too.
+    let _ = stopped.finish(Duration::ZERO);
+    let want = format!("rank {victim} ({})", addrs[victim]);
+    let mut named = 0;
+    for (i, (code, err)) in outs.iter().enumerate() {
+        let r = if i < victim { i } else { i + 1 };
+        assert_eq!(
+            *code,
+            Some(FAILED_CLEANLY),
+            "rank {r} over {transport}:\n{err}"
+        );
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("QCCL-TEST-ERROR"))
+            .unwrap_or_default();
+        assert!(line.contains("async error the same: true"), "{line}");
+        let verdict = if line.contains(&want) {
+            "named"
+        } else {
+            "NOT NAMED"
+        };
+        named += usize::from(line.contains(&want));
+        eprintln!("over {transport}, rank {victim} stopped, early {early:?}: {verdict}: {line}");
+    }
+    (named, n - 1)
+}
+
+fn stopped_ranks_are_named(transport: &str) {
+    let trials: usize = std::env::var("STALL_TRIALS").map_or(2, |t| t.parse().unwrap());
+    let (mut named, mut all) = (0, 0);
+    for t in 0..trials {
+        let victim = [2, 0, 3, 1][t % 4];
+        // Every other trial, one survivor's shorter timeout makes it fail first.
+        let early = (t % 2 == 1).then_some((victim + 1 + t % 3) % 4);
+        let (k, m) = stopped_rank(transport, victim, early);
+        named += k;
+        all += m;
+    }
+    eprintln!("over {transport}: {named} of {all} survivor errors named the stopped rank");
+    assert_eq!(named, all);
+}
+
+#[test]
+fn a_stopped_rank_is_named_by_every_survivor_over_tcp() {
+    stopped_ranks_are_named("tcp");
+}
+
+#[test]
+fn a_stopped_rank_is_named_by_every_survivor_over_shm() {
+    stopped_ranks_are_named("shm");
 }

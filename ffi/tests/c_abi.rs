@@ -2,10 +2,10 @@
 //! with `ffi/install.sh`, compiles `tests/c/*.c` and `examples/horovod_allreduce.cc` against
 //! the installed header and library (through `pkg-config` when it is available), and runs
 //! them: every collective on 2, 3 and 5 forked processes, 4 comms from one thread, the
-//! error paths (also linked statically), init from the environment with abort, and the
-//! Horovod-style example. Also checks the installed tree: the versioned library
-//! `libqccl.so.X.Y.Z` with its links `libqccl.so.X` and `libqccl.so`, and that programs
-//! linked with `-lqccl` record `libqccl.so.X`.
+//! error paths (also linked statically), init from the environment with abort, a rank stopped
+//! with SIGSTOP (the others' errors name it), and the Horovod-style example. Also checks the
+//! installed tree: the versioned library `libqccl.so.X.Y.Z` with its links `libqccl.so.X` and
+//! `libqccl.so`, and that programs linked with `-lqccl` record `libqccl.so.X`.
 //!
 //! Needs a C and a C++ compiler (`CC` / `CXX`, default `cc` / `c++`) and bash.
 //! `QCCL_SKIP_C_TESTS=1` skips these tests.
@@ -134,6 +134,7 @@ fn setup() -> &'static Setup {
             "hier",
             "plan",
             "shrink",
+            "stall",
         ] {
             let src = root().join(format!("tests/c/{name}.c"));
             compile(&cc, "-std=c11", &src, &bin.join(name), &dynamic);
@@ -278,6 +279,26 @@ fn c_init_from_env_and_abort() {
     let out = run("init_env", &[]);
     assert!(out.contains("on 3 processes: ok"), "{out}");
     assert!(out.contains("rank 1 called abort()"), "{out}");
+}
+
+#[test]
+fn c_a_stopped_rank_is_named_by_the_others() {
+    if skip() {
+        return;
+    }
+    let out = run("stall", &[]);
+    for transport in ["tcp", "shm"] {
+        assert!(
+            out.contains(&format!("stopped rank over {transport} on 4 processes: ok")),
+            "{out}"
+        );
+    }
+    // Three survivors per job, each naming rank 2 (the program checks the address).
+    let named = out
+        .lines()
+        .filter(|l| l.contains("failed after") && l.contains("rank 2 ("))
+        .count();
+    assert_eq!(named, 6, "{out}");
 }
 
 #[test]

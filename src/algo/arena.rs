@@ -86,7 +86,7 @@ fn one_shot(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<bo
                 break;
             }
         }
-        arena.idle(&mut waiter, seen, || {
+        arena.idle(&mut waiter, seen, &desc, || {
             format!(
                 "shared-memory arena stalled in {desc} (one-shot round {}: {})",
                 round,
@@ -256,7 +256,7 @@ fn run(
         if moved {
             waiter.progressed();
         } else {
-            arena.idle(&mut waiter, seen, || {
+            arena.idle(&mut waiter, seen, &desc, || {
                 format!(
                     "shared-memory arena stalled in {desc} (rounds staged {staged}, reduced \
                      {reduced}, copied {copied} of {rounds})"

@@ -83,6 +83,9 @@ pub struct Comm {
     rescue: Option<TcpListener>,
     /// After `shrink`: the thread answering latecomers' joins, for the comm's life.
     shrinker: std::sync::Mutex<Option<shrink::Server>>,
+    /// Over TCP: the transport's stall inspector (`transport::stall`), whose accept thread
+    /// a shrink stops, answering its probes itself.
+    inspector: Option<Arc<crate::transport::stall::Inspector>>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -148,6 +151,7 @@ fn link_config(
         yield_for,
         abort,
         arena_chunk: config.shm_arena_chunk,
+        inspector: None,
     }
 }
 
@@ -312,6 +316,7 @@ impl Comm {
             topo.local_size
         );
         let transport_name = transport.name();
+        let inspector = transport.inspector();
         let engine = Engine {
             t: transport,
             scratch: Default::default(),
@@ -360,6 +365,7 @@ impl Comm {
             transport: transport_name,
             rescue,
             shrinker: Default::default(),
+            inspector,
         })
     }
 

@@ -120,7 +120,7 @@ impl Queue {
                     // A failed collective leaves peers out of step: the comm is dead. Tell the
                     // peers why, so they fail fast with the reason instead of timing out.
                     crate::qlog!(Warn, "rank {}: {e}; the comm is now failed", self.rank);
-                    engine.t.abort(&format!("rank {} failed: {e}", self.rank));
+                    engine.t.abort(&abort_reason(self.rank, e));
                     self.lock_turns().failed.get_or_insert_with(|| e.clone());
                 }
                 r
@@ -195,5 +195,19 @@ impl<R> Request<R> {
             self.done = self.rx.try_recv().ok();
         }
         self.done.is_some()
+    }
+}
+
+/// What a failed rank tells its peers. A failure that came from a peer's abort passes that
+/// abort's reason on unchanged: it names the rank that really failed (and the stalled rank a
+/// timeout found), and does not grow by a line per hop until the end (the part naming the
+/// culprit) is cut off.
+fn abort_reason(rank: usize, e: &Error) -> String {
+    match e {
+        Error::Remote { msg, .. } => match msg.strip_prefix(crate::transport::PEER_ABORTED) {
+            Some(reason) => reason.to_string(),
+            None => format!("rank {rank} failed: {e}"),
+        },
+        _ => format!("rank {rank} failed: {e}"),
     }
 }

@@ -19,6 +19,8 @@
 
 use super::{Comm, Fabric};
 use crate::error::{Error, Result};
+use crate::transport::stall::Inspector;
+use crate::transport::tcp::handshake;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use nix::poll::{poll, PollFd, PollFlags};
 use std::io::{ErrorKind, Read, Write};
@@ -273,6 +275,7 @@ impl Server {
         comm_id: u64,
         size: usize,
         me: usize,
+        inspector: Option<Arc<Inspector>>,
     ) -> Result<(Server, Receiver<Held>)> {
         let stop = Arc::new(AtomicBool::new(false));
         let phase = Arc::new(Mutex::new(Phase::Open));
@@ -280,7 +283,16 @@ impl Server {
         let (stop2, phase2) = (stop.clone(), phase.clone());
         let thread = std::thread::Builder::new()
             .name(format!("qccl-shrink-{me}"))
-            .spawn(move || serve(listener, &stop2, &phase2, &tx, (secret, comm_id, size, me)))
+            .spawn(move || {
+                serve(
+                    listener,
+                    &stop2,
+                    &phase2,
+                    &tx,
+                    inspector.as_deref(),
+                    (secret, comm_id, size, me),
+                )
+            })
             .map_err(|e| Error::io("spawning the shrink thread", e))?;
         Ok((
             Server {
@@ -311,6 +323,7 @@ fn serve(
     stop: &AtomicBool,
     phase: &Mutex<Phase>,
     held: &Sender<Held>,
+    inspector: Option<&Inspector>,
     (secret, comm_id, size, me): ([u8; 16], u64, usize, usize),
 ) {
     let _ = listener.set_nonblocking(true);
@@ -325,7 +338,25 @@ fn serve(
         let _ = s.set_nonblocking(false);
         let _ = s.set_read_timeout(Some(HELLO_WAIT));
         let _ = s.set_write_timeout(Some(HELLO_WAIT));
-        let join = match Join::read(&mut s, &secret, comm_id, size) {
+        let mut head = [0u8; 4];
+        if let Err(e) = s.read_exact(&mut head) {
+            crate::qlog!(Trace, "rank {me}: shrink: {from} sent nothing: {e}");
+            continue;
+        }
+        if let (true, Some(i)) = (handshake::is_hello(&head), inspector) {
+            // The stall inspector's probe from a rank still in the old comm's collective,
+            // or a peer connecting to the old comm: answered with this rank's status, or
+            // dropped.
+            match i.serve_probe(&mut s, head) {
+                Ok(r) => crate::qlog!(Trace, "rank {me}: shrink: answered rank {r}'s probe"),
+                Err(why) => crate::qlog!(
+                    Info,
+                    "rank {me}: shrink: dropped a connection from {from}: {why}"
+                ),
+            }
+            continue;
+        }
+        let join = match Join::read(&mut (&head[..]).chain(&mut s), &secret, comm_id, size) {
             Ok(j) => j,
             Err(why) => {
                 // Data connections of peers that were still running land here too.
@@ -474,8 +505,19 @@ impl Comm {
             .map_err(|e| Error::io("shrink: duplicating the listener", e))?;
         self.queue
             .abort_because("the comm was shrunk", "is shrinking the comm");
-        let (server, held) =
-            Server::start(listener, self.secret, self.comm_id, self.size, self.rank)?;
+        // The transport's accept thread, which outlives an abort to answer the stall
+        // inspector's probes, hands the listener over; the shrink thread answers them now.
+        if let Some(i) = &self.inspector {
+            i.release_listener();
+        }
+        let (server, held) = Server::start(
+            listener,
+            self.secret,
+            self.comm_id,
+            self.size,
+            self.rank,
+            self.inspector.clone(),
+        )?;
         let server = slot.insert(server);
         let mine = TcpListener::bind((*ip, 0))
             .map_err(|e| Error::io(format!("shrink: binding a listener on {ip}"), e))?;

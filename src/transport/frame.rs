@@ -169,8 +169,10 @@ impl Header {
         b
     }
 
-    /// The header of an abort frame carrying a `len`-byte reason.
-    pub fn abort(len: usize) -> Header {
+    /// The header of an abort frame carrying a `len`-byte reason, and the rank the failure is
+    /// about when known (the stalled or dead one: see `transport::stall`), in the root field
+    /// as rank + 1 (0: none).
+    pub fn abort(len: usize, culprit: Option<usize>) -> Header {
         Header {
             kind: FrameKind::Abort,
             desc: OpDesc {
@@ -178,11 +180,19 @@ impl Header {
                 dtype: 0,
                 op: 0,
                 algo: 0,
-                root: 0,
+                root: culprit.map_or(0, |c| (c as u32).saturating_add(1)),
                 count: 0,
             },
             len: len as u64,
         }
+    }
+
+    /// The rank an abort frame's failure is about, if it names one.
+    pub fn culprit(&self) -> Option<usize> {
+        (self.kind == FrameKind::Abort)
+            .then(|| self.desc.root.checked_sub(1))
+            .flatten()
+            .map(|c| c as usize)
     }
 
     /// Parses a header; `peer` names the sender in the error.
@@ -243,6 +253,21 @@ mod props;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn abort_frames_carry_their_culprit() {
+        for culprit in [None, Some(0), Some(5), Some(70_000)] {
+            let h = Header::abort(17, culprit);
+            let back = Header::decode(&h.encode(), 1).unwrap();
+            assert_eq!(back.culprit(), culprit);
+            assert_eq!(back.len, 17);
+        }
+        let data = Header {
+            kind: FrameKind::Data,
+            ..Header::abort(0, Some(3))
+        };
+        assert_eq!(data.culprit(), None);
+    }
 
     #[test]
     fn header_round_trip_and_mismatch() {

@@ -4,6 +4,7 @@
 //! process-wide registry keyed by the comm's id, so `split` works here too.
 
 use super::frame::{FrameKind, Header, OpDesc};
+use super::stall::Stalled;
 use super::wait::{Next, Waiter};
 use super::{LinkConfig, RecvReq, SendReq, Transport};
 use crate::error::{Error, Result};
@@ -134,7 +135,14 @@ impl Transport for InProcTransport {
             }
             let Some(i) = first_pending else { continue };
             let peer = recvs[i].peer;
-            let stalled = || format!("waiting for rank {peer} in {desc}");
+            let stalled = |full: bool| Stalled {
+                what: if full {
+                    format!("waiting for rank {peer} in {desc}")
+                } else {
+                    String::new()
+                },
+                ..Stalled::on(*desc, vec![peer])
+            };
             if let Next::Block(d) = waiter.idle(&self.cfg, stalled)? {
                 let rx = self.rx[peer].as_ref().ok_or_else(|| self.gone(peer))?;
                 match rx.recv_timeout(d) {
@@ -160,7 +168,7 @@ impl Transport for InProcTransport {
     fn abort(&mut self, reason: &str) {
         let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];
         for tx in self.tx.iter_mut().filter_map(Option::take) {
-            let header = Header::abort(reason.len());
+            let header = Header::abort(reason.len(), None);
             let _ = tx.send(Frame {
                 header,
                 payload: reason.to_vec(),
@@ -183,7 +191,11 @@ fn accept_frame(f: Frame, r: &mut RecvReq<'_>, desc: &OpDesc, me: usize, addr: &
         return Err(Error::Remote {
             rank: r.peer,
             addr: addr.to_string(),
-            msg: format!("peer aborted: {}", String::from_utf8_lossy(&f.payload)),
+            msg: format!(
+                "{}{}",
+                super::PEER_ABORTED,
+                String::from_utf8_lossy(&f.payload)
+            ),
         });
     }
     f.header.check(desc, r.data.len(), r.peer, me)?;

@@ -8,6 +8,7 @@
 pub mod frame;
 pub mod inproc;
 pub mod shm;
+pub mod stall;
 pub mod tcp;
 pub mod wait;
 
@@ -16,6 +17,9 @@ use frame::OpDesc;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How an `Error::Remote` message that carries a peer's abort reason begins.
+pub const PEER_ABORTED: &str = "peer aborted: ";
 
 /// One frame to send: `data` goes to `peer`.
 pub struct SendReq<'a> {
@@ -98,6 +102,8 @@ pub struct LinkConfig {
     /// Largest bytes per owner and round of the shared-memory arena (QCCL_SHM_ARENA_CHUNK);
     /// None: by the comm's size.
     pub arena_chunk: Option<usize>,
+    /// The stall inspector of a comm over TCP (set by the transport); None for threads.
+    pub inspector: Option<Arc<stall::Inspector>>,
 }
 
 /// A way to move frames between the ranks of one comm.
@@ -129,6 +135,11 @@ pub trait Transport: Send {
     /// Tells every connected peer that this rank failed (best effort, bounded to about a
     /// second) and closes the connections. Later exchanges fail.
     fn abort(&mut self, reason: &str);
+
+    /// The comm's stall inspector (over TCP), for a server that takes the listener over.
+    fn inspector(&self) -> Option<Arc<stall::Inspector>> {
+        None
+    }
 
     /// Human-readable name of `peer` for error messages (its address).
     fn peer_name(&self, peer: usize) -> String;

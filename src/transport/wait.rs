@@ -8,19 +8,27 @@
 //! core to a runnable peer without the cost of sleeping.
 
 use crate::error::{Error, Result};
+use crate::transport::stall::{self, Inspector, Stalled};
 use crate::transport::LinkConfig;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest single block, so the abort flag is seen promptly.
 pub const MAX_BLOCK: Duration = Duration::from_millis(100);
 
-/// State of one wait loop.
+/// State of one wait loop. While it blocks, the comm's stall inspector says what it waits
+/// for; dropping it (the operation ended) clears that.
 pub struct Waiter {
     spin: Duration,
     yield_until: Duration,
     timeout: Duration,
     last_progress: Instant,
+    inspector: Option<Arc<Inspector>>,
+    /// The inspector holds this wait's entry.
+    published: bool,
+    /// ... and it is current (nothing moved since).
+    current: bool,
 }
 
 /// What the wait loop should do next.
@@ -39,17 +47,27 @@ impl Waiter {
             yield_until: cfg.spin + cfg.yield_for,
             timeout: cfg.timeout,
             last_progress: Instant::now(),
+            inspector: cfg.inspector.clone(),
+            published: false,
+            current: false,
         }
     }
 
     /// Records that bytes moved: the timeout counts from here.
     pub fn progressed(&mut self) {
         self.last_progress = Instant::now();
+        self.current = false;
     }
 
-    /// Called when nothing moved. Errors on abort or when the timeout passed;
-    /// `stalled` describes what is awaited, for the timeout message.
-    pub fn idle(&mut self, cfg: &LinkConfig, stalled: impl FnOnce() -> String) -> Result<Next> {
+    /// Called when nothing moved. Errors on abort or when the timeout passed (naming the rank
+    /// that stalled: see `stall`); `stalled(full)` says what is awaited: the operation and
+    /// peers for the inspector, and with `full` the description for the timeout message too
+    /// (formatted only then, off the path of a wait that merely blocks).
+    pub fn idle(
+        &mut self,
+        cfg: &LinkConfig,
+        stalled: impl FnOnce(bool) -> Stalled,
+    ) -> Result<Next> {
         if cfg.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted("abort() was called on this comm".into()));
         }
@@ -63,13 +81,26 @@ impl Waiter {
             return Ok(Next::Retry);
         }
         if waited >= self.timeout {
-            return Err(Error::Timeout(format!(
-                "rank {}: no progress for {} ms (QCCL_TIMEOUT_MS): {}",
-                cfg.rank,
-                self.timeout.as_millis(),
-                stalled()
-            )));
+            return Err(match &self.inspector {
+                Some(i) => i.diagnose(self.timeout, &cfg.abort, stalled(true)),
+                None => stall::plain_timeout(cfg.rank, self.timeout, stalled(true)),
+            });
+        }
+        if !self.current {
+            if let Some(i) = &self.inspector {
+                i.waiting(&stalled(false), self.last_progress);
+                self.published = true;
+            }
+            self.current = true;
         }
         Ok(Next::Block((self.timeout - waited).min(MAX_BLOCK)))
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let (true, Some(i)) = (self.published, &self.inspector) {
+            i.done();
+        }
     }
 }

@@ -25,6 +25,7 @@ use super::futex;
 use super::segment::{self, Segment};
 use crate::error::{Error, Result};
 use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
+use crate::transport::stall::Stalled;
 use crate::transport::wait::{Next, Waiter};
 use crate::transport::{LinkConfig, RecvReq, SendReq};
 use std::sync::atomic::Ordering;
@@ -61,6 +62,8 @@ const OFF_COPIED: usize = 192;
 const OFF_BELL: usize = 256;
 const OFF_SLEEPERS: usize = 320;
 const OFF_ABORTED: usize = 384;
+/// The rank an abort is about, + 1 (0: none), written with the reason.
+const OFF_CULPRIT: usize = 448;
 /// Why this rank aborted: a u32 length, then that many bytes of UTF-8 (written once, before
 /// the flag).
 const OFF_REASON: usize = 2048;
@@ -446,14 +449,38 @@ impl Arena {
     }
 
     /// Called when a pass moved nothing: spins, yields or sleeps on the bell (see `Waiter`);
-    /// fails on a timeout, an abort, or a peer that died or aborted.
+    /// fails on a timeout, an abort, or a peer that died or aborted. The peers waited on are
+    /// the ones furthest behind; `what` describes this rank's state in `desc`.
     pub fn idle(
         &self,
         waiter: &mut Waiter,
         seen: u32,
-        stalled: impl FnOnce() -> String,
+        desc: &OpDesc,
+        what: impl FnOnce() -> String,
     ) -> Result<()> {
         self.check_peers()?;
+        let stalled = |full: bool| {
+            let behind = self.behind();
+            if !full {
+                return Stalled::on(*desc, behind);
+            }
+            let counts: Vec<String> = behind
+                .iter()
+                .map(|&p| {
+                    format!(
+                        "rank {p} staged {}, reduced {}, copied {}",
+                        self.counter(p, OFF_STAGED),
+                        self.counter(p, OFF_REDUCED),
+                        self.counter(p, OFF_COPIED)
+                    )
+                })
+                .collect();
+            Stalled {
+                desc: *desc,
+                what: format!("{}; furthest behind: {}", what(), counts.join("; ")),
+                peers: behind,
+            }
+        };
         if let Next::Block(d) = waiter.idle(&self.cfg, stalled)? {
             let sleepers = self.segs[0].word32(OFF_SLEEPERS);
             sleepers.fetch_add(1, Ordering::SeqCst);
@@ -461,6 +488,7 @@ impl Arena {
             sleepers.fetch_sub(1, Ordering::SeqCst);
             for p in self.others() {
                 if !super::alive(self.pids[p]) {
+                    self.blame(Some(p));
                     return Err(self.remote(
                         p,
                         format!(
@@ -474,6 +502,22 @@ impl Arena {
         Ok(())
     }
 
+    /// The peers furthest behind: fewest rounds staged, reduced and copied together. A rank
+    /// that stopped is among them (the others advance as far as they can without it).
+    fn behind(&self) -> Vec<usize> {
+        let progress = |p: usize| {
+            self.counter(p, OFF_STAGED) + self.counter(p, OFF_REDUCED) + self.counter(p, OFF_COPIED)
+        };
+        let least = self.others().map(progress).min().unwrap_or(0);
+        self.others().filter(|&p| progress(p) == least).collect()
+    }
+
+    fn blame(&self, culprit: Option<usize>) {
+        if let (Some(i), Some(c)) = (&self.cfg.inspector, culprit) {
+            i.blame(c);
+        }
+    }
+
     fn check_peers(&self) -> Result<()> {
         for p in self.others() {
             if self.segs[p].word32(OFF_ABORTED).load(Ordering::Acquire) != 0 {
@@ -483,7 +527,9 @@ impl Arena {
                 // flag that the Acquire load above saw, and never writes it again.
                 let reason = unsafe { self.segs[p].bytes(OFF_REASON + 4, len) };
                 let reason = String::from_utf8_lossy(reason);
-                return Err(self.remote(p, format!("peer aborted: {reason}")));
+                let culprit = self.segs[p].word32(OFF_CULPRIT).load(Ordering::Relaxed);
+                self.blame((culprit as usize).checked_sub(1));
+                return Err(self.remote(p, format!("{}{reason}", crate::transport::PEER_ABORTED)));
             }
         }
         Ok(())
@@ -497,8 +543,9 @@ impl Arena {
         }
     }
 
-    /// Tells the peers waiting in the arena that this rank failed, and why.
-    pub fn abort(&self, reason: &str) {
+    /// Tells the peers waiting in the arena that this rank failed, why, and about which rank
+    /// when known.
+    pub fn abort(&self, reason: &str, culprit: Option<usize>) {
         let seg = &self.segs[self.me];
         if seg.word32(OFF_ABORTED).load(Ordering::Relaxed) != 0 {
             return;
@@ -509,6 +556,8 @@ impl Arena {
         unsafe { seg.bytes_mut(OFF_REASON + 4, reason.len()) }.copy_from_slice(reason);
         seg.word32(OFF_REASON)
             .store(reason.len() as u32, Ordering::Relaxed);
+        seg.word32(OFF_CULPRIT)
+            .store(culprit.map_or(0, |c| c as u32 + 1), Ordering::Relaxed);
         seg.word32(OFF_ABORTED).store(1, Ordering::Release);
         let bell = self.segs[0].word32(OFF_BELL);
         bell.fetch_add(1, Ordering::SeqCst);

@@ -19,10 +19,11 @@ use super::handshake::{self, HELLO_LEN};
 use crate::error::{Error, Result};
 use crate::log::Level;
 use crate::transport::shm::{self, ShmLink};
+use crate::transport::stall::Inspector;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use nix::poll::{poll, PollFd, PollFlags};
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +59,7 @@ struct Job {
     size: usize,
     me: usize,
     shm_peers: Vec<bool>,
+    inspector: Arc<Inspector>,
 }
 
 /// An accepted connection whose hello is not complete yet.
@@ -81,7 +83,8 @@ enum Step {
 }
 
 impl Acceptor {
-    /// Starts accepting on `listener` for comm `comm_id` of `size` ranks.
+    /// Starts accepting on `listener` for comm `comm_id` of `size` ranks; probes get
+    /// `inspector`'s status, and once it says the comm failed, peers are refused.
     pub fn spawn(
         listener: TcpListener,
         secret: [u8; 16],
@@ -89,6 +92,7 @@ impl Acceptor {
         size: usize,
         me: usize,
         shm_peers: Vec<bool>,
+        inspector: Arc<Inspector>,
     ) -> Result<Acceptor> {
         listener
             .set_nonblocking(true)
@@ -102,6 +106,7 @@ impl Acceptor {
             size,
             me,
             shm_peers,
+            inspector,
         };
         let thread = std::thread::Builder::new()
             .name(format!("qccl-accept-{me}"))
@@ -121,7 +126,8 @@ impl Job {
         let me = self.me;
         let mut waiting: VecDeque<Unverified> = VecDeque::new();
         let mut pushed_out = 0usize;
-        while !stop.load(Ordering::Relaxed) {
+        let _stopped = Stopped(&self.inspector);
+        while !stop.load(Ordering::Relaxed) && !self.inspector.listener_released() {
             // Sleep until the listener or a waiting connection is readable, or the earliest
             // hello deadline, or 100 ms (to see `stop`).
             let ms = waiting
@@ -252,16 +258,36 @@ impl Job {
                 Err(e) => return Step::Drop(Level::Info, format!("reading the hello: {e}")),
             }
         }
-        match handshake::verify(
-            &mut u.stream,
-            &u.hello,
-            &self.secret,
-            self.comm_id,
-            self.size,
-        ) {
-            Ok((rank, sock)) => Step::Verified(rank, sock),
-            Err(why) => Step::Drop(Level::Warn, format!("refused: {why}")),
+        let (rank, sock) = match handshake::verify(&u.hello, &self.secret, self.comm_id, self.size)
+        {
+            Ok(v) => v,
+            Err(why) => {
+                // Once the comm failed, the survivors' shrink joins come here too until this
+                // rank shrinks: not worth a warning.
+                let level = if self.inspector.failed() {
+                    Level::Info
+                } else {
+                    Level::Warn
+                };
+                return Step::Drop(level, format!("refused: {why}"));
+            }
+        };
+        if sock == handshake::PROBE_SOCK {
+            // A fresh non-blocking socket: the status (at most a few KiB) fits its buffer.
+            let _ = u.stream.write(&self.inspector.status());
+            return Step::Drop(Level::Trace, format!("answered rank {rank}'s probe"));
         }
+        let failed = self.inspector.failed();
+        if let Err(why) = handshake::answer(&mut u.stream, !failed) {
+            return Step::Drop(Level::Info, why);
+        }
+        if failed {
+            return Step::Drop(
+                Level::Info,
+                format!("rank {rank} connects, but this comm has failed"),
+            );
+        }
+        Step::Verified(rank, sock as usize)
     }
 
     /// Hands a verified connection to the transport: at once, or after the shared-memory setup
@@ -301,6 +327,15 @@ impl Job {
     }
 }
 
+/// Tells the inspector, however the accept loop ends, that the thread no longer accepts.
+struct Stopped<'a>(&'a Inspector);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.0.accept_thread_stopped();
+    }
+}
+
 impl Drop for Acceptor {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -313,7 +348,6 @@ impl Drop for Acceptor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     const SECRET: [u8; 16] = [7; 16];
     const COMM: u64 = 0x1234;
@@ -322,7 +356,8 @@ mod tests {
     fn acceptor() -> (Acceptor, SocketAddr) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let a = Acceptor::spawn(listener, SECRET, COMM, 2, 1, vec![false; 2]).unwrap();
+        let inspector = Arc::new(Inspector::new(1, SECRET, COMM, vec![addr, addr]));
+        let a = Acceptor::spawn(listener, SECRET, COMM, 2, 1, vec![false; 2], inspector).unwrap();
         (a, addr)
     }
 
@@ -416,5 +451,126 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
         };
         assert!(hung_up, "the acceptor waited for {sent} trickled bytes");
+    }
+}
+
+/// The stall inspector's probes, answered by real accept threads.
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+    use crate::transport::frame::{CollKind, OpDesc};
+    use crate::transport::stall::Stalled;
+    use std::time::Duration;
+
+    const SECRET: [u8; 16] = [9; 16];
+    const COMM: u64 = 0x5678;
+
+    fn desc() -> OpDesc {
+        OpDesc {
+            coll: CollKind::Barrier,
+            dtype: 1,
+            op: 0,
+            algo: 0,
+            root: 0,
+            count: 0,
+        }
+    }
+
+    /// Rank 1 of 3 behind an accept thread; rank 2's address is `two`.
+    fn rank1(two: SocketAddr) -> (Acceptor, Arc<Inspector>, Vec<SocketAddr>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addrs = vec!["127.0.0.1:9".parse().unwrap(), l.local_addr().unwrap(), two];
+        let i = Arc::new(Inspector::new(1, SECRET, COMM, addrs.clone()));
+        let a = Acceptor::spawn(l, SECRET, COMM, 3, 1, vec![false; 3], i.clone()).unwrap();
+        (a, i, addrs)
+    }
+
+    /// Rank 0's diagnosis of a wait on rank 1.
+    fn diagnose(addrs: &[SocketAddr]) -> (String, Option<usize>) {
+        let me = Inspector::new(0, SECRET, COMM, addrs.to_vec());
+        let s = Stalled {
+            what: "receive from rank 1 stalled in barrier".into(),
+            ..Stalled::on(desc(), vec![1])
+        };
+        let e = me.diagnose(Duration::from_millis(3000), &AtomicBool::new(false), s);
+        (e.to_string(), me.culprit())
+    }
+
+    #[test]
+    fn the_inspector_follows_the_waits_to_the_rank_that_does_not_answer() {
+        // Rank 2: a listener whose process never accepts (the kernel still completes the
+        // connection), as a stopped process's.
+        let stopped = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (_a, one, addrs) = rank1(stopped.local_addr().unwrap());
+        one.waiting(&Stalled::on(desc(), vec![2]), Instant::now());
+        let (err, culprit) = diagnose(&addrs);
+        let want = format!(
+            "timeout: rank 0: rank 2 ({}) made no progress for 3000 ms (QCCL_TIMEOUT_MS) and \
+             does not answer (stopped, or hung?) (rank 1 waits on rank 2); here: receive from \
+             rank 1 stalled in barrier",
+            addrs[2]
+        );
+        assert_eq!(err, want);
+        assert_eq!(culprit, Some(2));
+    }
+
+    #[test]
+    fn a_rank_that_waits_on_nothing_is_named_as_not_waiting() {
+        let (_a, one, addrs) = rank1("127.0.0.1:9".parse().unwrap());
+        one.waiting(&Stalled::on(desc(), vec![2]), Instant::now());
+        one.done();
+        let (err, culprit) = diagnose(&addrs);
+        assert!(
+            err.contains(&format!(
+                "rank 1 ({}) made no progress for 3000 ms (QCCL_TIMEOUT_MS): it is not waiting \
+                 in this comm",
+                addrs[1]
+            )),
+            "{err}"
+        );
+        assert_eq!(culprit, Some(1));
+    }
+
+    #[test]
+    fn a_failed_rank_passes_its_culprit_on_and_refuses_new_peers() {
+        let stopped = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (_a, one, addrs) = rank1(stopped.local_addr().unwrap());
+        one.blame(2);
+        one.fail("rank 1 failed: timeout");
+        let (err, culprit) = diagnose(&addrs);
+        assert!(
+            err.contains(&format!(
+                "rank 2 ({}) made no progress for 3000 ms (QCCL_TIMEOUT_MS), as rank 1 found",
+                addrs[2]
+            )),
+            "{err}"
+        );
+        assert_eq!(culprit, Some(2));
+        // A peer's connection is answered with a refusal, not left to time out.
+        let mut s = TcpStream::connect(addrs[1]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let hello = handshake::Hello {
+            secret: SECRET,
+            comm_id: COMM,
+            rank: 0,
+            sock: 0,
+        };
+        let e = handshake::connect(&mut s, &hello).unwrap_err().to_string();
+        assert!(e.contains("the peer's comm has failed"), "{e}");
+    }
+
+    #[test]
+    fn a_rank_whose_listener_is_closed_is_named_as_gone() {
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone = closed.local_addr().unwrap();
+        drop(closed);
+        let (_a, one, addrs) = rank1(gone);
+        one.waiting(&Stalled::on(desc(), vec![2]), Instant::now());
+        let (err, culprit) = diagnose(&addrs);
+        assert!(
+            err.contains(&format!("rank 2 ({gone}) made no progress")) && err.contains("refuses"),
+            "{err}"
+        );
+        assert_eq!(culprit, Some(2));
     }
 }

@@ -7,8 +7,13 @@ use std::net::TcpStream;
 
 const HELLO_MAGIC: u32 = 0x5143_4853; // "QCHS"
 const ACK_MAGIC: u32 = 0x5143_4f4b; // "QCOK"
+/// The answer of a rank whose comm failed: it takes no new connection.
+const NAK_MAGIC: u32 = 0x5143_4e4f; // "QCNO"
 /// Bytes of a hello.
 pub const HELLO_LEN: usize = 40;
+/// The socket index of a hello that asks the stall inspector for the rank's status
+/// (`transport::stall`) instead of opening a peer connection.
+pub const PROBE_SOCK: u32 = u32::MAX;
 
 /// What a connecting rank says about itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +30,7 @@ pub struct Hello {
 
 impl Hello {
     /// The hello's bytes on the wire.
-    pub(super) fn encode(&self) -> [u8; HELLO_LEN] {
+    pub(crate) fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&crate::bootstrap::PROTOCOL_VERSION.to_le_bytes());
@@ -35,6 +40,11 @@ impl Hello {
         b[36..40].copy_from_slice(&self.sock.to_le_bytes());
         b
     }
+}
+
+/// True when `head` (a connection's first 4 bytes) starts a hello.
+pub fn is_hello(head: &[u8; 4]) -> bool {
+    u32::from_le_bytes(*head) == HELLO_MAGIC
 }
 
 /// Connector side: sends the hello and waits for the acknowledgement.
@@ -49,33 +59,41 @@ pub fn connect(stream: &mut TcpStream, hello: &Hello) -> Result<()> {
             e,
         )
     })?;
-    if u32::from_le_bytes(ack[0..4].try_into().unwrap()) != ACK_MAGIC {
-        return Err(Error::InvalidUsage(
+    match u32::from_le_bytes(ack[0..4].try_into().unwrap()) {
+        ACK_MAGIC => Ok(()),
+        NAK_MAGIC => Err(Error::Aborted(
+            "the peer's comm has failed: it takes no new connection".into(),
+        )),
+        _ => Err(Error::InvalidUsage(
             "peer answered the connection hello with garbage".into(),
-        ));
+        )),
     }
-    Ok(())
 }
 
 /// Acceptor side, once the `HELLO_LEN` bytes of a hello arrived (the accept thread reads them
-/// without blocking, never more): checks them and acknowledges. Returns the caller's rank and
-/// socket index, or why it was refused (the connection is then dropped without an answer).
-/// The stream may be non-blocking: the 8-byte acknowledgement is the first thing written to
-/// it, so it fits the socket buffer, and a short write counts as a refusal.
+/// without blocking, never more): the caller's rank and socket index ([`PROBE_SOCK`] for a
+/// probe), or why it is refused (the connection is then dropped without an answer).
 pub fn verify(
-    stream: &mut TcpStream,
     hello: &[u8; HELLO_LEN],
     secret: &[u8; 16],
     comm_id: u64,
     size: usize,
-) -> std::result::Result<(usize, usize), String> {
+) -> std::result::Result<(usize, u32), String> {
     let (rank, sock) = check(hello, secret, comm_id, size)?;
+    Ok((rank, sock as u32))
+}
+
+/// Answers a verified hello: accepted, or refused because this rank's comm failed. The
+/// stream may be non-blocking: the 8 bytes are the first written to it, so they fit the
+/// socket buffer, and a short write counts as a failure.
+pub fn answer(stream: &mut TcpStream, accept: bool) -> std::result::Result<(), String> {
     let mut ack = [0u8; 8];
-    ack[0..4].copy_from_slice(&ACK_MAGIC.to_le_bytes());
+    let magic = if accept { ACK_MAGIC } else { NAK_MAGIC };
+    ack[0..4].copy_from_slice(&magic.to_le_bytes());
     match stream.write(&ack) {
-        Ok(8) => Ok((rank, sock)),
-        Ok(n) => Err(format!("sending ack: only {n} of 8 bytes fit")),
-        Err(e) => Err(format!("sending ack: {e}")),
+        Ok(8) => Ok(()),
+        Ok(n) => Err(format!("sending the answer: only {n} of 8 bytes fit")),
+        Err(e) => Err(format!("sending the answer: {e}")),
     }
 }
 

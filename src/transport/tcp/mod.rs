@@ -11,12 +11,14 @@ pub mod progress;
 use super::frame::{CollKind, Header, OpDesc};
 use super::shm::arena::{self, Arena};
 use super::shm::{self, ShmLink};
+use super::stall::{self, Inspector, Stalled};
 use super::{LinkConfig, RecvReq, SendReq, Transport};
 use crate::error::{Error, Result};
 use acceptor::Acceptor;
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Socket buffer size asked for (root may exceed the kernel's default cap).
@@ -56,7 +58,8 @@ pub struct TcpTransport {
     peers: Vec<SocketAddr>,
     nsocks: usize,
     conns: Vec<Option<Conn>>,
-    acceptor: Option<Acceptor>,
+    /// Lives as long as the transport: after an abort it refuses peers and answers probes.
+    acceptor: Acceptor,
     stash: HashMap<usize, Stash>,
     shm_peers: Vec<bool>,
     arena: Option<Arena>,
@@ -73,8 +76,10 @@ impl TcpTransport {
         secret: [u8; 16],
         nsocks: usize,
         shm_peers: Vec<bool>,
-        cfg: LinkConfig,
+        mut cfg: LinkConfig,
     ) -> Result<TcpTransport> {
+        let inspector = Arc::new(Inspector::new(cfg.rank, secret, comm_id, peers.clone()));
+        cfg.inspector = Some(inspector.clone());
         let acceptor = Acceptor::spawn(
             listener,
             secret,
@@ -82,6 +87,7 @@ impl TcpTransport {
             cfg.size,
             cfg.rank,
             shm_peers.clone(),
+            inspector,
         )?;
         Ok(TcpTransport {
             conns: (0..cfg.size).map(|_| None).collect(),
@@ -90,7 +96,7 @@ impl TcpTransport {
             comm_id,
             peers,
             nsocks: nsocks.max(1),
-            acceptor: Some(acceptor),
+            acceptor,
             stash: HashMap::new(),
             shm_peers,
             arena: None,
@@ -208,12 +214,7 @@ impl TcpTransport {
         peer: usize,
         deadline: Instant,
     ) -> Result<(Vec<TcpStream>, Option<ShmLink>)> {
-        let incoming = self
-            .acceptor
-            .as_ref()
-            .ok_or_else(|| Error::Aborted("the comm's transport was aborted".into()))?
-            .incoming
-            .clone();
+        let incoming = self.acceptor.incoming.clone();
         loop {
             if let Some((v, _)) = self.stash.get(&peer) {
                 if v.iter().all(Option::is_some) {
@@ -230,12 +231,22 @@ impl TcpTransport {
                 return Err(Error::Aborted("abort() was called on this comm".into()));
             }
             if Instant::now() >= deadline {
-                return Err(Error::Timeout(format!(
-                    "rank {}: rank {peer} ({}) did not connect within {} ms",
-                    self.cfg.rank,
-                    self.peers[peer],
-                    self.cfg.timeout.as_millis()
-                )));
+                let stalled = Stalled {
+                    desc: OpDesc {
+                        coll: CollKind::Setup,
+                        dtype: 0,
+                        op: 0,
+                        algo: 0,
+                        root: 0,
+                        count: 0,
+                    },
+                    peers: vec![peer],
+                    what: format!("rank {peer} did not connect to this rank"),
+                };
+                return Err(match &self.cfg.inspector {
+                    Some(i) => i.diagnose(self.cfg.timeout, &self.cfg.abort, stalled),
+                    None => stall::plain_timeout(self.cfg.rank, self.cfg.timeout, stalled),
+                });
             }
             if let Ok((rank, sock, s, link)) = incoming.recv_timeout(Duration::from_millis(100)) {
                 if sock >= self.nsocks || self.conns[rank].is_some() {
@@ -352,11 +363,16 @@ impl Transport for TcpTransport {
 
     fn abort(&mut self, reason: &str) {
         self.aborted = true;
+        // The accept thread stays: it answers probes with the reason and refuses peers.
+        let culprit = self.cfg.inspector.as_ref().and_then(|i| {
+            i.fail(reason);
+            i.culprit()
+        });
         if let Some(a) = &self.arena {
-            a.abort(reason);
+            a.abort(reason, culprit);
         }
         let reason = &reason.as_bytes()[..reason.len().min(super::frame::MAX_ABORT_LEN as usize)];
-        let head = Header::abort(reason.len()).encode();
+        let head = Header::abort(reason.len(), culprit).encode();
         for conn in self.conns.iter_mut().filter_map(Option::take) {
             let s = &conn.socks[0];
             if let (Some(link), false) = (&conn.shm, conn.mid_frame) {
@@ -375,8 +391,11 @@ impl Transport for TcpTransport {
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
-        self.acceptor = None;
         self.stash.clear();
+    }
+
+    fn inspector(&self) -> Option<Arc<Inspector>> {
+        self.cfg.inspector.clone()
     }
 
     fn peer_name(&self, peer: usize) -> String {

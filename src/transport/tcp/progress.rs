@@ -5,6 +5,7 @@ use super::Conn;
 use crate::error::{Error, Result};
 use crate::transport::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
 use crate::transport::shm;
+use crate::transport::stall::Stalled;
 use crate::transport::wait::{Next, Waiter};
 use crate::transport::{LinkConfig, RecvReduce, RecvReq, SendReq};
 use nix::poll::{poll, PollFd, PollFlags};
@@ -233,11 +234,12 @@ pub fn exchange(
                             if *got == HEADER_LEN {
                                 let header = Header::decode(h, r.peer)?;
                                 if header.kind == FrameKind::Abort {
+                                    blame(cfg, header.culprit());
                                     let reason = read_reason(conn, header.len as usize);
                                     return Err(closed(
                                         conns,
                                         r.peer,
-                                        format!("peer aborted: {reason}"),
+                                        format!("{}{reason}", crate::transport::PEER_ABORTED),
                                     ));
                                 }
                                 header.check(desc, r.full_len, r.peer, cfg.rank)?;
@@ -267,7 +269,18 @@ pub fn exchange(
             waiter.progressed();
             continue;
         }
-        let stalled = || {
+        let stalled = |full: bool| {
+            let mut waited: Vec<usize> = rxs
+                .iter()
+                .filter(|r| !r.done())
+                .map(|r| r.peer)
+                .chain(txs.iter().filter(|t| !t.done()).map(|t| t.peer))
+                .collect();
+            waited.sort_unstable();
+            waited.dedup();
+            if !full {
+                return Stalled::on(*desc, waited);
+            }
             let mut peers: Vec<String> = rxs
                 .iter()
                 .filter(|r| !r.done())
@@ -279,10 +292,14 @@ pub fn exchange(
                 )
                 .collect();
             peers.dedup();
-            format!("{} stalled in {desc}", peers.join(", "))
+            Stalled {
+                desc: *desc,
+                peers: waited,
+                what: format!("{} stalled in {desc}", peers.join(", ")),
+            }
         };
         if let Next::Block(d) = waiter.idle(cfg, stalled)? {
-            block(conns, &txs, &rxs, d)?;
+            block(conns, cfg, &txs, &rxs, d)?;
         }
     }
 }
@@ -321,6 +338,7 @@ fn shm_receive(link: &shm::ShmLink, r: &mut Rx<'_>) -> bool {
 /// one sleep cannot watch them all). Fails when a shared-memory peer's process is gone.
 fn block(
     conns: &[Option<Conn>],
+    cfg: &LinkConfig,
     txs: &[Tx<'_>],
     rxs: &[Rx<'_>],
     d: std::time::Duration,
@@ -366,6 +384,7 @@ fn block(
     for &(peer, _) in &rings {
         let link = conn(peer).shm.as_ref().expect("shm");
         if !shm::alive(link.peer_pid) {
+            blame(cfg, Some(peer));
             return Err(closed(
                 conns,
                 peer,
@@ -404,14 +423,31 @@ fn lost_peer(
         _ => None,
     };
     match reason {
-        Some(reason) => closed(conns, peer, format!("peer aborted: {reason}")),
-        None => closed(conns, peer, what),
+        Some((reason, culprit)) => {
+            blame(cfg, culprit);
+            closed(
+                conns,
+                peer,
+                format!("{}{reason}", crate::transport::PEER_ABORTED),
+            )
+        }
+        None => {
+            blame(cfg, Some(peer));
+            closed(conns, peer, what)
+        }
+    }
+}
+
+/// Tells the comm's stall inspector (if any) whom the failure is about.
+fn blame(cfg: &LinkConfig, culprit: Option<usize>) {
+    if let (Some(i), Some(c)) = (&cfg.inspector, culprit) {
+        i.blame(c);
     }
 }
 
 /// Reads on from where the peer's first socket stands (`skip` bytes of the current frame
 /// left, or `head`, the part of a header already read) over whatever data frames were queued,
-/// to an abort frame; returns its reason. Bounded: 16 frames, one second in all, and
+/// to an abort frame; returns its reason and the rank it names. Bounded: 16 frames, one second in all, and
 /// `abort()` on the comm ends it, since the peer is gone or going.
 fn pending_abort(
     conn: &mut Conn,
@@ -419,7 +455,7 @@ fn pending_abort(
     peer: usize,
     skip: usize,
     head: &[u8],
-) -> Option<String> {
+) -> Option<(String, Option<usize>)> {
     const MAX_FRAMES: usize = 16;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     let nsocks = conn.socks.len();
@@ -460,7 +496,7 @@ fn pending_abort(
         }
         let header = Header::decode(&h, peer).ok()?;
         if header.kind == FrameKind::Abort {
-            return Some(read_reason(conn, header.len as usize));
+            return Some((read_reason(conn, header.len as usize), header.culprit()));
         }
         // A data frame sent ahead of us: only its first part travels on this socket.
         let (a, b) = split(header.len as usize, nsocks)[0];
@@ -550,7 +586,7 @@ mod tests {
             }
             let reason = b"rank 1 failed: rank 2 is gone";
             theirs[0]
-                .write_all(&Header::abort(reason.len()).encode())
+                .write_all(&Header::abort(reason.len(), Some(2)).encode())
                 .unwrap();
             theirs[0].write_all(reason).unwrap();
         });
@@ -574,6 +610,12 @@ mod tests {
             yield_for: Duration::ZERO,
             abort: Arc::new(AtomicBool::new(false)),
             arena_chunk: None,
+            inspector: Some(Arc::new(crate::transport::stall::Inspector::new(
+                0,
+                [0; 16],
+                0,
+                vec![addr; 3],
+            ))),
         };
         let big = vec![0u8; 64 << 20];
         let sends = [SendReq {
@@ -588,6 +630,8 @@ mod tests {
             err.contains("peer aborted: rank 1 failed: rank 2 is gone"),
             "{err}"
         );
+        // The frame's culprit, for this rank's own abort frames and probes.
+        assert_eq!(cfg.inspector.unwrap().culprit(), Some(2));
     }
 
     #[test]
