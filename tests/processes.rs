@@ -6,13 +6,12 @@
 
 mod common;
 
+use common::job::{child_command, leftover_segments, text, wait, Job, CHILD};
 use common::suite::{cases, run_all, run_case, run_huge, Case};
-use qccl::launch::ReservedPort;
 use qccl::{Algo, Comm, DType, ReduceOp};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
-const CHILD: &str = "QCCL_TEST_CHILD";
 /// Exit code of a rank whose collective returned the expected kind of error.
 const FAILED_CLEANLY: i32 = 3;
 
@@ -282,86 +281,6 @@ fn hitopk_child(comm: &Comm) -> Result<(), String> {
     Ok(())
 }
 
-/// This test binary, re-run as a rank of `scenario`, output captured.
-fn child_command(scenario: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child",
-        "--nocapture",
-        "--test-threads",
-        "1",
-        "-q",
-    ])
-    .env(CHILD, scenario)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    cmd
-}
-
-/// One job's ranks, rendezvousing at 127.0.0.1:`port`.
-struct Job {
-    /// Held for the job's life: rank 0 binds the port, but no other process or connection
-    /// gets it from the kernel in the meantime (picking a free port and releasing it let
-    /// another process take it under load: "Address already in use").
-    port: ReservedPort,
-    secret: String,
-    size: usize,
-}
-
-impl Job {
-    fn new(size: usize) -> Job {
-        let port = ReservedPort::loopback().expect("reserving a port");
-        let secret = format!(
-            "{:016x}{:016x}",
-            rand::random::<u64>(),
-            rand::random::<u64>()
-        );
-        Job { port, secret, size }
-    }
-
-    fn spawn(&self, rank: usize, scenario: &str, env: &[(&str, &str)]) -> Child {
-        let mut cmd = child_command(scenario);
-        cmd.env("QCCL_RANK", rank.to_string())
-            .env("QCCL_WORLD_SIZE", self.size.to_string())
-            .env("QCCL_COMM_ID", format!("127.0.0.1:{}", self.port.port()))
-            .env("QCCL_SECRET", &self.secret);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.spawn().expect("spawning a rank")
-    }
-
-    fn run(&self, scenario: &str, env: &[(&str, &str)], limit: Duration) -> Vec<Output> {
-        let children: Vec<Child> = (0..self.size)
-            .map(|r| self.spawn(r, scenario, env))
-            .collect();
-        children.into_iter().map(|c| wait(c, limit)).collect()
-    }
-}
-
-/// Waits for `c` at most `limit`, killing it past that.
-fn wait(mut c: Child, limit: Duration) -> Output {
-    let start = Instant::now();
-    while c.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            let _ = c.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn suite(n: usize, transport: &str) {
     let env = [("QCCL_TRANSPORT", transport), ("QCCL_DEBUG", "INFO")];
     let outs = Job::new(n).run("suite", &env, Duration::from_secs(600));
@@ -459,20 +378,6 @@ fn arena_5_processes() {
 #[test]
 fn arena_7_processes() {
     arena(7);
-}
-
-/// Segments that processes `pids` left in /dev/shm (names carry the creator's pid).
-fn leftover_segments(pids: &[u32]) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| {
-                    n.starts_with("qccl-") && pids.iter().any(|p| n.contains(&format!("-p{p}-")))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[test]
@@ -748,7 +653,7 @@ fn torchrun_variables_are_enough_to_join() {
     let job = Job::new(2);
     // qccl rendezvouses on MASTER_PORT + 1 (torchrun's store has MASTER_PORT): the job's
     // reserved port. Nothing listens on MASTER_PORT here.
-    let master_port = job.port.port() - 1;
+    let master_port = job.port() - 1;
     let children: Vec<Child> = (0..2)
         .map(|r| {
             let mut cmd = child_command("allreduce");

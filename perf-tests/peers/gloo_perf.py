@@ -24,6 +24,8 @@ import os
 import socket
 import sys
 import time
+
+from ports import reserve_port
 import warnings
 
 # the torch wheel warns once per process when numpy is absent; gloo_perf does not use numpy
@@ -38,19 +40,6 @@ def parse_size(s):
     if s and s[-1].lower() in mul:
         return int(float(s[:-1]) * mul[s[-1].lower()])
     return int(float(s))
-
-
-def reserve_port():
-    """A port on 127.0.0.1 and the socket that holds it: bound with SO_REUSEADDR, never
-    listening. While it is open the kernel hands the port to no other bind to port 0 and no
-    outgoing connection, yet a server that binds it explicitly with SO_REUSEADDR
-    (as torch's TCPStore does) can listen on it. (Binding port 0 and closing the socket to find a
-    free port let another process take the port before the server bound it.) Close it once
-    the server is done."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 0))
-    return s, s.getsockname()[1]
 
 
 def val(r, idx):

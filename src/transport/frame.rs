@@ -97,6 +97,20 @@ pub struct OpDesc {
     pub count: u64,
 }
 
+impl OpDesc {
+    /// The descriptor of a link's or the arena's setup, which belongs to no collective.
+    pub fn setup() -> OpDesc {
+        OpDesc {
+            coll: CollKind::Setup,
+            dtype: 0,
+            op: 0,
+            algo: 0,
+            root: 0,
+            count: 0,
+        }
+    }
+}
+
 impl std::fmt::Display for OpDesc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let dtype = crate::types::DType::from_i32(self.dtype as i32)

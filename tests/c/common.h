@@ -182,8 +182,9 @@ static inline int write_all(int fd, const void* buf, size_t n) {
 
 /* Forks `nranks` processes running body(rank, nranks, id): rank 0 makes the unique id
  * (hosting the rendezvous root) and sends it to the others through a pipe, as an
- * application would over its own channel. Returns 0 when every rank exited 0, but rank
- * `killed` (if >= 0), which must have been killed by SIGKILL. */
+ * application would over its own channel. Returns 0 when every rank exited 0. Rank `killed`
+ * (if >= 0) is the exception: once the others have ended, it is sent SIGKILL (it may have
+ * stopped itself, or killed itself already) and must have ended by SIGKILL. */
 static inline int run_ranks_killing(int nranks, int (*body)(int rank, int nranks, qcclUniqueId id),
                                     int killed) {
     int fds[2];
@@ -217,18 +218,23 @@ static inline int run_ranks_killing(int nranks, int (*body)(int rank, int nranks
     close(fds[1]);
     int failed = 0;
     for (int r = 0; r < nranks; r++) {
+        if (r == killed) continue;
         int status = 0;
         if (waitpid(pids[r], &status, 0) < 0) FAIL("waitpid failed");
-        if (r == killed) {
-            if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
-                fprintf(stderr, "rank %d was to be killed, status %d\n", r, status);
-                failed = 1;
-            }
-        } else if (WIFSIGNALED(status)) {
+        if (WIFSIGNALED(status)) {
             fprintf(stderr, "rank %d killed by signal %d\n", r, WTERMSIG(status));
             failed = 1;
         } else if (WEXITSTATUS(status) != 0) {
             fprintf(stderr, "rank %d exited with %d\n", r, WEXITSTATUS(status));
+            failed = 1;
+        }
+    }
+    if (killed >= 0) {
+        kill(pids[killed], SIGKILL);
+        int status = 0;
+        if (waitpid(pids[killed], &status, 0) < 0) FAIL("waitpid failed");
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
+            fprintf(stderr, "rank %d was to end by SIGKILL, status %d\n", killed, status);
             failed = 1;
         }
     }

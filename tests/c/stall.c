@@ -67,56 +67,11 @@ static int body(int rank, int nranks, qcclUniqueId id) {
     }
 }
 
-/* One job over `transport`; returns 0 when every rank but the stopped one exited 0. */
+/* One job over `transport`; returns 0 when every rank but the stopped one exited 0 (the
+ * stopped one is killed at the end). */
 static int job(const char* transport) {
     setenv("QCCL_TRANSPORT", transport, 1);
-    int fds[2];
-    if (pipe(fds) != 0) FAIL("pipe failed");
-    pid_t pids[NR];
-    for (int r = 0; r < NR; r++) {
-        pid_t pid = fork();
-        if (pid < 0) FAIL("fork failed");
-        if (pid == 0) {
-            g_rank = r;
-            alarm(60); /* a hang fails the test (a stopped rank is killed by the parent) */
-            qcclUniqueId id;
-            if (r == 0) {
-                close(fds[0]);
-                CHECK(qcclGetUniqueId(&id));
-                for (int k = 1; k < NR; k++)
-                    if (write_all(fds[1], &id, sizeof id) != 0) FAIL("writing the id");
-                close(fds[1]);
-            } else {
-                close(fds[1]);
-                if (read_all(fds[0], &id, sizeof id) != 0) FAIL("reading the id");
-                close(fds[0]);
-            }
-            int rc = body(r, NR, id);
-            fflush(stdout);
-            _exit(rc);
-        }
-        pids[r] = pid;
-    }
-    close(fds[0]);
-    close(fds[1]);
-    int failed = 0;
-    for (int r = 0; r < NR; r++) {
-        if (r == STOPPED) continue;
-        int st = 0;
-        if (waitpid(pids[r], &st, 0) < 0) FAIL("waitpid failed");
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "%s: rank %d failed (status %d)\n", transport, r, st);
-            failed = 1;
-        }
-    }
-    /* Stopped (or, if something went wrong, still running): gone either way. */
-    kill(pids[STOPPED], SIGKILL);
-    int st = 0;
-    if (waitpid(pids[STOPPED], &st, 0) < 0) FAIL("waitpid failed");
-    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
-        fprintf(stderr, "%s: the stopped rank ended with status %d\n", transport, st);
-        failed = 1;
-    }
+    int failed = run_ranks_killing(NR, body, STOPPED);
     printf("stopped rank over %s on %d processes: %s\n", transport, NR, failed ? "FAILED" : "ok");
     fflush(stdout);
     return failed;

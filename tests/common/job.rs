@@ -48,6 +48,11 @@ impl Job {
         Job { port, secret, size }
     }
 
+    /// The rendezvous port (rank 0 listens there).
+    pub fn port(&self) -> u16 {
+        self.port.port()
+    }
+
     /// Starts rank `rank` running `scenario` with `env` added.
     pub fn spawn(&self, rank: usize, scenario: &str, env: &[(&str, &str)]) -> Child {
         let mut cmd = child_command(scenario);

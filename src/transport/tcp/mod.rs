@@ -8,7 +8,7 @@ mod acceptor;
 pub mod handshake;
 pub mod progress;
 
-use super::frame::{CollKind, Header, OpDesc};
+use super::frame::{Header, OpDesc};
 use super::shm::arena::{self, Arena};
 use super::shm::{self, ShmLink};
 use super::stall::{self, Inspector, Stalled};
@@ -232,14 +232,7 @@ impl TcpTransport {
             }
             if Instant::now() >= deadline {
                 let stalled = Stalled {
-                    desc: OpDesc {
-                        coll: CollKind::Setup,
-                        dtype: 0,
-                        op: 0,
-                        algo: 0,
-                        root: 0,
-                        count: 0,
-                    },
+                    desc: OpDesc::setup(),
                     peers: vec![peer],
                     what: format!("rank {peer} did not connect to this rank"),
                 };
@@ -284,14 +277,7 @@ impl TcpTransport {
             })
             .collect();
         let addrs = self.peers.iter().map(|a| a.to_string()).collect();
-        let desc = OpDesc {
-            coll: CollKind::Setup,
-            dtype: 0,
-            op: 0,
-            algo: 0,
-            root: 0,
-            count: 0,
-        };
+        let desc = OpDesc::setup();
         let (conns, cfg) = (&mut self.conns, &self.cfg);
         arena::setup(cfg, self.comm_id, pids, addrs, |s, r| {
             progress::exchange(conns, cfg, &desc, s, r)
