@@ -6,7 +6,7 @@
 use crate::buf::RawBuf;
 use crate::types::*;
 use qccl_core::coll::Engine;
-use qccl_core::plan::{FusedAllReduce, Part};
+use qccl_core::fused::{FusedAllReduce, Part};
 use qccl_core::transport::frame::{CollKind, OpDesc};
 use qccl_core::transport::{RecvReq, SendReq};
 use qccl_core::{

@@ -1,7 +1,7 @@
 //! Fusion plans for C callers (QCCL_PLAN_FILE, `qcclCommSetPlan`): while a comm has a plan,
 //! its float32 sum/avg all-reduces issued with `qcclIAllReduce` or inside a group are the
 //! plan's tensors in order; when a call completes a fusion group, the group's tensors are
-//! reduced together, dense or with the group's codec (`qccl::plan::FusionPlan`, shared with the
+//! reduced together, dense or with the group's codec (`qccl::fused::FusionPlan`, shared with the
 //! Rust `PlanRunner`), and each result is written back to its tensor's recvbuff.
 //!
 //! The tensors of a group are issued one way: all non-blocking (each gets a request that
@@ -13,8 +13,9 @@ use crate::buf::RawBuf;
 use crate::handle::CommHandle;
 use crate::last_error::no_panic;
 use crate::op::Op;
-use qccl_core::plan::{FusionPlan, JsonFile, Plan};
+use qccl_core::fused::FusionPlan;
 use qccl_core::{DType, Error, ReduceOp, Request, Result};
+use qccl_planner::{JsonFile, Plan};
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -68,7 +69,8 @@ pub(crate) fn load(path: &str, what: &str) -> Result<PlanState> {
         Error::invalid(format!("{what} {path}: {msg}"))
     };
     let text = std::fs::read_to_string(path).map_err(|e| wrap(Error::System(e.to_string())))?;
-    let plan = FusionPlan::new(&Plan::from_json(&text).map_err(wrap)?, None).map_err(wrap)?;
+    let plan =
+        FusionPlan::new(&Plan::from_json(&text).map_err(wrap)?.fused(), None).map_err(wrap)?;
     if plan.num_tensors() == 0 {
         return Err(wrap(Error::invalid("the plan has no groups")));
     }

@@ -1,4 +1,4 @@
-//! `--calibrate`: measures this machine's cost model for the planners (`qccl::plan`) and writes
+//! `--calibrate`: measures this machine's cost model for the planners (`qccl_planner`) and writes
 //! it as [`CostModel`] JSON, for `qccl-plan` and anything else that reads one.
 //!
 //! - **Links.** Every rank times the in-place float-sum all-reduce at each size (`-b`..`-e`,
@@ -15,9 +15,9 @@
 
 use crate::args::Args;
 use qccl::codec::{Rng, Site};
-use qccl::plan::JsonFile;
-use qccl::plan::{CodecCost, CostModel, Linear};
 use qccl::{Algo, CodecSpec, Comm, ReduceOp, Result};
+use qccl_planner::JsonFile;
+use qccl_planner::{CodecCost, CostModel, Linear};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};

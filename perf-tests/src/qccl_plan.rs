@@ -7,17 +7,17 @@
 //! ```
 //!
 //! Reads a tensor profile (a file, or a shipped name: resnet50, resnet101, bert_base) and a cost
-//! model (`qccl::plan::CostModel` JSON), finds the optimal fusion (`qccl::plan::optimal_fusion`)
+//! model (`qccl_planner::CostModel` JSON), finds the optimal fusion (`qccl_planner::optimal_fusion`)
 //! with the codec and without compression, keeps the faster, prints its simulated iteration
-//! time beside the usual baselines and writes it as `qccl::plan::Plan` JSON.
+//! time beside the usual baselines and writes it as `qccl_planner::Plan` JSON.
 //!
 //! Exit code: 0 done, 2 an error (arguments, unreadable or invalid files, unknown codec/link).
 
 #![forbid(unsafe_code)]
 
-use qccl::plan::JsonFile;
-use qccl::plan::{models, optimal_fusion, simulate, CompressOn, CostModel, Plan, Profile};
 use qccl::CodecSpec;
+use qccl_planner::JsonFile;
+use qccl_planner::{models, optimal_fusion, simulate, CompressOn, CostModel, Plan, Profile};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -26,11 +26,11 @@ const USAGE: &str = "\
 Usage: qccl-plan --profile <file|name> --cost <file> [options]
 
 Chooses how a training step's gradients are fused and compressed (Cupcake's optimal fusion
-over the timeline simulator of qccl::plan) and compares it with the usual baselines.
+over the timeline simulator of qccl_planner) and compares it with the usual baselines.
 
-  --profile <file|name>   tensor profile JSON (qccl::plan::Profile), or a shipped profile:
+  --profile <file|name>   tensor profile JSON (qccl_planner::Profile), or a shipped profile:
                           resnet50 | resnet101 | bert_base
-  --cost <file>           cost model JSON (qccl::plan::CostModel), e.g. from
+  --cost <file>           cost model JSON (qccl_planner::CostModel), e.g. from
                           qccl-perf --calibrate
   --codec <spec>          plan for this codec (a key of the cost model's codecs; a spec
                           such as qsgd:bits=4,bucket=128 matches its canonical form)
@@ -38,7 +38,7 @@ over the timeline simulator of qccl::plan) and compares it with the usual baseli
   --link <name>           link of the cost model, e.g. shm/ring        [its default_link]
   --compress-on <where>   compute (compression delays backprop, Cupcake's model) |
                           separate (its own stream)                     [compute]
-  --out <file>            write the chosen plan as JSON (qccl::plan::Plan)  [qccl-plan.json]
+  --out <file>            write the chosen plan as JSON (qccl_planner::Plan)  [qccl-plan.json]
   -h, --help              this text
 
 The chosen plan is the faster of the optimal fusion with the codec and the optimal fusion

@@ -3,7 +3,7 @@
 //! all-reduce (`-Z`) with its extra columns, and the HiTopKComm collectives (`-C hitopk`,
 //! `naiveag`, `treear`, `2dtar`) with theirs.
 
-use qccl::plan::JsonFile;
+use qccl_planner::JsonFile;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
@@ -1028,7 +1028,7 @@ fn plan_rows(out: &str) -> Vec<(String, usize, f64, bool)> {
 /// Runs qccl-plan, expects success; checks the comparison (the chosen plan no slower than any
 /// row, baselines present) and the plan file (a valid `Plan` for the profile and cost model,
 /// simulating to the printed time). Returns stdout and the plan.
-fn plan_ok(profile: &str, cost: &std::path::Path, extra: &[&str]) -> (String, qccl::plan::Plan) {
+fn plan_ok(profile: &str, cost: &std::path::Path, extra: &[&str]) -> (String, qccl_planner::Plan) {
     let out_path = temp_file(&format!("plan-{profile}-{}.json", extra.join("_")));
     let mut args = vec![
         "--profile",
@@ -1059,16 +1059,16 @@ fn plan_ok(profile: &str, cost: &std::path::Path, extra: &[&str]) -> (String, qc
         assert!(rows.iter().any(|r| r.0 == label), "no row {label}:\n{out}");
     }
     assert!(out.contains("# chosen: "), "{out}");
-    let plan = qccl::plan::Plan::read(&out_path).expect("plan JSON reads back");
+    let plan = qccl_planner::Plan::read(&out_path).expect("plan JSON reads back");
     let _ = std::fs::remove_file(&out_path);
     assert_eq!(plan.groups.len(), chosen[0].1, "{out}");
-    let prof = qccl::plan::models::shipped()
+    let prof = qccl_planner::models::shipped()
         .into_iter()
         .find(|(s, _)| *s == profile)
         .map(|(_, p)| p)
         .unwrap();
-    let model = qccl::plan::CostModel::read(cost).unwrap();
-    let t = qccl::plan::simulate(&prof, &model, &plan).expect("plan fits profile and cost");
+    let model = qccl_planner::CostModel::read(cost).unwrap();
+    let t = qccl_planner::simulate(&prof, &model, &plan).expect("plan fits profile and cost");
     assert!(
         (t.time * 1e3 - best).abs() <= 1e-4 * best.max(1.0),
         "plan simulates to {} ms, printed {best}",
@@ -1079,7 +1079,7 @@ fn plan_ok(profile: &str, cost: &std::path::Path, extra: &[&str]) -> (String, qc
 
 #[test]
 fn calibrate_writes_a_cost_model_the_planner_reads() {
-    use qccl::plan::CostModel;
+    use qccl_planner::CostModel;
     let path = temp_file("cost.json");
     let p = path.to_str().unwrap();
     let o = run(&[
@@ -1156,7 +1156,7 @@ fn calibrate_writes_a_cost_model_the_planner_reads() {
 
 #[test]
 fn calibrate_schedules_and_codecs_given() {
-    use qccl::plan::CostModel;
+    use qccl_planner::CostModel;
     let path = temp_file("cost-given.json");
     let o = run(&[
         "-np",
@@ -1214,7 +1214,7 @@ fn calibrate_schedules_and_codecs_given() {
 /// A cost model written here, so the planner's output does not depend on this machine: a
 /// 10 Gb/s link with 50 µs per call, a cheap 2x codec and an expensive 32x one.
 fn synthetic_cost(tag: &str) -> std::path::PathBuf {
-    use qccl::plan::{CodecCost, CostModel, Linear};
+    use qccl_planner::{CodecCost, CostModel, Linear};
     let m = CostModel::with_link("tcp/ring", Linear::new(50e-6, 1.0 / 1.25e9))
         .codec_entry(
             "fp16",

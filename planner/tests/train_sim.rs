@@ -15,7 +15,7 @@ fn example() -> PathBuf {
     assert!(
         path.exists(),
         "{} is missing: run the whole `cargo test` (it builds the examples) or \
-         `cargo build --example train_sim` first",
+         `cargo build -p qccl-planner --example train_sim` first",
         path.display()
     );
     path

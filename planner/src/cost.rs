@@ -19,8 +19,8 @@
 //! [`CostModel::sync`] puts these together with the codec's costs into the time one tensor's
 //! synchronisation occupies the channel, for a flat or a two-level ([`Topology`]) job.
 
-use super::curve::LinkCost;
-use crate::{Error, Result};
+use crate::curve::LinkCost;
+use qccl::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -436,7 +436,7 @@ impl CostModel {
     }
 }
 
-impl super::JsonFile for CostModel {
+impl crate::JsonFile for CostModel {
     const WHAT: &'static str = "cost model";
     fn check(&self) -> Result<()> {
         self.validate()
@@ -446,7 +446,7 @@ impl super::JsonFile for CostModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::JsonFile;
+    use crate::JsonFile;
 
     #[test]
     fn lookup_default_and_json_round_trip() {

@@ -1,6 +1,6 @@
 //! Tensor profiles: what a planner knows about a model's gradients.
 
-use crate::{Error, Result};
+use qccl::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// One gradient tensor: its size and how long backprop takes to produce it.
@@ -34,6 +34,11 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Elements of every tensor, in backprop order (what `qccl::fused`'s runners take).
+    pub fn sizes(&self) -> Vec<usize> {
+        self.tensors.iter().map(|t| t.elems).collect()
+    }
+
     /// Number of tensors.
     pub fn len(&self) -> usize {
         self.tensors.len()
@@ -69,7 +74,7 @@ impl Profile {
     }
 }
 
-impl super::JsonFile for Profile {
+impl crate::JsonFile for Profile {
     const WHAT: &'static str = "profile";
     fn check(&self) -> Result<()> {
         self.validate()
@@ -79,7 +84,7 @@ impl super::JsonFile for Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::JsonFile;
+    use crate::JsonFile;
 
     #[test]
     fn json_round_trip_and_validation() {

@@ -3,7 +3,7 @@
 //! For every gradient tensor, decide whether to compress it and, if so, with which codec and
 //! [`Choice`] (divisible or indivisible scheme; for two-level jobs, compress the intra-machine
 //! phases, the inter-machine phase or both). The objective is the simulated iteration time
-//! ([`super::sim`], with the plan's [`Topology`] and [`CostModel::sync`]); tensors are not fused
+//! ([`crate::sim`], with the plan's [`Topology`] and [`CostModel::sync`]); tensors are not fused
 //! (Espresso decides per tensor: the plan is layer-wise).
 //!
 //! - [`espresso_algorithm1`]: the paper's Algorithm 1 (GPU compression decisions): tensors by
@@ -27,11 +27,11 @@
 //!   iteration by being compressed — it only widens the bubble — and nothing decided later can
 //!   close that bubble, because later decisions only delay readiness before it.
 
-use super::cost::{Choice, CostModel, Scheme, Topology};
-use super::fusion::{Group, Plan};
-use super::profile::Profile;
-use super::sim::{simulate, CompressOn, SimState, Stepper};
-use crate::{Error, Result};
+use crate::cost::{Choice, CostModel, Scheme, Topology};
+use crate::fusion::{Group, Plan};
+use crate::profile::Profile;
+use crate::sim::{simulate, CompressOn, SimState, Stepper};
+use qccl::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -246,7 +246,7 @@ impl<'a> Setting<'a> {
 fn one_tensor_if_empty(profile: &Profile) -> Profile {
     if profile.is_empty() {
         let mut p = profile.clone();
-        p.tensors.push(super::profile::TensorProfile {
+        p.tensors.push(crate::profile::TensorProfile {
             name: String::new(),
             elems: 1,
             backprop: 0.0,
@@ -504,9 +504,9 @@ pub fn best_uniform(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::cost::{CodecCost, Linear};
-    use crate::plan::models;
-    use crate::plan::profile::TensorProfile;
+    use crate::cost::{CodecCost, Linear};
+    use crate::models;
+    use crate::profile::TensorProfile;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 

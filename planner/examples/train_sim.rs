@@ -5,14 +5,14 @@
 //! 1. **dense, layer-wise**: one uncompressed all-reduce per tensor.
 //! 2. **codec, layer-wise**: one compressed all-reduce per tensor (`--codec`, qsgd 4-bit).
 //! 3. **codec, Cupcake**: the tensors fused by `optimal_fusion` under the cost model, each group
-//!    compressed once ([`qccl::plan::BucketRunner`]).
+//!    compressed once ([`qccl::fused::BucketRunner`]).
 //! 4. **DeAR**: uncompressed, decoupled: each fusion group's reduce-scatter starts during
 //!    backward, its all-gather runs during the next forward and is waited for just before the
 //!    group's first layer needs its parameters.
 //!
 //! ```text
-//! cargo run --release --example train_sim -- -np 2             # 2 local processes
-//! cargo run --release --example train_sim -- -np 2 --quick     # small and fast (CI)
+//! cargo run --release -p qccl-planner --example train_sim -- -np 2          # 2 processes
+//! cargo run --release -p qccl-planner --example train_sim -- -np 2 --quick  # small, fast
 //! perf-tests/emucluster -H 2 -R 2 --rate 100mbit -- target/release/examples/train_sim
 //! ```
 //!
@@ -48,13 +48,13 @@
 //! half is simulated here: all-gathers queued in forward order on one channel from the start of
 //! the iteration, each group's forward compute starting when its all-gather is done.
 
+use qccl::fused::BucketRunner;
 use qccl::launch::Launch;
-use qccl::plan::JsonFile;
-use qccl::plan::{
-    models, optimal_fusion, simulate, BucketRunner, CodecCost, CompressOn, CostModel, Linear, Plan,
-    Profile,
-};
 use qccl::{Comm, ReduceOp, Request};
+use qccl_planner::JsonFile;
+use qccl_planner::{
+    models, optimal_fusion, simulate, CodecCost, CompressOn, CostModel, Linear, Plan, Profile,
+};
 use std::error::Error;
 use std::time::{Duration, Instant};
 
@@ -378,7 +378,7 @@ fn calibrate(comm: &Comm, codec: &str, sizes: &[usize], reps: usize) -> Res<Cost
         Linear::new(comp.alpha, comp.beta / ratio),
     );
     // The measured points refine the lines where the planners evaluate them (a line misses
-    // the biggest fused groups by 10-15% here; see qccl::plan::curve).
+    // the biggest fused groups by 10-15% here; see qccl_planner::curve).
     for (k, name) in [AR, RS, AG].into_iter().enumerate() {
         cost.measured
             .insert(name.into(), pts(k).iter().map(|&(x, t)| [x, t]).collect());
@@ -483,7 +483,7 @@ fn initial_grads(p: &Profile, rank: usize) -> Vec<Vec<f32>> {
 /// copied); each iteration's "gradients" are the previous averages, left where they are.
 /// Returns seconds per iteration (warm-up excluded).
 fn run_plan(comm: &Comm, o: &Opts, p: &Profile, plan: &Plan) -> Res<Vec<f64>> {
-    let mut runner = BucketRunner::new(comm, plan, p)?;
+    let mut runner = BucketRunner::new(comm, &plan.fused(), &p.sizes())?;
     for (i, g) in initial_grads(p, comm.rank()).into_iter().enumerate() {
         runner.grad_mut(i)?.copy_from_slice(&g);
     }

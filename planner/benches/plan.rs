@@ -5,8 +5,8 @@
 //! simulated iteration times, the optimal fusion's time and group count, and how long the
 //! exact DP and Cupcake's Algorithm 1 (with a budget of cases) take to plan: best of several runs.
 
-use qccl::plan::JsonFile;
-use qccl::plan::{
+use qccl_planner::JsonFile;
+use qccl_planner::{
     algorithm1, optimal_fusion, simulate, CodecCost, CompressOn, CostModel, Linear, Plan, Profile,
 };
 use std::path::PathBuf;

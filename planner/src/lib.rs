@@ -1,5 +1,7 @@
-//! Planners: pure, deterministic functions over tensor profiles and a cost model that decide how
-//! a training step's gradients go through the collective (see ../shared/DESIGN.md, "Planners").
+//! qccl's planners: pure, deterministic functions over tensor profiles and a cost model that
+//! decide how a training step's gradients go through the collective. They run no collective
+//! themselves: a plan's groups are executed by `qccl::fused` ([`Plan::fused`] hands them
+//! over), and `qccl-perf --calibrate` measures the cost model they read.
 //!
 //! - [`profile`]: the tensors of a model in backprop order, with sizes and backprop times.
 //! - [`models`]: ResNet-50/101 and BERT-base profiles built from the published architectures
@@ -7,24 +9,40 @@
 //! - [`cost`]: the cost model: link α + β·bytes per transport/algorithm, codec compression and
 //!   decompression α + β·bytes and compression ratio (Cupcake's g and h); for Espresso, the
 //!   all-gather and divisible schemes and flat or two-level topologies ([`CostModel::sync`]).
-//! - [`fusion`]: a plan (fusion groups, each with a codec or none) and the baseline fusions.
+//! - [`fusion`]: how tensors are grouped: a [`Plan`] (fusion groups, each with a codec or none)
+//!   and the baseline fusions, and DeAR's fusion buffer (groups by a byte threshold).
 //! - [`sim`]: the timeline simulator that turns (profile, cost model, plan) into an iteration time.
 //! - [`cupcake`]: optimal fusion for compression: the paper's Algorithm 1 (exact on a link's
 //!   line, refuses measured curves) and an exact dynamic program with Pareto pruning that scales
 //!   to hundreds of tensors.
 //! - [`espresso`](mod@espresso): per-tensor compression strategy (compress or not, codec, divisible or
 //!   all-gather scheme, which tiers of a two-level job): the paper's Algorithm 1 and brute force.
-//! - [`apply`]: the runner that executes a plan on a comm during training (fuses each group's
-//!   gradients and starts its all-reduce, dense or compressed, as soon as the group is complete).
+//! - [`dear`]: DeAR with qccl, and the Bayesian tuner of its fusion threshold.
 //!
 //! Inputs and outputs are JSON files (serde), so `qccl-perf --calibrate` can write cost models and
 //! tools can read and write profiles and plans.
+//!
+//! ```no_run
+//! # fn main() -> qccl::Result<()> {
+//! use qccl::fused::PlanRunner;
+//! use qccl_planner::{models, Plan};
+//! let comm = qccl::Comm::from_env()?;
+//! let profile = models::resnet50();
+//! let plan = Plan::even_split(profile.len(), 8, Some("qsgd:bits=4"));
+//! let mut runner = PlanRunner::new(&comm, &plan.fused(), &profile.sizes())?;
+//! for (i, t) in profile.tensors.iter().enumerate() {
+//!     runner.submit(i, vec![0.0f32; t.elems])?; // ... backprop produces tensor i's gradient
+//! }
+//! let averaged = runner.finish()?;
+//! # let _ = averaged;
+//! # Ok(())
+//! # }
+//! ```
 
-pub mod apply;
-pub mod buckets;
 pub mod cost;
 pub mod cupcake;
 pub mod curve;
+pub mod dear;
 pub mod espresso;
 pub mod fusion;
 pub mod models;
@@ -33,8 +51,6 @@ pub mod sim;
 #[cfg(test)]
 mod testing;
 
-pub use apply::{FusedAllReduce, FusionPlan, Part, PlanRunner};
-pub use buckets::BucketRunner;
 pub use cost::{Choice, CodecCost, CostModel, Linear, Scheme, SyncCost, Topology};
 pub use cupcake::{algorithm1, exhaustive, optimal_fusion, Fusion};
 pub use curve::LinkCost;
@@ -46,7 +62,7 @@ pub use fusion::{Group, Plan};
 pub use profile::{Profile, TensorProfile};
 pub use sim::{simulate, CompressOn, GroupEvents, Timeline};
 
-use crate::{Error, Result};
+use qccl::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::Path;

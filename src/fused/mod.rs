@@ -1,17 +1,24 @@
-//! Applying a plan: the runner a training loop feeds its gradients to, one tensor at a time in
-//! backprop order, which fuses them into the plan's groups and starts each group's all-reduce
-//! as soon as the group is complete (wait-free backprop, as the simulator assumes).
+//! Fused all-reduce: consecutive tensors of a training step reduced together, each group dense
+//! or with its own codec, as a fusion plan decides (e.g. `qccl-planner`'s Cupcake plan, whose
+//! `Plan::fused` gives the groups). [`PlanRunner`] takes owned gradients one tensor at a time
+//! in backprop order and starts each group's all-reduce as soon as the group is complete
+//! (wait-free backprop); [`BucketRunner`] keeps each group's gradients in one bucket that
+//! backprop writes into (PyTorch DDP's `gradient_as_bucket_view`); the C ABI's
+//! QCCL_PLAN_FILE runs grouped calls through [`FusionPlan`] and [`FusedAllReduce`].
 //!
 //! ```no_run
 //! # fn main() -> qccl::Result<()> {
-//! use qccl::plan::{models, Plan, PlanRunner};
+//! use qccl::fused::{FusedGroup, PlanRunner};
 //! let comm = qccl::Comm::from_env()?;
-//! let profile = models::resnet50();
-//! let plan = Plan::even_split(profile.len(), 8, Some("qsgd:bits=4"));
-//! let mut runner = PlanRunner::new(&comm, &plan, &profile)?;
+//! let sizes = [1 << 20, 64, 1 << 18, 1000]; // elements per tensor, backprop order
+//! let groups = [
+//!     FusedGroup::new(0..2, Some("qsgd:bits=4,bucket=128")),
+//!     FusedGroup::new(2..4, None),
+//! ];
+//! let mut runner = PlanRunner::new(&comm, &groups, &sizes)?;
 //! for step in 0..10 {
-//!     for (i, t) in profile.tensors.iter().enumerate() {
-//!         let grad = vec![0.0f32; t.elems]; // ... backprop produces tensor i's gradient ...
+//!     for (i, &n) in sizes.iter().enumerate() {
+//!         let grad = vec![0.0f32; n]; // ... backprop produces tensor i's gradient ...
 //!         runner.submit(i, grad)?;
 //!     }
 //!     let averaged = runner.finish()?; // one Vec per tensor, in submission order
@@ -21,11 +28,14 @@
 //! # }
 //! ```
 //!
-//! Every rank must run the same plan and submit the same tensors (same sizes, same order): the
-//! groups then issue the same collectives in the same order on every rank, with no negotiation.
+//! Every rank must run the same groups and submit the same tensors (same sizes, same order):
+//! the groups then issue the same collectives in the same order on every rank, with no
+//! negotiation.
 
-use super::fusion::Plan;
-use super::profile::Profile;
+mod buckets;
+
+pub use buckets::BucketRunner;
+
 use crate::codec::ef::TensorKey;
 use crate::coll::Engine;
 use crate::comm::{AllReduceCall, Comm, Compression, Request};
@@ -36,7 +46,27 @@ use std::ops::Range;
 /// The key prefix of the error-feedback residuals of a runner's compressed groups.
 pub const DEFAULT_KEY_PREFIX: &str = "plan-group";
 
-/// One plan group as it is executed.
+/// One group of a fusion: consecutive tensors reduced together, dense (no codec) or
+/// compressed with a codec spec (`qsgd:bits=4,bucket=128`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusedGroup {
+    /// The tensors, by index in backprop order.
+    pub tensors: Range<usize>,
+    /// The codec spec; None: dense.
+    pub codec: Option<String>,
+}
+
+impl FusedGroup {
+    /// Tensors `tensors`, compressed with `codec` (None: dense).
+    pub fn new(tensors: Range<usize>, codec: Option<&str>) -> FusedGroup {
+        FusedGroup {
+            tensors,
+            codec: codec.map(str::to_string),
+        }
+    }
+}
+
+/// One group as it is executed.
 #[derive(Clone)]
 struct RunGroup {
     start: usize,
@@ -46,7 +76,7 @@ struct RunGroup {
     compression: Option<Compression>,
 }
 
-/// A [`Plan`] checked for execution: its groups (non-empty, tiling the tensors in order), each
+/// Fusion groups checked for execution: non-empty, tiling the tensors in order, each
 /// group's compression parsed with its error-feedback key, and the group of every tensor. The
 /// execution half shared by [`PlanRunner`] (owned gradients) and the C ABI's QCCL_PLAN_FILE
 /// (the caller's buffers): [`FusionPlan::prepare`] resolves a group's all-reduce, and
@@ -64,24 +94,23 @@ pub struct FusionPlan {
 }
 
 impl FusionPlan {
-    /// Checks `plan` for `tensors` tensors (None: as many as its groups cover): the groups are
+    /// Checks `groups` for `tensors` tensors (None: as many as the groups cover): they are
     /// non-empty and tile the tensors in order, and every codec spec parses.
-    pub fn new(plan: &Plan, tensors: Option<usize>) -> Result<FusionPlan> {
+    pub fn new(fused: &[FusedGroup], tensors: Option<usize>) -> Result<FusionPlan> {
         let mut next = 0;
-        let mut groups = Vec::with_capacity(plan.groups.len());
+        let mut groups = Vec::with_capacity(fused.len());
         let mut group_of = Vec::new();
-        for (i, g) in plan.groups.iter().enumerate() {
-            if g.start != next || g.end <= g.start {
+        for (i, g) in fused.iter().enumerate() {
+            let (start, end) = (g.tensors.start, g.tensors.end);
+            if start != next || end <= start {
                 return Err(Error::InvalidArgument(format!(
-                    "plan group {i} is {}..{}, expected a non-empty group starting at tensor \
-                     {next}",
-                    g.start, g.end
+                    "plan group {i} is {start}..{end}, expected a non-empty group starting at \
+                     tensor {next}"
                 )));
             }
-            if let Some(n) = tensors.filter(|&n| g.end > n) {
+            if let Some(n) = tensors.filter(|&n| end > n) {
                 return Err(Error::InvalidArgument(format!(
-                    "plan group {i} is {}..{} but the profile has only {n} tensors",
-                    g.start, g.end
+                    "plan group {i} is {start}..{end} but there are only {n} tensors"
                 )));
             }
             let compression = match &g.codec {
@@ -91,16 +120,16 @@ impl FusionPlan {
                 })?),
             };
             groups.push(RunGroup {
-                start: g.start,
-                end: g.end,
+                start,
+                end,
                 compression,
             });
-            group_of.extend(std::iter::repeat_n(i, g.end - g.start));
-            next = g.end;
+            group_of.extend(std::iter::repeat_n(i, end - start));
+            next = end;
         }
         if let Some(n) = tensors.filter(|&n| n != next) {
             return Err(Error::InvalidArgument(format!(
-                "plan covers tensors 0..{next} but the profile has {n}"
+                "plan covers tensors 0..{next} but there are {n}"
             )));
         }
         Ok(FusionPlan { groups, group_of }.with_key_prefix(DEFAULT_KEY_PREFIX))
@@ -220,7 +249,7 @@ impl FusedAllReduce {
     }
 }
 
-/// Executes a [`Plan`] on a [`Comm`], one iteration at a time: [`submit`](Self::submit) every
+/// Executes fusion groups on a [`Comm`], one iteration at a time: [`submit`](Self::submit) every
 /// tensor's gradient in backprop order, then [`finish`](Self::finish). The runner can be reused
 /// for any number of iterations.
 ///
@@ -229,7 +258,7 @@ impl FusedAllReduce {
 pub struct PlanRunner<'c> {
     comm: &'c Comm,
     plan: FusionPlan,
-    /// Element count of every tensor, from the profile.
+    /// Element count of every tensor.
     elems: Vec<usize>,
     /// The next tensor `submit` expects.
     next: usize,
@@ -240,13 +269,13 @@ pub struct PlanRunner<'c> {
 }
 
 impl<'c> PlanRunner<'c> {
-    /// A runner for `plan` over the tensors of `profile` on `comm`. Checks that the groups are
-    /// non-empty and tile the profile's tensors in order, and that every codec spec parses.
-    pub fn new(comm: &'c Comm, plan: &Plan, profile: &Profile) -> Result<PlanRunner<'c>> {
+    /// A runner for `groups` over tensors of `sizes` elements on `comm`. Checks that the
+    /// groups are non-empty and tile the tensors in order, and that every codec spec parses.
+    pub fn new(comm: &'c Comm, groups: &[FusedGroup], sizes: &[usize]) -> Result<PlanRunner<'c>> {
         Ok(PlanRunner {
             comm,
-            plan: FusionPlan::new(plan, Some(profile.len()))?,
-            elems: profile.tensors.iter().map(|t| t.elems).collect(),
+            plan: FusionPlan::new(groups, Some(sizes.len()))?,
+            elems: sizes.to_vec(),
             next: 0,
             open: Vec::new(),
             inflight: Vec::new(),
@@ -304,7 +333,7 @@ impl<'c> PlanRunner<'c> {
         }
         if grad.len() != self.elems[index] {
             return Err(Error::InvalidArgument(format!(
-                "PlanRunner::submit: tensor {index} has {} elements, the profile says {}",
+                "PlanRunner::submit: tensor {index} has {} elements, expected {}",
                 grad.len(),
                 self.elems[index]
             )));
@@ -363,9 +392,9 @@ impl<'c> PlanRunner<'c> {
 
 #[cfg(test)]
 mod tests {
+    use super::testing::{from_ends, on_threads};
     use super::*;
     use crate::config::Config;
-    use crate::plan::testing::{on_threads, prof};
     use std::time::{Duration, Instant};
 
     /// Rank `r`'s gradient of tensor `t` at step `s`: distinct per rank, tensor and element.
@@ -390,9 +419,8 @@ mod tests {
             .collect()
     }
 
-    fn run(comm: &Comm, r: usize, plan: &Plan, steps: usize) -> Vec<Vec<Vec<f32>>> {
-        let p = prof(&SIZES, 1e-3);
-        let mut runner = PlanRunner::new(comm, plan, &p).unwrap();
+    fn run(comm: &Comm, r: usize, plan: &[FusedGroup], steps: usize) -> Vec<Vec<Vec<f32>>> {
+        let mut runner = PlanRunner::new(comm, plan, &SIZES).unwrap();
         (0..steps)
             .map(|s| {
                 for (t, &n) in SIZES.iter().enumerate() {
@@ -406,9 +434,9 @@ mod tests {
     #[test]
     fn dense_plan_equals_per_tensor_all_reduce() {
         for plan in [
-            Plan::from_ends(&[2, 3, 6], None),
-            Plan::single(6, None),
-            Plan::layer_wise(6, None),
+            from_ends(&[2, 3, 6], None),
+            from_ends(&[6], None),
+            from_ends(&[1, 2, 3, 4, 5, 6], None),
         ] {
             let outs = on_threads(3, |r, comm| {
                 let got = run(comm, r, &plan, 2);
@@ -417,15 +445,15 @@ mod tests {
             });
             for (got, want) in outs {
                 // Avg of the same values in the same order whatever the fusion: bit-identical.
-                assert_eq!(got, want, "plan {:?}", plan.ends());
+                assert_eq!(got, want, "plan {plan:?}");
             }
         }
     }
 
     #[test]
     fn compressed_plan_is_close() {
-        let mut plan = Plan::from_ends(&[1, 4, 6], Some("fp16"));
-        plan.groups[1].codec = None; // mixed: dense middle group
+        let mut plan = from_ends(&[1, 4, 6], Some("fp16"));
+        plan[1].codec = None; // mixed: dense middle group
         let outs = on_threads(2, |r, comm| {
             let got = run(comm, r, &plan, 3);
             let want: Vec<_> = (0..3).map(|s| reference(comm, r, s)).collect();
@@ -447,10 +475,9 @@ mod tests {
 
     #[test]
     fn groups_start_as_soon_as_complete() {
-        let plan = Plan::from_ends(&[2, 6], Some("qsgd:bits=4"));
+        let plan = from_ends(&[2, 6], Some("qsgd:bits=4"));
         on_threads(2, |r, comm| {
-            let p = prof(&SIZES, 1e-3);
-            let mut runner = PlanRunner::new(comm, &plan, &p).unwrap();
+            let mut runner = PlanRunner::new(comm, &plan, &SIZES).unwrap();
             for step in 0..2 {
                 runner.submit(0, grad(r, 0, step, SIZES[0])).unwrap();
                 assert_eq!(runner.launched(), 0);
@@ -485,24 +512,24 @@ mod tests {
     fn bad_plans_and_calls_are_rejected() {
         let comms = Comm::init_threads(1, Config::default()).unwrap();
         let comm = &comms[0];
-        let p = prof(&[3, 4, 5], 1e-3);
-        let err = |plan: Plan| match PlanRunner::new(comm, &plan, &p) {
-            Ok(_) => panic!("plan {:?} accepted", plan.ends()),
+        let p = [3, 4, 5];
+        let err = |plan: Vec<FusedGroup>| match PlanRunner::new(comm, &plan, &p) {
+            Ok(_) => panic!("plan {plan:?} accepted"),
             Err(e) => e.to_string(),
         };
-        assert!(err(Plan::from_ends(&[2], None)).contains("covers tensors 0..2"));
-        assert!(err(Plan::from_ends(&[2, 2, 3], None)).contains("group 1 is 2..2"));
-        assert!(err(Plan::from_ends(&[1, 4], None)).contains("only 3 tensors"));
-        let mut gap = Plan::from_ends(&[1, 3], None);
-        gap.groups[1].start = 2;
+        assert!(err(from_ends(&[2], None)).contains("covers tensors 0..2"));
+        assert!(err(from_ends(&[2, 2, 3], None)).contains("group 1 is 2..2"));
+        assert!(err(from_ends(&[1, 4], None)).contains("only 3 tensors"));
+        let mut gap = from_ends(&[1, 3], None);
+        gap[1].tensors.start = 2;
         assert!(err(gap).contains("starting at tensor 1"));
-        assert!(err(Plan::from_ends(&[3], Some("nosuchcodec"))).contains("nosuchcodec"));
+        assert!(err(from_ends(&[3], Some("nosuchcodec"))).contains("nosuchcodec"));
 
-        let mut runner = PlanRunner::new(comm, &Plan::from_ends(&[2, 3], None), &p).unwrap();
+        let mut runner = PlanRunner::new(comm, &from_ends(&[2, 3], None), &p).unwrap();
         let e = runner.submit(1, vec![0.0; 4]).unwrap_err().to_string();
         assert!(e.contains("out of order"), "{e}");
         let e = runner.submit(0, vec![0.0; 2]).unwrap_err().to_string();
-        assert!(e.contains("has 2 elements, the profile says 3"), "{e}");
+        assert!(e.contains("has 2 elements, expected 3"), "{e}");
         runner.submit(0, vec![1.0; 3]).unwrap();
         let e = runner.finish().unwrap_err().to_string();
         assert!(e.contains("only 1 of 3"), "{e}");
@@ -514,5 +541,41 @@ mod tests {
         assert!(e.contains("already submitted"), "{e}");
         let out = runner.finish().unwrap();
         assert_eq!(out, vec![vec![0.0; 3], vec![1.0; 4], vec![2.0; 5]]);
+    }
+}
+
+/// Helpers shared by the runners' unit tests.
+#[cfg(test)]
+mod testing {
+    use super::FusedGroup;
+    use crate::comm::Comm;
+    use crate::config::Config;
+
+    /// Groups ending at `ends` (exclusive), all with `codec`.
+    pub fn from_ends(ends: &[usize], codec: Option<&str>) -> Vec<FusedGroup> {
+        let mut start = 0;
+        ends.iter()
+            .map(|&end| {
+                let g = FusedGroup::new(start..end, codec);
+                start = end;
+                g
+            })
+            .collect()
+    }
+
+    /// Runs `f(rank, comm)` on `n` thread ranks and returns the results in rank order.
+    pub fn on_threads<R: Send>(n: usize, f: impl Fn(usize, &Comm) -> R + Sync) -> Vec<R> {
+        let comms = Comm::init_threads(n, Config::default()).unwrap();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    let f = &f;
+                    s.spawn(move || f(r, c))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
     }
 }

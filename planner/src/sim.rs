@@ -34,11 +34,11 @@
 //! The iteration ends when the last group is decompressed (or communicated, without a codec) —
 //! or when backprop ends, if that is later (only possible with an empty plan).
 
-use super::cost::{Choice, CostModel, Topology};
-use super::curve::LinkCost;
-use super::fusion::{Group, Plan};
-use super::profile::Profile;
-use crate::Result;
+use crate::cost::{Choice, CostModel, Topology};
+use crate::curve::LinkCost;
+use crate::fusion::{Group, Plan};
+use crate::profile::Profile;
+use qccl::Result;
 use serde::{Deserialize, Serialize};
 
 /// Where a group's compression runs (see the module docs).
@@ -213,8 +213,8 @@ fn precompresses(t: &Topology, choice: Choice) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::cost::{CodecCost, Linear};
-    use crate::plan::profile::TensorProfile;
+    use crate::cost::{CodecCost, Linear};
+    use crate::profile::TensorProfile;
 
     /// Tensors of `elems` elements each (4·elems bytes) with the given backprop times.
     fn prof(t: &[(usize, f64)]) -> Profile {
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn topology_schemes_by_hand() {
-        use crate::plan::cost::{Choice, Scheme, Topology};
+        use crate::cost::{Choice, Scheme, Topology};
         // One tensor of 400 B, bp 1; link "l" (all-reduce 1 + 0.01/B) and codec c (ratio 1/4).
         let p = prof(&[(100, 1.0)]);
         let mut c = cost();

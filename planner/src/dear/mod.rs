@@ -1,5 +1,5 @@
-//! DeAR's planning pieces: tensor fusion by a byte threshold ([`fusion`]) and the Bayesian
-//! optimiser that tunes that threshold at run time ([`bayes`]).
+//! DeAR's planning pieces: tensor fusion by a byte threshold ([`crate::fusion::buffer`]) and
+//! the Bayesian optimiser that tunes that threshold at run time ([`bayes`]).
 //!
 //! # DeAR with qccl
 //!
@@ -9,7 +9,7 @@
 //! during the next forward pass, waited for just before the first layer of the group needs
 //! its parameters (FeedPipe). With qccl, per iteration and on every rank:
 //!
-//! 1. Backward: push each gradient into a [`fusion::FusionBuffer`] as it becomes ready
+//! 1. Backward: push each gradient into a [`FusionBuffer`](crate::fusion::buffer::FusionBuffer) as it becomes ready
 //!    (last layer first). Each emitted range is packed into one flat buffer, padded to a
 //!    multiple of the rank count (`reduce_scatter` needs that), and handed to
 //!    `Comm::reduce_scatter_async(buf, ReduceOp::Avg)`; keep the `Request`.
@@ -33,7 +33,7 @@
 //! so the groups stay identical everywhere). Change the threshold only between iterations.
 //!
 //! ```
-//! use qccl::dear::{bayes::BayesTuner, fusion::fuse};
+//! use qccl_planner::{dear::bayes::BayesTuner, fusion::buffer::fuse};
 //!
 //! const MB: f64 = 1024.0 * 1024.0;
 //! let sizes = [4 << 20, 64 << 10, 16 << 20, 1 << 10, 30 << 20]; // bytes, backprop order
@@ -50,4 +50,3 @@
 //! ```
 
 pub mod bayes;
-pub mod fusion;

@@ -7,13 +7,13 @@
 //!
 //! ```no_run
 //! # fn main() -> qccl::Result<()> {
-//! use qccl::plan::{models, BucketRunner, Plan};
+//! use qccl::fused::{BucketRunner, FusedGroup};
 //! let comm = qccl::Comm::from_env()?;
-//! let profile = models::resnet50();
-//! let plan = Plan::even_split(profile.len(), 8, Some("qsgd:bits=4"));
-//! let mut runner = BucketRunner::new(&comm, &plan, &profile)?;
+//! let sizes = [1 << 20, 64, 1 << 18, 1000]; // elements per tensor, backprop order
+//! let groups = [FusedGroup::new(0..3, Some("qsgd:bits=4")), FusedGroup::new(3..4, None)];
+//! let mut runner = BucketRunner::new(&comm, &groups, &sizes)?;
 //! for _step in 0..10 {
-//!     for i in 0..profile.len() {
+//!     for i in 0..sizes.len() {
 //!         let grad = runner.grad_mut(i)?; // backprop writes tensor i's gradient here
 //!         grad.fill(0.0);
 //!         runner.ready(i)?;
@@ -25,15 +25,13 @@
 //! # }
 //! ```
 
-use super::apply::FusionPlan;
-use super::fusion::Plan;
-use super::profile::Profile;
+use super::{FusedGroup, FusionPlan};
 use crate::comm::{Comm, Request};
 use crate::types::ReduceOp;
 use crate::{Error, Result};
 use std::ops::Range;
 
-/// Executes a [`Plan`] over gradient buckets, one iteration at a time: for every tensor in
+/// Executes fusion groups over gradient buckets, one iteration at a time: for every tensor in
 /// backprop order, write its gradient into [`grad_mut`](Self::grad_mut) and call
 /// [`ready`](Self::ready); then [`wait`](Self::wait), after which [`grad`](Self::grad) holds the
 /// averages. A group's all-reduce ([`ReduceOp::Avg`], dense or with its codec, error-feedback
@@ -52,17 +50,17 @@ pub struct BucketRunner<'c> {
 }
 
 impl<'c> BucketRunner<'c> {
-    /// A runner for `plan` over `profile`'s tensors on `comm`, its buckets allocated (zeroed).
-    /// Checks the plan as [`PlanRunner::new`](super::PlanRunner::new) does.
-    pub fn new(comm: &'c Comm, plan: &Plan, profile: &Profile) -> Result<BucketRunner<'c>> {
-        let plan = FusionPlan::new(plan, Some(profile.len()))?;
-        let mut views = Vec::with_capacity(profile.len());
+    /// A runner for `groups` over tensors of `sizes` elements on `comm`, its buckets allocated
+    /// (zeroed). Checks the groups as [`PlanRunner::new`](super::PlanRunner::new) does.
+    pub fn new(comm: &'c Comm, groups: &[FusedGroup], sizes: &[usize]) -> Result<BucketRunner<'c>> {
+        let plan = FusionPlan::new(groups, Some(sizes.len()))?;
+        let mut views = Vec::with_capacity(sizes.len());
         let mut buckets = Vec::with_capacity(plan.num_groups());
         for g in 0..plan.num_groups() {
             let mut at = 0;
-            for t in &profile.tensors[plan.tensors(g)] {
-                views.push(at..at + t.elems);
-                at += t.elems;
+            for &n in &sizes[plan.tensors(g)] {
+                views.push(at..at + n);
+                at += n;
             }
             buckets.push(Some(vec![0f32; at]));
         }
@@ -84,7 +82,7 @@ impl<'c> BucketRunner<'c> {
     fn bucket(&self, index: usize, what: &str) -> Result<(usize, Range<usize>)> {
         let Some(view) = self.views.get(index) else {
             return Err(Error::InvalidArgument(format!(
-                "BucketRunner::{what}: tensor {index} is not in the profile ({} tensors)",
+                "BucketRunner::{what}: tensor {index} is not one of the {} tensors",
                 self.views.len()
             )));
         };
@@ -171,8 +169,8 @@ impl<'c> BucketRunner<'c> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{from_ends, on_threads};
     use super::*;
-    use crate::plan::testing::{on_threads, prof};
 
     fn grad(r: usize, t: usize, s: usize, i: usize) -> f32 {
         ((r * 31 + t * 7 + s * 3 + i) % 97) as f32 * 0.01 - 0.4
@@ -183,9 +181,9 @@ mod tests {
     #[test]
     fn dense_buckets_equal_the_float64_average_and_ranks_agree() {
         let n = 3;
-        let plan = Plan::from_ends(&[2, 3, 6], None);
+        let plan = from_ends(&[2, 3, 6], None);
         let out = on_threads(n, |r, comm| {
-            let mut run = BucketRunner::new(comm, &plan, &prof(&SIZES, 1e-3)).unwrap();
+            let mut run = BucketRunner::new(comm, &plan, &SIZES).unwrap();
             let mut last = Vec::new();
             for step in 0..2 {
                 for (t, &len) in SIZES.iter().enumerate() {
@@ -218,9 +216,9 @@ mod tests {
 
     #[test]
     fn compressed_buckets_are_close_and_misuse_is_refused() {
-        let plan = Plan::from_ends(&[3, 6], Some("fp16"));
+        let plan = from_ends(&[3, 6], Some("fp16"));
         on_threads(2, |r, comm| {
-            let mut run = BucketRunner::new(comm, &plan, &prof(&SIZES, 1e-3)).unwrap();
+            let mut run = BucketRunner::new(comm, &plan, &SIZES).unwrap();
             assert!(run.ready(1).is_err(), "out of order");
             for t in 0..3 {
                 run.grad_mut(t).unwrap().fill(r as f32 + 0.5);

@@ -1,7 +1,7 @@
 //! Optimal tensor fusion for compression (Cupcake, MLSys 2023).
 //!
 //! Given a profile, a cost model, a link and one codec (or none), choose the cut of the tensors
-//! into consecutive groups that minimises the simulated iteration time ([`super::sim`]).
+//! into consecutive groups that minimises the simulated iteration time ([`crate::sim`]).
 //!
 //! - [`algorithm1`]: the paper's Algorithm 1 (recursive search with its two prunings: the
 //!   optimistic-outcome bound, Insight #1 / Eq. (4), and the `j*` rule, Insight #2 / Eq. (5)).
@@ -38,12 +38,12 @@
 //! link with measured points ([`Error::Unsupported`], naming the link); use [`optimal_fusion`]
 //! there.
 
-use super::cost::{CodecCost, CostModel};
-use super::curve::LinkCost;
-use super::fusion::Plan;
-use super::profile::Profile;
-use super::sim::{simulate, CompressOn};
-use crate::{Error, Result};
+use crate::cost::{CodecCost, CostModel};
+use crate::curve::LinkCost;
+use crate::fusion::Plan;
+use crate::profile::Profile;
+use crate::sim::{simulate, CompressOn};
+use qccl::{Error, Result};
 
 /// A fusion found by a planner.
 #[derive(Clone, Debug, PartialEq)]
@@ -523,9 +523,9 @@ pub fn exhaustive(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::cost::Linear;
-    use crate::plan::models;
-    use crate::plan::profile::TensorProfile;
+    use crate::cost::Linear;
+    use crate::models;
+    use crate::profile::TensorProfile;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 

@@ -1,10 +1,10 @@
 //! A fusion plan: the model's tensors cut into groups of consecutive tensors (in backprop order),
 //! each compressed (or not) and communicated as one unit; plus the usual baseline fusions.
 
-use super::cost::{Choice, CostModel, Topology};
-use super::profile::Profile;
-use super::sim::CompressOn;
-use crate::{Error, Result};
+use crate::cost::{Choice, CostModel, Topology};
+use crate::profile::Profile;
+use crate::sim::CompressOn;
+use qccl::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// One fusion group: tensors `start..end` (backprop order, end exclusive) fused into one buffer,
@@ -21,7 +21,7 @@ pub struct Group {
     /// How the compressed group is synchronised (Espresso's options); required for a
     /// compressed group of a plan with a [`Plan::topology`], not allowed without one (the
     /// group then uses the original model: one collective on the compressed bytes, see
-    /// [`super::sim`]).
+    /// [`crate::sim`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub choice: Option<Choice>,
 }
@@ -45,6 +45,14 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The groups as `qccl::fused` runs them (tensor range and codec spec).
+    pub fn fused(&self) -> Vec<qccl::fused::FusedGroup> {
+        self.groups
+            .iter()
+            .map(|g| qccl::fused::FusedGroup::new(g.start..g.end, g.codec.as_deref()))
+            .collect()
+    }
+
     /// A plan from group boundaries: `ends` are the exclusive ends of the groups, increasing,
     /// the last one being the tensor count. Default link, compression on the compute stream.
     pub fn from_ends(ends: &[usize], codec: Option<&str>) -> Self {
@@ -175,16 +183,16 @@ impl Plan {
 }
 
 /// A plan file is checked against its profile by [`Plan::validate`], not on reading.
-impl super::JsonFile for Plan {
+impl crate::JsonFile for Plan {
     const WHAT: &'static str = "plan";
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::cost::Linear;
-    use crate::plan::testing::prof;
-    use crate::plan::JsonFile;
+    use crate::cost::Linear;
+    use crate::testing::prof;
+    use crate::JsonFile;
 
     #[test]
     fn baselines_tile_the_model() {

@@ -1,5 +1,5 @@
 //! A link's cost as the planners evaluate it: the fitted line `α + β·bytes`, refined by measured
-//! points where the model has them ([`CostModel::measured`](super::CostModel::measured)).
+//! points where the model has them ([`CostModel::measured`](crate::CostModel::measured)).
 //!
 //! One line cannot follow a collective whose cost per byte changes with size: on the emulated
 //! 2 × 2 cluster a compressed all-reduce costs 1.7 ns/B at 9 MB and 2.0 ns/B at 100 MB (caches,
@@ -14,7 +14,7 @@
 //! (`plan::algorithm1`), whose prunings hold only for a line, refuses a link that is a curve
 //! ([`LinkCost::is_line`]).
 
-use super::cost::Linear;
+use crate::cost::Linear;
 
 /// A link's cost function (cheap to clone: the points are few).
 #[derive(Clone, Debug, PartialEq)]
