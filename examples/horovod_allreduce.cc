@@ -4,6 +4,7 @@
 // all-reduce the fusion buffer in place, scale, copy the results out.
 //
 // Build:  c++ -std=c++14 examples/horovod_allreduce.cc $(pkg-config --cflags --libs qccl)
+//         or with CMake: examples/cmake/CMakeLists.txt (find_package(qccl), qccl::qccl)
 // Run:    ./a.out [NRANKS]           forks NRANKS local ranks (default 3) sharing a unique id
 //         torchrun/mpirun ... ./a.out  one rank per process, from the launcher's variables
 #include <qccl.h>

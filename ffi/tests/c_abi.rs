@@ -7,6 +7,12 @@
 //! installed tree: the versioned library `libqccl.so.X.Y.Z` with its links `libqccl.so.X` and
 //! `libqccl.so`, and that programs linked with `-lqccl` record `libqccl.so.X`.
 //!
+//! The CMake package (`lib/cmake/qccl`): builds `examples/cmake` with `find_package(qccl)`
+//! against the prefix, linked to `qccl::qccl` and to `qccl::qccl_static`, and runs it;
+//! checks the version rule (same major, not newer) and that the package still works once the
+//! prefix is moved. Where `cmake` is missing these tests print a line and pass, unless
+//! `QCCL_REQUIRE_CMAKE=1` (set by `.ci/run`) makes that a failure.
+//!
 //! Needs a C and a C++ compiler (`CC` / `CXX`, default `cc` / `c++`) and bash.
 //! `QCCL_SKIP_C_TESTS=1` skips these tests.
 
@@ -105,24 +111,41 @@ fn compile(cc: &str, std: &str, src: &Path, out: &Path, flags: &[String]) {
     run_checked(&mut cmd, &format!("compiling {}", src.display()));
 }
 
-fn setup() -> &'static Setup {
-    static SETUP: OnceLock<Setup> = OnceLock::new();
-    SETUP.get_or_init(|| {
-        let from = lib_dir();
+/// This test binary's scratch directory (emptied by the first call).
+fn base() -> &'static Path {
+    static BASE: OnceLock<PathBuf> = OnceLock::new();
+    BASE.get_or_init(|| {
         let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("qccl-c-abi");
         let _ = std::fs::remove_dir_all(&base);
-        let prefix = base.join("prefix");
-        let bin = base.join("bin");
-        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&base).unwrap();
+        base
+    })
+}
+
+/// The prefix that `ffi/install.sh` installed the freshly built library into.
+fn installed() -> &'static Path {
+    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let prefix = base().join("prefix");
         run_checked(
             Command::new("bash")
                 .arg(root().join("ffi/install.sh"))
                 .arg("--prefix")
                 .arg(&prefix)
                 .arg("--from")
-                .arg(from),
+                .arg(lib_dir()),
             "ffi/install.sh",
         );
+        prefix
+    })
+}
+
+fn setup() -> &'static Setup {
+    static SETUP: OnceLock<Setup> = OnceLock::new();
+    SETUP.get_or_init(|| {
+        let prefix = installed().to_path_buf();
+        let bin = base().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let dynamic = flags(&prefix, false);
@@ -163,9 +186,13 @@ fn setup() -> &'static Setup {
 static RUNNING: Mutex<()> = Mutex::new(());
 
 fn run(name: &str, args: &[&str]) -> String {
-    let s = setup();
+    run_program(&setup().bin.join(name), args)
+}
+
+fn run_program(program: &Path, args: &[&str]) -> String {
+    let name = program.display();
     let _one = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-    let mut child = Command::new(s.bin.join(name))
+    let mut child = Command::new(program)
         .args(args)
         // A hang becomes an error naming the stuck peer well before the test's deadline.
         .env("QCCL_TIMEOUT_MS", "30000")
@@ -363,6 +390,10 @@ fn installed_pkg_config_file() {
     );
     assert!(pc.contains("Libs: -L${libdir} -lqccl"), "{pc}");
     assert!(
+        pc.contains("\nLibs.private: -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc\n"),
+        "{pc}"
+    );
+    assert!(
         pc.contains(&format!("Version: {}", env!("CARGO_PKG_VERSION"))),
         "{pc}"
     );
@@ -421,4 +452,243 @@ fn installed_library_is_versioned() {
         needed.contains(&soname),
         "tests/c/collectives needs {needed:?}, not {soname}"
     );
+}
+
+// ---- the CMake package ------------------------------------------------------------------
+
+/// Whether the CMake tests can run: `cmake` is on PATH. Where it is not they print why and
+/// pass, except under `QCCL_REQUIRE_CMAKE=1` (CI installs cmake and sets it), where a missing
+/// cmake fails them.
+fn has_cmake(test: &str) -> bool {
+    static FOUND: OnceLock<Option<String>> = OnceLock::new();
+    let found = FOUND.get_or_init(|| {
+        let out = Command::new("cmake").arg("--version").output().ok()?;
+        out.status.success().then(|| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+    });
+    match found {
+        Some(_) => true,
+        None if std::env::var_os("QCCL_REQUIRE_CMAKE").is_some_and(|v| v != "0") => {
+            panic!("{test}: cmake is not on PATH, and QCCL_REQUIRE_CMAKE is set (install cmake)")
+        }
+        None => {
+            eprintln!(
+                "{test}: SKIPPED: cmake is not on PATH (QCCL_REQUIRE_CMAKE=1 makes this fail)"
+            );
+            false
+        }
+    }
+}
+
+/// `cmake` with these arguments: (succeeded, stdout + stderr). With a prefix, a configure
+/// step that looks for packages there.
+fn cmake(args: &[&str], prefix: Option<&Path>) -> (bool, String) {
+    let mut cmd = Command::new("cmake");
+    cmd.args(args);
+    if let Some(prefix) = prefix {
+        cmd.arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
+            // Not a qccl that a user registered (CMake 3.16+ reads these).
+            .arg("-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF")
+            .arg("-DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF");
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("could not start {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Configures and builds `examples/cmake` against the installed prefix into `base()/dir`
+/// (extra configure arguments in `args`), and returns the build directory.
+fn build_cmake_example(dir: &str, args: &[&str]) -> PathBuf {
+    let build = base().join(dir);
+    let src = root().join("examples/cmake");
+    let (src, build_s) = (src.display().to_string(), build.display().to_string());
+    let mut configure = vec!["-S", &src, "-B", &build_s];
+    configure.extend_from_slice(args);
+    let (ok, out) = cmake(&configure, Some(installed()));
+    assert!(ok, "configuring examples/cmake {args:?} failed:\n{out}");
+    assert!(
+        out.contains(&format!("qccl {}", env!("CARGO_PKG_VERSION"))),
+        "{out}"
+    );
+    let (ok, out) = cmake(&["--build", &build_s], None);
+    assert!(ok, "building examples/cmake {args:?} failed:\n{out}");
+    build
+}
+
+fn check_cmake_example_runs(build: &Path) {
+    let out = run_program(&build.join("allreduce"), &[]);
+    assert!(
+        out.contains(&format!(
+            "qccl {}: all-reduce of 65536 floats on 4 ranks (one process): ok",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{out}"
+    );
+    let out = run_program(&build.join("horovod_allreduce"), &["2"]);
+    assert!(out.contains("on 2 ranks: ok"), "{out}");
+}
+
+#[test]
+fn cmake_example_links_qccl_qccl() {
+    if skip() || !has_cmake("cmake_example_links_qccl_qccl") {
+        return;
+    }
+    let build = build_cmake_example("cmake-shared", &[]);
+    // Linked to the installed library by its SONAME; run without LD_LIBRARY_PATH, so the
+    // library is found through the run path CMake gives programs in its build tree.
+    if cfg!(target_os = "linux") {
+        let (_, needed) =
+            elf_dynamic_names(&build.join("allreduce")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            needed.contains(&expected_soname()),
+            "allreduce needs {needed:?}"
+        );
+    }
+    check_cmake_example_runs(&build);
+}
+
+#[test]
+fn cmake_example_links_qccl_qccl_static() {
+    if skip() || !has_cmake("cmake_example_links_qccl_qccl_static") {
+        return;
+    }
+    let build = build_cmake_example("cmake-static", &["-DQCCL_EXAMPLE_STATIC=ON"]);
+    if cfg!(target_os = "linux") {
+        let (_, needed) =
+            elf_dynamic_names(&build.join("allreduce")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            !needed.iter().any(|n| n.starts_with("libqccl")),
+            "allreduce linked statically still needs {needed:?}"
+        );
+    }
+    check_cmake_example_runs(&build);
+}
+
+/// A project with no languages (nothing to compile) that calls `find_package(qccl <WANT>)`
+/// and prints what it found.
+fn cmake_probe(want: &str, prefix: &Path) -> (bool, String) {
+    let src = base().join("cmake-probe");
+    static WRITE: OnceLock<()> = OnceLock::new();
+    WRITE.get_or_init(|| {
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(
+            src.join("CMakeLists.txt"),
+            r#"cmake_minimum_required(VERSION 3.10)
+project(qccl_probe LANGUAGES NONE)
+find_package(qccl ${WANT} REQUIRED)
+get_target_property(shared qccl::qccl IMPORTED_LOCATION)
+get_target_property(static qccl::qccl_static IMPORTED_LOCATION)
+get_target_property(inc qccl::qccl INTERFACE_INCLUDE_DIRECTORIES)
+get_target_property(libs qccl::qccl_static INTERFACE_LINK_LIBRARIES)
+message(STATUS "probe: version=${qccl_VERSION} dir=${qccl_DIR}")
+message(STATUS "probe: shared=${shared} static=${static} include=${inc} libs=${libs}")
+"#,
+        )
+        .unwrap();
+    });
+    let n = {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    };
+    let build = base().join(format!("cmake-probe-build-{n}"));
+    let (src, build) = (src.display().to_string(), build.display().to_string());
+    cmake(
+        &["-S", &src, "-B", &build, &format!("-DWANT={want}")],
+        Some(prefix),
+    )
+}
+
+#[test]
+fn cmake_package_version_and_relocation() {
+    if skip() || !has_cmake("cmake_package_version_and_relocation") {
+        return;
+    }
+    let prefix = installed();
+    let version = env!("CARGO_PKG_VERSION");
+    let major: u32 = env!("CARGO_PKG_VERSION_MAJOR").parse().unwrap();
+    let minor: u32 = env!("CARGO_PKG_VERSION_MINOR").parse().unwrap();
+    let expect_paths = |out: &str, p: &Path| {
+        let p = p.display();
+        for want in [
+            format!("version={version} dir={p}/lib/cmake/qccl"),
+            format!(
+                "shared={p}/lib/libqccl.so.{version} static={p}/lib/libqccl.a include={p}/include"
+            ),
+            "libs=gcc_s;util;rt;pthread;m;dl;c".to_string(),
+        ] {
+            assert!(out.contains(&want), "no \"{want}\" in:\n{out}");
+        }
+    };
+
+    // SameMajorVersion: any version of this major up to this one, and none.
+    for want in [
+        String::new(),
+        format!("{major}"),
+        format!("{major}.{minor}"),
+        version.to_string(),
+    ] {
+        let (ok, out) = cmake_probe(&want, prefix);
+        assert!(ok, "find_package(qccl {want}) failed:\n{out}");
+        expect_paths(&out, prefix);
+    }
+    // A newer minor, the next major, and 99: REQUIRED fails, naming the installed version.
+    for want in [
+        format!("{major}.{}", minor + 1),
+        format!("{}", major + 1),
+        "99".to_string(),
+    ] {
+        let (ok, out) = cmake_probe(&want, prefix);
+        assert!(!ok, "find_package(qccl {want} REQUIRED) succeeded:\n{out}");
+        assert!(
+            out.contains(&format!("requested version \"{want}\""))
+                && out.contains(&format!("qcclConfig.cmake, version: {version}")),
+            "find_package(qccl {want}) failed for another reason:\n{out}"
+        );
+    }
+
+    // Relocatable: no file of the package names the prefix, and a copy of the installed
+    // tree elsewhere (hard links) finds its own files.
+    let cmake_dir = prefix.join("lib/cmake/qccl");
+    for f in ["qcclConfig.cmake", "qcclConfigVersion.cmake"] {
+        let text = std::fs::read_to_string(cmake_dir.join(f)).unwrap();
+        assert!(
+            !text.contains(&prefix.display().to_string()),
+            "lib/cmake/qccl/{f} names the install prefix:\n{text}"
+        );
+    }
+    let moved = base().join("moved-prefix");
+    let files = [
+        "include/qccl.h".to_string(),
+        format!("lib/libqccl.so.{version}"),
+        "lib/libqccl.a".to_string(),
+        "lib/cmake/qccl/qcclConfig.cmake".to_string(),
+        "lib/cmake/qccl/qcclConfigVersion.cmake".to_string(),
+    ];
+    for f in &files {
+        let to = moved.join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        if std::fs::hard_link(prefix.join(f), &to).is_err() {
+            std::fs::copy(prefix.join(f), &to).unwrap();
+        }
+    }
+    let (ok, out) = cmake_probe(&format!("{major}.{minor}"), &moved);
+    assert!(ok, "find_package(qccl) in the moved prefix failed:\n{out}");
+    expect_paths(&out, &moved);
+
+    // An incomplete install is not found, and says what is missing.
+    std::fs::remove_file(moved.join("lib/libqccl.a")).unwrap();
+    let (ok, out) = cmake_probe("", &moved);
+    assert!(!ok, "found without lib/libqccl.a:\n{out}");
+    assert!(out.contains("lib/libqccl.a is missing"), "{out}");
 }
