@@ -159,7 +159,7 @@ pub const DEFAULT_SLICE: usize = 512 * 1024;
 /// Pairwise SRA keeps (n − 1) slices per rank in flight (one to every peer per round); past
 /// about an L2 of them the transport's copies miss the cache. Over TCP on 2 vCPUs (1 MiB L2
 /// each), µs per call: 4 ranks 256 KiB slices 5–10% faster than 512 KiB at 1–64 MiB, 8 ranks
-/// 128 KiB 12–14% faster at 4–16 MiB, 3 ranks 512 KiB ahead at 1 MiB (docs/PERFORMANCE.md).
+/// 128 KiB 12–14% faster at 4–16 MiB, 3 ranks 512 KiB ahead at 1 MiB (docs/perf-history.md).
 pub const SRA_IN_FLIGHT: usize = 1 << 20;
 
 /// Smallest slice the SRA rule picks.

@@ -72,7 +72,7 @@ pub const ARENA_SRA_MIN_BYTES_2: usize = 1 << 20;
 
 /// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks linked by `links`.
 ///
-/// Measured with qccl-perf on 2 to 8 processes on 2 cores (docs/PERFORMANCE.md). On 2 ranks
+/// Measured with qccl-perf on 2 to 8 processes on 2 cores (docs/perf-history.md). On 2 ranks
 /// one exchange of the whole buffers (all-gather scheme) is best below 64 KiB (TCP 4 KiB:
 /// 7 µs against the ring's 13; shared memory on par). Through the shared-memory arena SRA
 /// has two synchronisation points per round and one copy in, one reduction, one copy out per
