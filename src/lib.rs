@@ -46,12 +46,14 @@ pub mod error;
 pub mod fused;
 pub mod launch;
 pub mod reduce;
+mod sys;
 pub mod transport;
 pub mod types;
 
 #[cfg(test)]
 mod test_alloc;
 
+pub use algo::Algo;
 pub use algo::Wire;
 pub use bootstrap::UniqueId;
 pub use codec::ef::TensorKey;
@@ -61,6 +63,6 @@ pub use comm::{
     AllReduceCall, Comm, Compression, PreparedAllReduce, PreparedTopK, Report, Request, TopK,
     TopKReport, TopKScheme,
 };
-pub use config::{Algo, Config, TransportChoice};
+pub use config::{Config, TransportChoice};
 pub use error::{Error, Result};
 pub use types::{DType, Element, ReduceOp};

@@ -36,7 +36,7 @@ fn sink() -> &'static Sink {
             "TRACE" => Level::Trace,
             _ => Level::None,
         };
-        let host = crate::bootstrap::host::hostname();
+        let host = crate::sys::hostname();
         let pid = std::process::id();
         let file = std::env::var("QCCL_DEBUG_FILE").ok().and_then(|pattern| {
             let path = pattern.replace("%h", &host).replace("%p", &pid.to_string());

@@ -14,7 +14,7 @@
 //! (`plan::algorithm1`), whose prunings hold only for a line, refuses a link that is a curve
 //! ([`LinkCost::is_line`]).
 
-use crate::cost::Linear;
+use crate::linear::Linear;
 
 /// A link's cost function (cheap to clone: the points are few).
 #[derive(Clone, Debug, PartialEq)]

@@ -45,6 +45,7 @@ pub mod curve;
 pub mod dear;
 pub mod espresso;
 pub mod fusion;
+mod linear;
 pub mod models;
 pub mod profile;
 pub mod sim;

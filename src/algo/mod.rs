@@ -8,9 +8,12 @@ pub mod arena;
 pub mod chain;
 pub mod compressed;
 pub mod direct;
+mod kind;
 pub mod ring;
 pub mod sra;
 pub mod tree;
+
+pub use kind::Algo;
 
 use crate::transport::frame::OpDesc;
 use crate::transport::{RecvReq, SendReq, Transport};

@@ -7,6 +7,16 @@ use crate::reduce;
 use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 
+/// Rank `r`'s parent (None at the root, rank 0) and children in the binary tree of `n` ranks
+/// laid out as a heap: the tree of the dense and the compressed all-reduce alike.
+pub fn neighbours(r: usize, n: usize) -> (Option<usize>, Vec<usize>) {
+    let kids = [2 * r + 1, 2 * r + 2]
+        .into_iter()
+        .filter(|&k| k < n)
+        .collect();
+    ((r > 0).then(|| (r - 1) / 2), kids)
+}
+
 /// Tree all-reduce of the `buf.len()` bytes; out-of-place when `send` is given.
 pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<()> {
     if let Some(s) = send {
@@ -16,11 +26,7 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Res
     if n == 1 {
         return Ok(());
     }
-    let kids: Vec<usize> = [2 * r + 1, 2 * r + 2]
-        .into_iter()
-        .filter(|&k| k < n)
-        .collect();
-    let parent = (r > 0).then(|| (r - 1) / 2);
+    let (parent, kids) = neighbours(r, n);
     let whole = 0..buf.len();
     let nsl = ctx.nslices(buf.len());
     let max_slice = sub(&whole, nsl, nsl - 1, es).len() + es;

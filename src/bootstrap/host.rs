@@ -1,12 +1,6 @@
 //! Host identity and the node/local-rank topology derived from it.
 
-/// This machine's host name.
-pub fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "unknown".into())
-}
+use crate::sys::hostname;
 
 /// Identity of this host: ranks with equal ids can share memory.
 ///

@@ -20,6 +20,7 @@
 pub mod env;
 pub mod host;
 pub mod ifaddr;
+mod peer;
 pub mod rendezvous;
 pub mod root;
 pub mod unique_id;
@@ -32,6 +33,7 @@ pub const PROTOCOL_VERSION: u32 = 3;
 pub use env::{detect, EnvInit};
 pub use host::{host_id, machine_id, Topology};
 pub use ifaddr::select_interface;
-pub use rendezvous::{join, PeerInfo, World};
+pub use peer::{PeerInfo, World};
+pub use rendezvous::join;
 pub use root::spawn_root;
 pub use unique_id::UniqueId;

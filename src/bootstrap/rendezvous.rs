@@ -1,5 +1,6 @@
 //! Rank side of the rendezvous: connect to the root, say hello, receive the world table.
 
+use super::peer::{PeerInfo, World};
 use super::unique_id::UniqueId;
 use super::wire::{self, ErrorKind, Reply, MAX_HOST_ID_LEN, MAX_REPLY_LEN, MAX_WORLD_SIZE};
 use super::PROTOCOL_VERSION;
@@ -7,34 +8,6 @@ use crate::error::{Error, Result};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
-
-/// What every rank tells the others about itself at init.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PeerInfo {
-    /// Rank in the world, `0..size`.
-    pub rank: usize,
-    /// Host identity ([`super::host_id`]): equal ids mean shared memory is possible.
-    pub host_id: String,
-    /// Machine identity ([`super::machine_id`]): equal ids share cores.
-    pub machine_id: String,
-    /// Address the rank's transport listens on.
-    pub addr: SocketAddr,
-    /// Process id (for diagnostics and same-process detection).
-    pub pid: u32,
-    /// CPUs the rank may run on (its affinity), ascending; empty when unknown. The ranks of
-    /// one machine together may use the union: that, not the machine's CPU count, decides
-    /// whether they have a core each to spin on (taskset, cpusets, Slurm's cgroups).
-    pub cpus: Vec<usize>,
-}
-
-/// The result of a successful rendezvous, identical on every rank.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct World {
-    /// Random id of this communicator, chosen by the root; peers repeat it in their handshakes.
-    pub comm_id: u64,
-    /// Every rank's [`PeerInfo`], indexed by rank.
-    pub peers: Vec<PeerInfo>,
-}
 
 /// Joins the world described by `id` as `me`, in a world of `size` ranks.
 ///

@@ -15,7 +15,7 @@
 //! - all ranks joined: every rank gets the same table and a fresh random comm id; the root exits;
 //! - the deadline passed first: every connected rank gets a timeout naming the missing ranks.
 
-use super::rendezvous::{PeerInfo, World};
+use super::peer::{PeerInfo, World};
 use super::wire::{self, ErrorKind, HELLO_HEAD_LEN, MAX_HELLO_LEN, MAX_WORLD_SIZE};
 use super::PROTOCOL_VERSION;
 use crate::error::{Error, Result};

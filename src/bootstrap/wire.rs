@@ -34,7 +34,7 @@
 //! - tag 2, error (frozen across versions): kind (u8: 1 usage, 2 timeout), message (u32 length
 //!   + UTF-8 bytes).
 
-use super::rendezvous::{PeerInfo, World};
+use super::peer::{PeerInfo, World};
 use crate::error::{Error, Result};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -51,7 +51,10 @@ impl Half16 {
         if simd {
             if let Some(cpu) = super::x86::Avx2::detect() {
                 return if self.brain {
-                    cpu.bf16_encode(input, out)
+                    cpu.run(
+                        #[inline(always)]
+                        || encode16(input, out, bf16_bits),
+                    )
                 } else {
                     cpu.f16_encode(input, out)
                 };
@@ -70,7 +73,17 @@ impl Half16 {
         if simd {
             if let Some(cpu) = super::x86::Avx2::detect() {
                 return if self.brain {
-                    cpu.bf16_decode(payload, out, add)
+                    if add {
+                        cpu.run(
+                            #[inline(always)]
+                            || decode16::<true>(payload, out, bf16_value),
+                        )
+                    } else {
+                        cpu.run(
+                            #[inline(always)]
+                            || decode16::<false>(payload, out, bf16_value),
+                        )
+                    }
                 } else {
                     cpu.f16_decode(payload, out, add)
                 };

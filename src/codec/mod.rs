@@ -13,6 +13,7 @@
 pub mod adaptive;
 mod bits;
 pub mod ef;
+mod fields;
 pub mod floats;
 pub mod header;
 pub mod mstopk;

@@ -13,7 +13,7 @@
 //! of step i / 8, whatever the bucket size or CPU path.
 
 use super::bits;
-use super::spec::Fields;
+use super::fields::Fields;
 use super::{Codec, CodecId, Rng};
 use crate::error::{Error, Result};
 
@@ -145,7 +145,10 @@ impl Qsgd {
         #[cfg(target_arch = "x86_64")]
         if simd {
             if let Some(cpu) = super::x86::Avx2::detect() {
-                return cpu.qsgd_encode(self, input, rng, out);
+                return cpu.run(
+                    #[inline(always)]
+                    || encode_kernel(self, input, rng, out),
+                );
             }
         }
         let _ = simd;
@@ -160,7 +163,17 @@ impl Qsgd {
         #[cfg(target_arch = "x86_64")]
         if simd {
             if let Some(cpu) = super::x86::Avx2::detect() {
-                cpu.qsgd_decode(self, payload, out, add);
+                if add {
+                    cpu.run(
+                        #[inline(always)]
+                        || decode_kernel::<true>(self, payload, out),
+                    );
+                } else {
+                    cpu.run(
+                        #[inline(always)]
+                        || decode_kernel::<false>(self, payload, out),
+                    );
+                }
                 return Ok(());
             }
         }

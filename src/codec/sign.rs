@@ -12,7 +12,7 @@
 //! or infinite scale is rejected by the decoder.
 
 use super::bits;
-use super::spec::Fields;
+use super::fields::Fields;
 use super::{Codec, CodecId, Rng};
 use crate::error::{Error, Result};
 
@@ -166,7 +166,17 @@ fn signs_decode_with(
     #[cfg(target_arch = "x86_64")]
     if simd {
         if let Some(cpu) = super::x86::Avx2::detect() {
-            return cpu.signs_decode(bucket, values, bits, out, add);
+            return if add {
+                cpu.run(
+                    #[inline(always)]
+                    || signs_decode_kernel::<true>(bucket, values, bits, out),
+                )
+            } else {
+                cpu.run(
+                    #[inline(always)]
+                    || signs_decode_kernel::<false>(bucket, values, bits, out),
+                )
+            };
         }
     }
     let _ = simd;
@@ -186,7 +196,10 @@ impl EfSign {
         #[cfg(target_arch = "x86_64")]
         if simd {
             if let Some(cpu) = super::x86::Avx2::detect() {
-                return cpu.efsign_encode(input, out);
+                return cpu.run(
+                    #[inline(always)]
+                    || efsign_encode_kernel(input, out),
+                );
             }
         }
         let _ = simd;
@@ -254,7 +267,10 @@ impl OneBit {
         #[cfg(target_arch = "x86_64")]
         if simd {
             if let Some(cpu) = super::x86::Avx2::detect() {
-                return cpu.onebit_encode(self, input, out);
+                return cpu.run(
+                    #[inline(always)]
+                    || onebit_encode_kernel(self, input, out),
+                );
             }
         }
         let _ = simd;

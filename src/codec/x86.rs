@@ -1,5 +1,7 @@
-//! x86_64 fast paths of the quantizing codecs: the portable kernels (all `#[inline(always)]`)
-//! compiled again with AVX2 and FMA enabled, chosen at run time. Results are bit-identical to
+//! x86_64 fast paths of the codecs: [`Avx2::run`] runs a portable kernel (all are
+//! `#[inline(always)]`) compiled again with AVX2 and FMA enabled, chosen at run time; fp16
+//! uses the F16C conversion instructions directly. A leaf: the codecs call it, it knows none
+//! of them. Results are bit-identical to
 //! the portable path: the kernels use only IEEE basic operations (no fused multiply-add is
 //! written, and Rust never contracts on its own) and integer operations.
 //!
@@ -8,10 +10,6 @@
 //! Soundness rests on one token, [`Avx2`]: only [`Avx2::detect`] makes one, after the CPU said
 //! it has AVX2, FMA and F16C.
 
-use super::floats::{bf16_bits, bf16_value, decode16, encode16};
-use super::qsgd::{self, Qsgd};
-use super::sign::{self, OneBit};
-use super::Rng;
 use std::arch::x86_64::{
     __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps, _mm_loadu_si128,
     _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
@@ -48,22 +46,17 @@ impl Avx2 {
         (state == PRESENT).then_some(Avx2(()))
     }
 
-    /// [`qsgd::encode_kernel`], compiled for AVX2.
-    pub(crate) fn qsgd_encode(self, q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
-        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
-        unsafe { qsgd_encode_avx2(q, input, rng, out) }
-    }
-
-    /// [`qsgd::decode_kernel`], compiled for AVX2.
-    pub(crate) fn qsgd_decode(self, q: &Qsgd, payload: &[u8], out: &mut [f32], add: bool) {
-        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
-        unsafe {
-            if add {
-                qsgd_decode_avx2::<true>(q, payload, out)
-            } else {
-                qsgd_decode_avx2::<false>(q, payload, out)
-            }
+    /// Runs `kernel` compiled for AVX2, FMA and F16C: the portable kernels are
+    /// `#[inline(always)]`, so inside this function they are generated again with those
+    /// instructions (the codecs call `cpu.run(#[inline(always)] || kernel(...))`).
+    #[inline(always)]
+    pub(crate) fn run<R>(self, kernel: impl FnOnce() -> R) -> R {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn with_avx2<R>(kernel: impl FnOnce() -> R) -> R {
+            kernel()
         }
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
+        unsafe { with_avx2(kernel) }
     }
 
     /// fp16 encode with F16C.
@@ -83,95 +76,6 @@ impl Avx2 {
             }
         }
     }
-
-    /// bf16 encode, compiled for AVX2.
-    pub(crate) fn bf16_encode(self, input: &[f32], out: &mut [u8]) {
-        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
-        unsafe { bf16_encode_avx2(input, out) }
-    }
-
-    /// bf16 decode, compiled for AVX2.
-    pub(crate) fn bf16_decode(self, payload: &[u8], out: &mut [f32], add: bool) {
-        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
-        unsafe {
-            if add {
-                bf16_decode_avx2::<true>(payload, out)
-            } else {
-                bf16_decode_avx2::<false>(payload, out)
-            }
-        }
-    }
-
-    /// [`sign::efsign_encode_kernel`], compiled for AVX2.
-    pub(crate) fn efsign_encode(self, input: &[f32], out: &mut [u8]) {
-        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
-        unsafe { efsign_encode_avx2(input, out) }
-    }
-
-    /// [`sign::onebit_encode_kernel`], compiled for AVX2.
-    pub(crate) fn onebit_encode(self, c: &OneBit, input: &[f32], out: &mut [u8]) {
-        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
-        unsafe { onebit_encode_avx2(c, input, out) }
-    }
-
-    /// [`sign::signs_decode_kernel`], compiled for AVX2.
-    pub(crate) fn signs_decode(
-        self,
-        bucket: usize,
-        values: &[(f32, f32)],
-        bits: &[u8],
-        out: &mut [f32],
-        add: bool,
-    ) {
-        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
-        unsafe {
-            if add {
-                signs_decode_avx2::<true>(bucket, values, bits, out)
-            } else {
-                signs_decode_avx2::<false>(bucket, values, bits, out)
-            }
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qsgd_encode_avx2(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
-    qsgd::encode_kernel(q, input, rng, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qsgd_decode_avx2<const ADD: bool>(q: &Qsgd, payload: &[u8], out: &mut [f32]) {
-    qsgd::decode_kernel::<ADD>(q, payload, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn efsign_encode_avx2(input: &[f32], out: &mut [u8]) {
-    sign::efsign_encode_kernel(input, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn onebit_encode_avx2(c: &OneBit, input: &[f32], out: &mut [u8]) {
-    sign::onebit_encode_kernel(c, input, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn signs_decode_avx2<const ADD: bool>(
-    bucket: usize,
-    values: &[(f32, f32)],
-    bits: &[u8],
-    out: &mut [f32],
-) {
-    sign::signs_decode_kernel::<ADD>(bucket, values, bits, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bf16_encode_avx2(input: &[f32], out: &mut [u8]) {
-    encode16(input, out, bf16_bits)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bf16_decode_avx2<const ADD: bool>(payload: &[u8], out: &mut [f32]) {
-    decode16::<ADD>(payload, out, bf16_value)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -4,10 +4,10 @@
 
 use super::Engine;
 use crate::algo::compressed::{self as coded, Coder};
+use crate::algo::Algo;
 use crate::algo::Ctx;
 use crate::codec::plan::Plan;
 use crate::codec::Site;
-use crate::config::Algo;
 use crate::transport::frame::CollKind;
 use crate::types::{DType, ReduceOp};
 use crate::Result;

@@ -5,9 +5,9 @@ pub mod check;
 pub mod compressed;
 
 use crate::algo::ring::Io;
+use crate::algo::Algo;
 use crate::algo::{self, part, Ctx, Scratch, Wire};
 use crate::codec::ef::Residuals;
-use crate::config::Algo;
 use crate::transport::frame::{CollKind, OpDesc};
 use crate::transport::{RecvReq, SendReq, Transport};
 use crate::types::{DType, ReduceOp};

@@ -2,8 +2,8 @@
 //! for the C ABI). Arguments are checked here, before the operation is queued.
 
 use super::{Comm, Request};
+use crate::algo::Algo;
 use crate::coll::{check, Engine};
-use crate::config::Algo;
 use crate::error::{Error, Result};
 use crate::types::{DType, Element, ReduceOp};
 

@@ -4,13 +4,13 @@
 
 use super::hier::Hier;
 use super::{Comm, Request};
+use crate::algo::Algo;
 use crate::algo::Wire;
 use crate::codec::ef::{self, TensorKey};
 use crate::codec::plan::{Layout, Plan};
 use crate::codec::{CodecSpec, Site};
 use crate::coll::compressed::Coded;
 use crate::coll::Engine;
-use crate::config::Algo;
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DType, Element, ReduceOp};

@@ -4,11 +4,11 @@
 //! 1/local_size of the data crosses the network per rank.
 
 use super::{pipeline, Comm};
+use crate::algo::Algo;
 use crate::algo::{part, split_parts, Wire};
 use crate::codec::plan::Plan;
 use crate::codec::Site;
 use crate::coll::compressed::Coded;
-use crate::config::Algo;
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DType, ReduceOp};

@@ -16,12 +16,12 @@
 
 use super::hier::Hier;
 use super::{Comm, Compression};
+use crate::algo::Algo;
 use crate::algo::{part, Wire};
 use crate::codec::ef::TensorKey;
 use crate::codec::mstopk::mstopk_select;
 use crate::codec::sparse::{check_len, k_of};
 use crate::codec::{CodecSpec, Rng, Site};
-use crate::config::Algo;
 use crate::error::{Error, Result};
 use crate::types::{DType, Element, ReduceOp};
 use std::sync::Arc;

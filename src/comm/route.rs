@@ -6,8 +6,8 @@
 use super::compress::{Compression, PreparedAllReduce};
 use super::hier::{self, Hier};
 use super::Comm;
+use crate::algo::Algo;
 use crate::coll::{check, Engine};
-use crate::config::Algo;
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
 use std::sync::Arc;

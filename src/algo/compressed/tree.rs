@@ -13,11 +13,7 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
     if n == 1 {
         return Ok(());
     }
-    let kids: Vec<usize> = [2 * r + 1, 2 * r + 2]
-        .into_iter()
-        .filter(|&k| k < n)
-        .collect();
-    let parent = (r > 0).then(|| (r - 1) / 2);
+    let (parent, kids) = crate::algo::tree::neighbours(r, n);
     let whole = 0..count;
     let nsl = nslices(ctx, count);
     let mut land: Vec<Vec<u8>> = vec![Vec::new(); 2];
