@@ -1,9 +1,18 @@
-//! Command line, with nccl-tests' flags and meanings.
+//! Command line: nccl-tests' flags with nccl-tests' meanings (clap), plus qccl's own options
+//! under letters nccl-tests leaves free.
 //!
-//! Hand-written rather than clap: nccl-tests' `-np N` is a two-letter flag behind a single dash
-//! and getopt lets a value stick to its flag (`-b1K`); clap can express neither.
+//! Two nccl-tests habits clap does not have are handled before it sees the arguments: mpirun's
+//! `-np N` (a two-letter flag behind one dash) becomes `--np N`, and getopt's "the last one
+//! wins" for a repeated option is clap's `args_override_self`. Values may stick to their flag
+//! (`-b1K`, `--maxbytes=64K`) in both.
+//!
+//! Letters that meant something else in earlier qccl-perf versions (`-C` the collective, `-D`
+//! the density, `-S` the target time) mean what nccl-tests says now; a value that only fits
+//! the old meaning (`-C allreduce`, `-D 0.01`, `-S 0.3`) stops with a one-line hint naming the
+//! new spelling ([`retired_hint`]).
 
 use crate::coll::Coll;
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use qccl::{Algo, CodecSpec, DType, ReduceOp};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,11 +31,11 @@ pub enum Step {
 pub enum TimeStat {
     /// Rank 0's time (`-a 0`).
     Rank0,
-    /// Mean over ranks (`-a 1`, nccl-tests' default).
+    /// Mean over ranks (`-a 1`, the default, as in nccl-tests).
     Avg,
     /// Minimum over ranks (`-a 2`).
     Min,
-    /// Maximum over ranks (`-a 3`, this tool's default).
+    /// Maximum over ranks (`-a 3`).
     Max,
 }
 
@@ -55,20 +64,37 @@ pub struct Args {
     pub iters: usize,
     /// `-w`: untimed iterations before them.
     pub warmup: usize,
-    /// `-S`: time each size for about this long (iterations = S / one call, at most `-n`),
-    /// as the peer benchmarks in perf-tests/peers do; None: exactly `-n` iterations.
+    /// `-N`: how many times the whole table runs; 0 until killed (or `-T`).
+    pub run_cycles: u64,
+    /// `-s`, `--target-secs`: time each size for about this long (iterations = s / one call,
+    /// at most `-n`), as the peer benchmarks in perf-tests/peers do; None: exactly `-n`.
     pub target_secs: Option<f64>,
-    /// `-c`: check results.
-    pub check: bool,
+    /// `-c`: checked calls per size and mode (nccl-tests' check iteration count); 0: none.
+    pub check: u32,
     /// `-o`: reduction ops to run (several with `-o all`).
     pub ops: Vec<ReduceOp>,
     /// `-d`: element types to run (several with `-d all`).
     pub dtypes: Vec<DType>,
     /// `-r`: root of broadcast, reduce, gather, scatter.
     pub root: usize,
-    /// `-z`: accepted for compatibility; qccl's host collectives always block.
-    pub blocking: bool,
-    /// `-C` (or the program name): the collective.
+    /// `-z`: nccl-tests' blocking mode (0-3), accepted; qccl's host collectives always block.
+    pub blocking: u8,
+    /// `-C`: the time column shows rank 0's own time per call instead of the `-a` statistic.
+    pub report_cputime: bool,
+    /// `-S`: a timestamp after each line's in-place columns.
+    pub report_timestamps: bool,
+    /// `-M`: the host memory report after the footer.
+    pub memory_report: bool,
+    /// `-u`: buffers start this many elements past their allocation.
+    pub unalign: usize,
+    /// `-I`: per-iteration timing (i_min, i_max, i_p99, i_cv% per mode).
+    pub per_iter: bool,
+    /// `-K`: leading iterations left out of `-I`'s statistics.
+    pub per_iter_skip: usize,
+    /// nccl-tests options given that have no effect on host memory, for the header
+    /// (`-G 1 (CUDA graphs)`).
+    pub ignored: Vec<String>,
+    /// `-L`, `--coll` (or the program name): the collective.
     pub coll: Coll,
     /// `-A`: all-reduce algorithm.
     pub algo: Algo,
@@ -80,24 +106,29 @@ pub struct Args {
     pub codecs: Vec<CodecSpec>,
     /// Every `-A` in order: several only with `--calibrate`, which measures each schedule.
     pub algos: Vec<Algo>,
-    /// `--calibrate`: measure this machine's cost model instead of printing the table.
+    /// `-Q`, `--calibrate`: measure this machine's cost model instead of printing the table.
     pub calibrate: bool,
     /// `--calibrate-out`: where `--calibrate` writes the cost model (rank 0).
     pub calibrate_out: PathBuf,
-    /// `-D`: density ρ of the top-k collectives (`-C hitopk`, `naiveag`, `treear`, `2dtar`),
-    /// [`DEFAULT_DENSITY`] for them when not given; None for every other collective.
+    /// `-k`, `--density`: density ρ of the top-k collectives (`--coll hitopk`, `naiveag`,
+    /// `treear`, `2dtar`), [`DEFAULT_DENSITY`] for them when not given; None for every other
+    /// collective.
     pub density: Option<f64>,
     /// `-a`: how the ranks' times combine.
     pub time_stat: TimeStat,
-    /// `-J`: JSON output file (written by rank 0).
+    /// `-J` (a name not ending in `.csv`): JSON output file (written by rank 0).
     pub json: Option<PathBuf>,
+    /// `--csv`, and `-J` with a name ending in `.csv`: CSV output files (rank 0).
+    pub csv: Vec<PathBuf>,
+    /// `--plot`: SVG of busbw against size (rank 0).
+    pub plot: Option<PathBuf>,
     /// `-np`: launch this many local ranks.
     pub np: Option<usize>,
-    /// `--timeout` / `-T`: bound on the whole `-np` run.
-    pub timeout: Duration,
+    /// `-T`, `--timeout`: bound on the whole `-np` run; None (`-T 0`): no bound.
+    pub timeout: Option<Duration>,
     /// `--bind-to`: where `-np` puts its ranks (mpirun's flag).
     pub bind: qccl::launch::Bind,
-    /// The arguments minus `-np N`: what `-np` hands its children.
+    /// The arguments minus `-np N` and `--bind-to`: what `-np` hands its children.
     pub passthrough: Vec<String>,
 }
 
@@ -108,84 +139,270 @@ pub const CALIBRATE_MIN_BYTES: u64 = 4 << 10;
 /// `--calibrate`'s largest size without `-e`: well into the bandwidth-bound regime.
 pub const CALIBRATE_MAX_BYTES: u64 = 64 << 20;
 
-/// `-D` when not given: the paper's usual density (1% of the gradient's elements).
+/// `--density` when not given: the paper's usual density (1% of the gradient's elements).
 pub const DEFAULT_DENSITY: f64 = 0.01;
+
+/// `-T` when not given, seconds (nccl-tests' default, 0, means no bound; a forgotten `-np`
+/// job should not run forever).
+pub const DEFAULT_TIMEOUT_SECS: f64 = 3600.0;
 
 /// What the command line asked for.
 pub enum Parsed {
     /// Run the benchmark.
     Run(Box<Args>),
-    /// `-h`: print usage and exit 0.
-    Help,
+    /// `-h`, `--help`, `--version`: print this on stdout and exit 0.
+    Print(String),
 }
 
-/// Usage text for `-h` and errors.
-pub const USAGE: &str = "\
-Usage: qccl-perf [options]      (or invoked as all_reduce_perf, reduce_scatter_perf, ...)
+/// A command line that cannot run.
+#[derive(Debug)]
+pub struct ArgError {
+    /// What is wrong; its first line starts the error output (after `qccl-perf: `).
+    pub msg: String,
+    /// Nothing is to follow the message: a retired-flag hint is one line by design, and clap's
+    /// own text already ends in its pointer to `--help`.
+    pub complete: bool,
+}
 
-nccl-tests for qccl. Launch with -np N (N local processes), or under mpirun, torchrun, srun or
-QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank.
+impl From<String> for ArgError {
+    fn from(msg: String) -> ArgError {
+        ArgError {
+            msg,
+            complete: false,
+        }
+    }
+}
 
-  -C, --coll <name>          allreduce | reduce_scatter | all_gather | broadcast | reduce |
-                             alltoall | sendrecv | gather | scatter |
-                             hitopk | naiveag | treear | 2dtar             [program name, else allreduce]
-  -b, --minbytes <size>      smallest size, K/M/G suffixes (powers of 1024)            [32M]
-  -e, --maxbytes <size>      largest size                                              [32M]
-  -f, --stepfactor <f>       multiply the size by f each step                          [1]
-  -i, --stepbytes <size>     add this many bytes each step (used when given, or f = 1) [1M]
-  -n, --iters <n>            timed iterations per size                                 [20]
-  -w, --warmup_iters <n>     untimed iterations before them (per size and mode)        [1]
-  -c, --check <0/1>          check results (#wrong)                                    [1]
-  -o, --op <op>              sum | prod | min | max | avg | all                        [sum]
-  -d, --datatype <type>      float | half | bfloat16 | double | int8 | uint8 | int32 |
-                             uint32 | int64 | uint64 | all  (also float32, float16, bf16,
-                             fp16, fp32, fp64, int, char, ...)                         [float]
-  -r, --root <rank>          root of broadcast, reduce, gather, scatter                [0]
-  -A, --algo <algo>          all-reduce algorithm: auto | ring | tree | sra | hier |
-                             allgather (one exchange, whole buffers)                   [auto]
-  -Z, --codec <spec>         compress the all-reduce with a codec: none | fp16 | bf16 |
-                             qsgd:bits=4,bucket=128 | topk:density=0.01 | efsign | ...
-                             (allreduce only; float -d; sum or avg -o). busbw stays on
-                             the uncompressed size; extra columns: wire(B) bytes sent
-                             per rank per call (max over ranks), ratio = dense
-                             all-reduce bytes 2(n-1)/n*size over wire(B) (on a
-                             hierarchical run: of the inter-host level alone), relerr =
-                             |out - exact|_2 / |exact|_2 (float64 reference, fresh
-                             inputs, worst of both modes). #wrong counts non-finite
-                             outputs, and when the codec bounds one encode's relative
-                             error by e, elements off by more than
-                             (n+1)*e*max|exact| + the type's own tolerance             [off]
-  -D, --density <rho>        top-k density in (0, 1] for -C hitopk (HiTopKComm) and its
-                             baselines naiveag (all-gather of every rank's top-k), treear
-                             (dense tree) and 2dtar (dense 2-level); those only. A sum of
-                             float data (-o sum, float -d); no -Z, -A auto only. Error
-                             feedback on, keyed per type and size. Extra columns: wire(B),
-                             ratio, relerr as with -Z, and for hitopk the step times rs,
-                             topk, ag+add, ag (us, mean over ranks, out of place). #wrong:
-                             hitopk, naiveag non-finite outputs only; treear, 2dtar exact
-                             as allreduce; treear and 2dtar ignore the density        [0.01]
-  -a, --average <0/1/2/3>    reported time: 0 rank 0, 1 mean, 2 min, 3 max over ranks [3]
-  -z, --blocking <0/1>       accepted; qccl's host collectives always block
-  -t, -g, -m <1>             nccl-tests' threads, GPUs, aggregation: only 1
-  -J, --json <file>          write the results as JSON (rank 0)
-  -np, --np <N>              launch N local ranks of this program over 127.0.0.1
-  -S, --target-secs <secs>   time each size for about this long: iterations =
-                             secs / (one call, slowest rank), at most -n           [off]
-  -T, --timeout <secs>       with -np: kill all ranks after this long              [3600]
-  --bind-to <core|none|auto> with -np: bind rank r to the r-th CPU this process may use
-                             (core), or not (none); auto: core when the ranks fit the
-                             CPUs (as mpirun) or are a multiple of them            [auto]
-  --calibrate                measure this machine's cost model for the planner (qccl-plan)
-                             instead of the table: all_reduce alpha + beta*bytes per
-                             transport/algorithm (every -A given, float sum, median call,
-                             max over ranks, fit over -b..-e by -f [4K..64M by 4], -n
-                             iterations), and per codec (every -Z given [fp16,
-                             qsgd:bits=4,bucket=128, qsgd:bits=8,bucket=128,
-                             mstopk:density=0.01, efsign]) encode and decode_add alpha +
-                             beta*bytes on one core of rank 0, and the wire ratio
-  --calibrate-out <file>     where --calibrate writes its JSON (rank 0)   [qccl-cost.json]
-  -h, --help                 this text
-";
+impl From<&str> for ArgError {
+    fn from(msg: &str) -> ArgError {
+        msg.to_string().into()
+    }
+}
+
+impl std::fmt::Display for ArgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+const ABOUT: &str = "nccl-tests for qccl: bandwidth and correctness of every collective";
+
+const LONG_ABOUT: &str = "\
+nccl-tests for qccl: bandwidth and correctness of every collective.
+
+Launch with -np N (N local processes), or under mpirun, torchrun, srun or
+QCCL_RANK/QCCL_WORLD_SIZE/QCCL_COMM_ID; with neither, runs as a single rank. Invoked as
+all_reduce_perf, reduce_scatter_perf, ... (a link), the name picks the collective.
+
+Every single letter nccl-tests defines means what it means there. qccl's own options use
+letters nccl-tests leaves free: -L (--coll), -A (--algo), -Z (--codec), -k (--density),
+-s (--target-secs), -Q (--calibrate).";
+
+const AFTER_LONG_HELP: &str = "\
+Compression (-Z): busbw stays on the uncompressed size; extra columns after nccl-tests' own:
+wire(B) bytes sent per rank per call (max over ranks), ratio = dense all-reduce bytes
+2(n-1)/n*size over wire(B) (on a hierarchical run: of the inter-host level alone), relerr =
+|out - exact|_2 / |exact|_2 (float64 reference, fresh inputs, worst of both modes). #wrong
+counts non-finite outputs, and when the codec bounds one encode's relative error by e,
+elements off by more than (n+1)*e*max|exact| + the type's own tolerance.
+
+Top-k (--coll hitopk | naiveag | treear | 2dtar): a sum of float data (-o sum, float -d), no
+-Z, -A auto only, error feedback on, keyed per type and size. Extra columns: wire(B), ratio,
+relerr as with -Z, and for hitopk the step times rs, topk, ag+add, ag (us, mean over ranks,
+out of place). #wrong: hitopk, naiveag non-finite outputs only; treear, 2dtar exact as
+allreduce; treear and 2dtar ignore the density.
+
+--calibrate measures the all_reduce alpha + beta*bytes per transport/algorithm (every -A
+given, float sum, median call, max over ranks, fit over -b..-e by -f [4K..64M by 4], -n
+iterations), and per codec (every -Z given [fp16, qsgd:bits=4,bucket=128,
+qsgd:bits=8,bucket=128, mstopk:density=0.01, efsign]) encode and decode_add alpha +
+beta*bytes on one core of rank 0, and the wire ratio.
+
+Exit code: 0 all good, 1 some results were wrong (#wrong > 0), 2 an error (arguments, comm,
+a failed rank, the -np timeout).";
+
+/// The command line as clap sees it. Numbers nccl-tests reads with `strtol` are integers here
+/// too; options whose value may only fit a retired meaning (`-C`, `-S`, `-D`) are strings,
+/// checked in [`parse`].
+#[derive(Parser, Debug)]
+#[command(
+    name = "qccl-perf",
+    bin_name = "qccl-perf",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_long_help = AFTER_LONG_HELP,
+    disable_version_flag = true,
+    args_override_self = true,
+    allow_negative_numbers = true,
+    next_line_help = true
+)]
+struct Cli {
+    /// Smallest size, bytes; K/M/G suffixes (powers of 1024) [default: 32M]
+    #[arg(short = 'b', long, value_name = "SIZE", value_parser = parse_size, help_heading = NCCL)]
+    minbytes: Option<u64>,
+    /// Largest size [default: 32M]
+    #[arg(short = 'e', long, value_name = "SIZE", value_parser = parse_size, help_heading = NCCL)]
+    maxbytes: Option<u64>,
+    /// Add this many bytes each step (when given, or -f is 1) [default: 1M]
+    #[arg(short = 'i', long, value_name = "SIZE", value_parser = parse_size, help_heading = NCCL)]
+    stepbytes: Option<u64>,
+    /// Multiply the size by this each step [default: 1]
+    #[arg(short = 'f', long, value_name = "F", help_heading = NCCL)]
+    stepfactor: Option<u64>,
+    /// Timed iterations per size and mode
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 20, help_heading = NCCL)]
+    iters: usize,
+    /// Untimed iterations before them (per size and mode)
+    #[arg(short = 'w', long = "warmup_iters", value_name = "N", default_value_t = 1, help_heading = NCCL)]
+    warmup_iters: usize,
+    /// Run the whole table this many times; 0: until stopped (or -T)
+    #[arg(short = 'N', long = "run_cycles", value_name = "N", default_value_t = 1, help_heading = NCCL)]
+    run_cycles: u64,
+    /// Checked calls per size and mode, on fresh inputs (#wrong); 0: none
+    #[arg(short = 'c', long, value_name = "N", default_value_t = 1, help_heading = NCCL)]
+    check: u32,
+    /// sum | prod | min | max | avg | all
+    #[arg(short = 'o', long, alias = "op_type", value_name = "OP", default_value = "sum", help_heading = NCCL)]
+    op: String,
+    /// float | half | bfloat16 | double | int8 | uint8 | int32 | uint32 |
+    /// int64 | uint64 | all (also float32, fp16, bf16, fp64, int, char, ...)
+    #[arg(short = 'd', long, value_name = "TYPE", default_value = "float", help_heading = NCCL,
+          verbatim_doc_comment)]
+    datatype: String,
+    /// Root of broadcast, reduce, gather, scatter
+    #[arg(short = 'r', long, value_name = "RANK", default_value_t = 0, help_heading = NCCL)]
+    root: usize,
+    /// Time column: 0 rank 0, 1 mean, 2 min, 3 max over the ranks' means
+    #[arg(short = 'a', long, value_name = "0-3", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(0..=3), help_heading = NCCL)]
+    average: u8,
+    /// 1: the time column is rank 0's own time per call ("cputime"; the
+    /// calls block, so its wall time); algbw, busbw stay on the -a time
+    #[arg(short = 'C', long = "report_cputime", value_name = "0/1", default_value = "0",
+          help_heading = NCCL, verbatim_doc_comment)]
+    report_cputime: String,
+    /// 1: a timestamp (UTC) after each line's in-place columns
+    #[arg(short = 'S', long = "report_timestamps", value_name = "0/1", default_value = "0", help_heading = NCCL)]
+    report_timestamps: String,
+    /// Write the results (rank 0): CSV when FILE ends in .csv, else JSON
+    #[arg(short = 'J', long = "output_file", visible_alias = "json", value_name = "FILE", help_heading = NCCL)]
+    output_file: Option<PathBuf>,
+    /// With -np: kill all ranks after this many seconds; 0: never [default: 3600]
+    #[arg(short = 'T', long, value_name = "SECS", help_heading = NCCL)]
+    timeout: Option<f64>,
+    /// 1: memory report after the footer (buffers, peak RSS; max over ranks)
+    #[arg(short = 'M', long, value_name = "0/1", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=1), help_heading = NCCL)]
+    memory: u8,
+    /// Start the buffers this many elements past their allocation
+    #[arg(short = 'u', long, value_name = "ELEMS", default_value_t = 0, help_heading = NCCL)]
+    unalign: usize,
+    /// 1: per-iteration timing after each mode: i_min, i_max, i_p99 (us),
+    /// i_cv% over the timed iterations, each on its slowest rank
+    #[arg(short = 'I', long = "per_iter_timing", value_name = "0/1", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=1), help_heading = NCCL,
+          verbatim_doc_comment)]
+    per_iter_timing: u8,
+    /// Leave this many leading iterations out of -I's statistics
+    #[arg(short = 'K', long = "per_iter_skip", value_name = "N", default_value_t = 0, help_heading = NCCL)]
+    per_iter_skip: usize,
+
+    /// Threads per process: only 1
+    #[arg(short = 't', long, value_name = "1", default_value_t = 1, help_heading = GPU)]
+    nthreads: u64,
+    /// GPUs per thread: only 1
+    #[arg(short = 'g', long, value_name = "1", default_value_t = 1, help_heading = GPU)]
+    ngpus: u64,
+    /// Operations per iteration: only 1
+    #[arg(short = 'm', long = "agg_iters", value_name = "1", default_value_t = 1, help_heading = GPU)]
+    agg_iters: u64,
+    /// No effect: one rank per process
+    #[arg(short = 'p', long = "parallel_init", value_name = "0/1", default_value_t = 0, help_heading = GPU)]
+    parallel_init: i64,
+    /// No effect: qccl's host collectives always block
+    #[arg(short = 'z', long, value_name = "0-3", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=3), help_heading = GPU)]
+    blocking: u8,
+    /// No effect: no CUDA streams
+    #[arg(short = 'y', long = "stream_null", value_name = "0/1", default_value_t = 0, help_heading = GPU)]
+    stream_null: i64,
+    /// No effect: no CUDA graphs
+    #[arg(short = 'G', long, value_name = "N", default_value_t = 0, help_heading = GPU)]
+    cudagraph: i64,
+    /// No effect: no buffer registration
+    #[arg(short = 'R', long = "local_register", value_name = "0-2", default_value_t = 0, help_heading = GPU)]
+    local_register: i64,
+    /// No effect: no CTAs
+    #[arg(short = 'x', long = "cta_policy", value_name = "0-2", help_heading = GPU)]
+    cta_policy: Option<i64>,
+    /// Only 0: qccl's own code, no NCCL device kernels
+    #[arg(short = 'D', long = "device_implementation", value_name = "0", default_value = "0", help_heading = GPU)]
+    device_implementation: String,
+    /// No effect: no CTAs
+    #[arg(short = 'V', long = "device_cta_count", value_name = "N", help_heading = GPU)]
+    device_cta_count: Option<i64>,
+
+    /// allreduce | reduce_scatter | all_gather | broadcast | reduce |
+    /// alltoall | sendrecv | gather | scatter | hitopk | naiveag | treear |
+    /// 2dtar [default: from the program name, else allreduce]
+    #[arg(short = 'L', long, alias = "collective", value_name = "NAME", help_heading = QCCL,
+          verbatim_doc_comment)]
+    coll: Option<String>,
+    /// All-reduce algorithm: auto | ring | tree | sra | hier | allgather
+    /// (whole buffers in one exchange, with -Z) [default: auto]
+    #[arg(short = 'A', long, value_name = "ALGO", action = ArgAction::Append, help_heading = QCCL,
+          verbatim_doc_comment)]
+    algo: Vec<String>,
+    /// Compress the all-reduce: none | fp16 | bf16 | qsgd:bits=4,bucket=128 |
+    /// topk:density=0.01 | efsign | ... (float -d; sum or avg -o)
+    #[arg(short = 'Z', long, value_name = "SPEC", action = ArgAction::Append, help_heading = QCCL,
+          verbatim_doc_comment)]
+    codec: Vec<String>,
+    /// Top-k density in (0, 1] of --coll hitopk, naiveag [default: 0.01]
+    #[arg(short = 'k', long, value_name = "RHO", help_heading = QCCL)]
+    density: Option<f64>,
+    /// Time each size for about this long: iterations = SECS / one call
+    /// (slowest rank), at most -n
+    #[arg(short = 's', long = "target-secs", alias = "target_secs", value_name = "SECS",
+          help_heading = QCCL, verbatim_doc_comment)]
+    target_secs: Option<f64>,
+    /// Measure the cost model for the planner (qccl-plan), not the table
+    #[arg(short = 'Q', long, help_heading = QCCL)]
+    calibrate: bool,
+    /// Where --calibrate writes (rank 0) [default: qccl-cost.json]
+    #[arg(long = "calibrate-out", alias = "calibrate_out", value_name = "FILE", help_heading = QCCL)]
+    calibrate_out: Option<PathBuf>,
+    /// Write the results as CSV (rank 0): a line per table line
+    #[arg(long, value_name = "FILE", help_heading = QCCL)]
+    csv: Option<PathBuf>,
+    /// Plot busbw against size as SVG (rank 0): a line per mode, type, op
+    #[arg(long, value_name = "FILE.svg", help_heading = QCCL)]
+    plot: Option<PathBuf>,
+    /// Launch N local ranks over 127.0.0.1 (also spelled -np N, as mpirun)
+    #[arg(long, value_name = "N", help_heading = QCCL)]
+    np: Option<usize>,
+    /// With -np: rank r on the r-th CPU this process may use (core), or
+    /// anywhere (none); auto: core when the ranks fit the CPUs or are a
+    /// multiple of them (as mpirun)
+    #[arg(long = "bind-to", alias = "bind_to", value_name = "core|none|auto", default_value = "auto",
+          help_heading = QCCL, verbatim_doc_comment)]
+    bind_to: String,
+    /// Print the version
+    #[arg(long, action = ArgAction::Version)]
+    version: Option<bool>,
+}
+
+/// Help headings.
+const NCCL: &str = "nccl-tests options";
+const GPU: &str = "nccl-tests options for GPUs (accepted)";
+const QCCL: &str = "qccl options";
+
+/// The help text (`--help`, the long form).
+#[cfg(test)]
+pub fn long_help() -> String {
+    Cli::command().render_long_help().to_string()
+}
 
 /// Parses a byte count with an optional K, M or G suffix (powers of 1024), as nccl-tests.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -239,266 +456,268 @@ pub fn parse_op(s: &str) -> Result<Vec<ReduceOp>, String> {
         .ok_or_else(|| format!("unknown op '{s}' (sum, prod, min, max, avg, all)"))
 }
 
-fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+/// The one-line hint for a value that fits what a letter meant in earlier qccl-perf versions
+/// but not what nccl-tests (and now qccl-perf) means by it: `-C allreduce`, `-S 0.3`,
+/// `-D 0.01`. None when `v` is an integer (the nccl-tests meaning applies).
+pub fn retired_hint(letter: char, v: &str) -> Option<String> {
+    if v.trim().parse::<i64>().is_ok() {
+        return None;
+    }
+    let (now, old, short) = match letter {
+        'C' => ("--report_cputime 0/1", "--coll", "-L"),
+        'S' => ("--report_timestamps 0/1", "--target-secs", "-s"),
+        'D' => ("--device_implementation 0", "--density", "-k"),
+        _ => return None,
+    };
+    Some(format!(
+        "-{letter} now means {now} (nccl-tests); use {old} {v} (or {short} {v})"
+    ))
+}
+
+/// An integer nccl-tests reads with `strtol`, non-zero meaning on; `letter` and `long` name
+/// the option in errors.
+fn switch(letter: char, long: &str, v: &str) -> Result<bool, ArgError> {
+    if let Some(hint) = retired_hint(letter, v) {
+        return Err(ArgError {
+            msg: hint,
+            complete: true,
+        });
+    }
     v.trim()
-        .parse()
-        .map_err(|_| format!("{flag}: '{v}' is not a valid number"))
+        .parse::<i64>()
+        .map(|x| x != 0)
+        .map_err(|_| format!("-{letter}, --{long}: '{v}' is not an integer").into())
 }
 
-fn flag01(flag: &str, v: &str) -> Result<bool, String> {
-    match v.trim() {
-        "0" => Ok(false),
-        "1" => Ok(true),
-        _ => Err(format!("{flag}: expected 0 or 1, got '{v}'")),
-    }
-}
-
-/// Options that take a value: (short, long). `np` is the one two-letter short flag.
-const OPTS: &[(&str, &str)] = &[
-    ("np", "np"),
-    ("b", "minbytes"),
-    ("e", "maxbytes"),
-    ("f", "stepfactor"),
-    ("i", "stepbytes"),
-    ("n", "iters"),
-    ("w", "warmup_iters"),
-    ("c", "check"),
-    ("o", "op"),
-    ("d", "datatype"),
-    ("r", "root"),
-    ("z", "blocking"),
-    ("C", "coll"),
-    ("A", "algo"),
-    ("Z", "codec"),
-    ("D", "density"),
-    ("a", "average"),
-    ("J", "json"),
-    ("T", "timeout"),
-    ("S", "target_secs"),
-    ("t", "nthreads"),
-    ("g", "ngpus"),
-    ("m", "agg_iters"),
-    // Long only: no single-letter form, so the short lookup (one character) never finds it.
-    ("calibrate-out", "calibrate-out"),
-    ("bind-to", "bind-to"),
-];
-
-/// Long-name aliases.
-fn canonical_long(l: &str) -> &str {
-    match l {
-        "output_file" => "json",
-        "op_type" => "op",
-        "collective" => "coll",
-        "calibrate_out" => "calibrate-out",
-        "bind_to" => "bind-to",
-        other => other,
-    }
-}
-
-/// Splits the arguments into (short name, value, raw tokens it used).
-fn tokenize(raw: &[String]) -> Result<Vec<(&'static str, String, usize, usize)>, String> {
-    let mut out = Vec::new();
+/// Splits off what only the launcher uses: `-np N` (mpirun's spelling, also `-npN`, `--np N`,
+/// `--np=N`) and `--bind-to X`. Returns the arguments for clap (`-np` spelled `--np`) and the
+/// arguments `-np` hands its children (neither of the two).
+fn split_launcher_args(raw: &[String]) -> (Vec<String>, Vec<String>) {
+    let (mut for_clap, mut passthrough) = (Vec::new(), Vec::new());
     let mut i = 0;
     while i < raw.len() {
-        let tok = &raw[i];
-        let start = i;
-        if tok == "-h" || tok == "--help" {
-            out.push(("h", String::new(), start, start + 1));
-            i += 1;
-            continue;
-        }
-        // The one option without a value.
-        if tok == "--calibrate" {
-            out.push(("calibrate", String::new(), start, start + 1));
-            i += 1;
-            continue;
-        }
-        let (short, inline): (&'static str, Option<String>) =
-            if let Some(long) = tok.strip_prefix("--") {
-                let (name, val) = match long.split_once('=') {
-                    Some((n, v)) => (n, Some(v.to_string())),
-                    None => (long, None),
-                };
-                let name = canonical_long(name);
-                let &(s, _) = OPTS
-                    .iter()
-                    .find(|(_, l)| *l == name)
-                    .ok_or_else(|| format!("unknown option '{tok}'"))?;
-                (s, val)
-            } else if let Some(rest) = tok.strip_prefix('-').filter(|r| !r.is_empty()) {
-                // `-np` first, so that it is not read as `-n p`.
-                if let Some(v) = rest.strip_prefix("np") {
-                    ("np", (!v.is_empty()).then(|| v.to_string()))
-                } else {
-                    let (c, v) = rest.split_at(rest.chars().next().map_or(0, char::len_utf8));
-                    let &(s, _) = OPTS
-                        .iter()
-                        .find(|(s, _)| *s == c)
-                        .ok_or_else(|| format!("unknown option '{tok}'"))?;
-                    (
-                        s,
-                        (!v.is_empty()).then(|| v.trim_start_matches('=').to_string()),
-                    )
-                }
-            } else {
-                return Err(format!("unexpected argument '{tok}'"));
-            };
-        i += 1;
-        let value = match inline {
-            Some(v) => v,
-            None => {
-                let v = raw
-                    .get(i)
-                    .ok_or_else(|| format!("option '{tok}' needs a value"))?;
-                i += 1;
-                v.clone()
+        let tok = raw[i].as_str();
+        let launcher_flag =
+            |name: &str| tok == name || tok.strip_prefix(name).is_some_and(|v| v.starts_with('='));
+        if tok == "-np" || tok == "--np" {
+            for_clap.push("--np".to_string());
+            if let Some(v) = raw.get(i + 1) {
+                for_clap.push(v.clone());
             }
-        };
-        out.push((short, value, start, i));
+            i += 2;
+        } else if let Some(v) = tok
+            .strip_prefix("--np=")
+            .or_else(|| tok.strip_prefix("-np"))
+        {
+            for_clap.push(format!("--np={}", v.trim_start_matches('=')));
+            i += 1;
+        } else if launcher_flag("--bind-to") || launcher_flag("--bind_to") {
+            for_clap.push(tok.to_string());
+            if !tok.contains('=') {
+                if let Some(v) = raw.get(i + 1) {
+                    for_clap.push(v.clone());
+                }
+                i += 1;
+            }
+            i += 1;
+        } else {
+            for_clap.push(tok.to_string());
+            passthrough.push(tok.to_string());
+            i += 1;
+        }
     }
-    Ok(out)
+    (for_clap, passthrough)
+}
+
+/// A clap error as one of ours: its text without clap's `error: ` (main prefixes the program
+/// name).
+fn clap_error(e: clap::Error) -> ArgError {
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text).trim_end();
+    ArgError {
+        msg: text.to_string(),
+        // clap's text already ends in its "For more information, try '--help'."
+        complete: true,
+    }
 }
 
 /// Parses the arguments after the program name; `argv0` may name the collective.
-pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
+pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
+    let (for_clap, passthrough) = split_launcher_args(raw);
+    let cmd = Cli::command();
+    let matches = match cmd.try_get_matches_from(
+        std::iter::once("qccl-perf".to_string()).chain(for_clap.iter().cloned()),
+    ) {
+        Ok(m) => m,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    Ok(Parsed::Print(e.render().to_string()))
+                }
+                _ => Err(clap_error(e)),
+            };
+        }
+    };
+    let c = Cli::from_arg_matches(&matches).map_err(clap_error)?;
     let mut a = Args {
-        min_bytes: 32 << 20,
-        max_bytes: 32 << 20,
+        min_bytes: c.minbytes.unwrap_or(32 << 20),
+        max_bytes: c.maxbytes.unwrap_or(32 << 20),
         step: Step::Bytes(1 << 20),
-        iters: 20,
-        warmup: 1,
-        check: true,
-        ops: vec![ReduceOp::Sum],
-        dtypes: vec![DType::Float32],
-        root: 0,
-        blocking: false,
-        coll: coll_from_argv0(argv0).unwrap_or(Coll::AllReduce),
+        iters: c.iters,
+        warmup: c.warmup_iters,
+        run_cycles: c.run_cycles,
+        target_secs: None,
+        check: c.check,
+        ops: parse_op(&c.op).map_err(|e| format!("-o: {e}"))?,
+        dtypes: parse_dtype(&c.datatype).map_err(|e| format!("-d: {e}"))?,
+        root: c.root,
+        blocking: c.blocking,
+        report_cputime: switch('C', "report_cputime", &c.report_cputime)?,
+        report_timestamps: switch('S', "report_timestamps", &c.report_timestamps)?,
+        memory_report: c.memory != 0,
+        unalign: c.unalign,
+        per_iter: c.per_iter_timing != 0,
+        per_iter_skip: c.per_iter_skip,
+        ignored: Vec::new(),
+        coll: match &c.coll {
+            Some(v) => Coll::parse(v).map_err(|e| format!("--coll: {e}"))?,
+            None => coll_from_argv0(argv0).unwrap_or(Coll::AllReduce),
+        },
         algo: Algo::Auto,
         codec: None,
-        codecs: Vec::new(),
-        algos: Vec::new(),
-        calibrate: false,
-        calibrate_out: PathBuf::from(DEFAULT_CALIBRATE_OUT),
-        density: None,
-        time_stat: TimeStat::Max,
-        json: None,
-        np: None,
-        timeout: Duration::from_secs(3600),
-        bind: qccl::launch::Bind::Auto,
-        target_secs: None,
-        passthrough: Vec::new(),
-    };
-    let mut factor: Option<u64> = None;
-    let mut step_bytes: Option<u64> = None;
-    // --calibrate has its own size range unless one is given.
-    let (mut min_given, mut max_given) = (false, false);
-    let mut calibrate_out_given = false;
-    for (flag, v, from, to) in tokenize(raw)? {
-        let f = format!("-{flag}");
-        let f = f.as_str();
-        if flag != "np" && flag != "bind-to" {
-            a.passthrough.extend_from_slice(&raw[from..to]);
-        }
-        match flag {
-            "h" => return Ok(Parsed::Help),
-            "np" => {
-                let n: usize = num(f, &v)?;
-                if n == 0 {
-                    return Err("-np: need at least 1 rank".into());
-                }
-                a.np = Some(n);
-            }
-            "bind-to" => a.bind = v.parse().map_err(|e| format!("--bind-to: {e}"))?,
-            "b" => {
-                a.min_bytes = parse_size(&v).map_err(|e| format!("{f}: {e}"))?;
-                min_given = true;
-            }
-            "e" => {
-                a.max_bytes = parse_size(&v).map_err(|e| format!("{f}: {e}"))?;
-                max_given = true;
-            }
-            "f" => factor = Some(num(f, &v)?),
-            "i" => step_bytes = Some(parse_size(&v).map_err(|e| format!("{f}: {e}"))?),
-            "n" => a.iters = num(f, &v)?,
-            "w" => a.warmup = num(f, &v)?,
-            "c" => a.check = flag01(f, &v)?,
-            "o" => a.ops = parse_op(&v).map_err(|e| format!("{f}: {e}"))?,
-            "d" => a.dtypes = parse_dtype(&v).map_err(|e| format!("{f}: {e}"))?,
-            "r" => a.root = num(f, &v)?,
-            "z" => a.blocking = flag01(f, &v)?,
-            "C" => a.coll = Coll::parse(&v).map_err(|e| format!("{f}: {e}"))?,
-            "A" => a
-                .algos
-                .push(Algo::parse(&v).map_err(|e| format!("{f}: {e}"))?),
+        codecs: c
+            .codec
+            .iter()
             // CodecSpec's message quotes the spec and names the bad field.
-            "Z" => a
-                .codecs
-                .push(CodecSpec::parse(&v).map_err(|e| format!("{f}: {e}"))?),
-            "calibrate" => a.calibrate = true,
-            "calibrate-out" => {
-                if v.is_empty() {
-                    return Err("--calibrate-out: needs a file name".into());
-                }
-                a.calibrate_out = PathBuf::from(v);
-                calibrate_out_given = true;
-            }
-            "D" => {
-                let d: f64 = num(f, &v)?;
-                // NaN fails both comparisons.
-                if !(d > 0.0 && d <= 1.0) {
-                    return Err(format!("{f} {v}: the density must be in (0, 1]"));
-                }
-                a.density = Some(d);
-            }
-            "a" => {
-                a.time_stat = match num::<u32>(f, &v)? {
-                    0 => TimeStat::Rank0,
-                    1 => TimeStat::Avg,
-                    2 => TimeStat::Min,
-                    3 => TimeStat::Max,
-                    x => return Err(format!("{f}: expected 0, 1, 2 or 3, got {x}")),
-                }
-            }
-            "J" => a.json = Some(PathBuf::from(v)),
-            "S" => {
-                let s: f64 = num(f, &v)?;
-                if !(s > 0.0 && s.is_finite()) {
-                    return Err(format!(
-                        "{f}: the target must be a positive number of seconds"
-                    ));
-                }
-                a.target_secs = Some(s);
-            }
-            "T" => {
-                let s: f64 = num(f, &v)?;
-                if !(s > 0.0 && s.is_finite()) {
-                    return Err(format!(
-                        "{f}: the timeout must be a positive number of seconds"
-                    ));
-                }
-                a.timeout = Duration::from_secs_f64(s);
-            }
-            "t" | "g" | "m" => {
-                if num::<u64>(f, &v)? != 1 {
-                    return Err(format!(
-                        "{f} {v}: only 1 is supported (one rank per process, host memory, one \
-                         operation per iteration)"
-                    ));
-                }
-            }
-            other => unreachable!("option table and match disagree on -{other}"),
+            .map(|v| CodecSpec::parse(v).map_err(|e| format!("-Z: {e}")))
+            .collect::<Result<_, _>>()?,
+        algos: c
+            .algo
+            .iter()
+            .map(|v| Algo::parse(v).map_err(|e| format!("-A: {e}")))
+            .collect::<Result<_, _>>()?,
+        calibrate: c.calibrate,
+        calibrate_out: c
+            .calibrate_out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CALIBRATE_OUT)),
+        density: c.density,
+        time_stat: match c.average {
+            0 => TimeStat::Rank0,
+            1 => TimeStat::Avg,
+            2 => TimeStat::Min,
+            _ => TimeStat::Max,
+        },
+        json: None,
+        csv: c.csv.iter().cloned().collect(),
+        plot: c.plot.clone(),
+        np: c.np,
+        timeout: None,
+        bind: c.bind_to.parse().map_err(|e| format!("--bind-to: {e}"))?,
+        passthrough,
+    };
+    match c.output_file {
+        Some(p) if p.extension().is_some_and(|x| x.eq_ignore_ascii_case("csv")) => a.csv.push(p),
+        p => a.json = p,
+    }
+    for p in a.csv.iter().chain(&a.json).chain(&a.plot) {
+        if p.as_os_str().is_empty() {
+            return Err("-J, --csv, --plot: need a file name".into());
+        }
+    }
+    if c.np == Some(0) {
+        return Err("-np: need at least 1 rank".into());
+    }
+    let timeout = c.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    if !(timeout >= 0.0 && timeout.is_finite()) {
+        return Err(
+            format!("-T {timeout}: the timeout must be a number of seconds (0: none)").into(),
+        );
+    }
+    a.timeout = (timeout > 0.0).then(|| Duration::from_secs_f64(timeout));
+    for (letter, what, v) in [
+        ('t', "threads per process", c.nthreads),
+        ('g', "GPUs per thread", c.ngpus),
+        ('m', "operations per iteration", c.agg_iters),
+    ] {
+        if v != 1 {
+            return Err(format!(
+                "-{letter} {v}: only 1 {what} (one rank per process, host memory, one operation \
+                 per iteration)"
+            )
+            .into());
+        }
+    }
+    match c.device_implementation.trim().parse::<i64>() {
+        Ok(0) => {}
+        Ok(d) => {
+            return Err(format!(
+                "-D {d}: nccl-tests' device implementations run NCCL kernels on GPUs; qccl runs \
+                 on host memory, only -D 0 (for the top-k density: --density {d})"
+            )
+            .into())
+        }
+        Err(_) => {
+            return Err(ArgError {
+                msg: retired_hint('D', &c.device_implementation)
+                    .expect("not an integer, so a hint"),
+                complete: true,
+            })
+        }
+    }
+    // Recorded for the header: a run that looks GPU-specific should say the option did nothing.
+    for (given, note) in [
+        (c.parallel_init != 0, format!("-p {}", c.parallel_init)),
+        (c.stream_null != 0, format!("-y {}", c.stream_null)),
+        (c.cudagraph != 0, format!("-G {}", c.cudagraph)),
+        (c.local_register != 0, format!("-R {}", c.local_register)),
+    ] {
+        if given {
+            a.ignored.push(note);
+        }
+    }
+    if let Some(x) = c.cta_policy {
+        a.ignored.push(format!("-x {x}"));
+    }
+    if let Some(v) = c.device_cta_count {
+        a.ignored.push(format!("-V {v}"));
+    }
+    if a.per_iter_skip > 0 && !a.per_iter {
+        return Err(format!("-K {}: needs -I 1", a.per_iter_skip).into());
+    }
+    if a.per_iter && a.per_iter_skip >= a.iters {
+        return Err(format!(
+            "-K {}: must leave at least one of the -n {} iterations",
+            a.per_iter_skip, a.iters
+        )
+        .into());
+    }
+    if let Some(s) = c.target_secs {
+        if !(s > 0.0 && s.is_finite()) {
+            return Err(format!(
+                "--target-secs {s}: the target must be a positive number of seconds"
+            )
+            .into());
+        }
+        a.target_secs = Some(s);
+    }
+    if let Some(d) = a.density {
+        // NaN fails both comparisons.
+        if !(d > 0.0 && d <= 1.0) {
+            return Err(format!("--density {d}: the density must be in (0, 1]").into());
         }
     }
     if a.calibrate {
         // A fit over a wide range: small sizes pin alpha, large ones beta.
-        if !min_given {
+        if c.minbytes.is_none() {
             a.min_bytes = CALIBRATE_MIN_BYTES;
         }
-        if !max_given {
+        if c.maxbytes.is_none() {
             a.max_bytes = CALIBRATE_MAX_BYTES.max(a.min_bytes);
         }
     }
-    a.step = match (step_bytes, factor) {
+    a.step = match (c.stepbytes, c.stepfactor) {
         (Some(b), _) => Step::Bytes(b),
         (None, Some(f)) if f > 1 => Step::Factor(f),
         (None, Some(0)) => return Err("-f: the step factor must be at least 1".into()),
@@ -513,7 +732,8 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
         return Err(format!(
             "-e {} is below -b {}: the largest size must be at least the smallest",
             a.max_bytes, a.min_bytes
-        ));
+        )
+        .into());
     }
     if a.iters == 0 {
         return Err("-n: need at least 1 iteration".into());
@@ -528,7 +748,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
     if a.calibrate {
         check_calibrate(&mut a)?;
     } else {
-        if calibrate_out_given {
+        if c.calibrate_out.is_some() {
             return Err("--calibrate-out: only with --calibrate".into());
         }
         // One schedule and one codec per table; a second flag silently winning would mislead.
@@ -545,7 +765,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
     check_codec(&a)?;
     if let Some(np) = a.np {
         if a.coll.rooted() && a.root >= np {
-            return Err(format!("-r {}: the root must be below -np {np}", a.root));
+            return Err(format!("-r {}: the root must be below -np {np}", a.root).into());
         }
     }
     Ok(Parsed::Run(Box::new(a)))
@@ -557,13 +777,13 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, String> {
 fn check_calibrate(a: &mut Args) -> Result<(), String> {
     if a.coll != Coll::AllReduce {
         return Err(format!(
-            "--calibrate -C {}: calibration times the all-reduce only",
+            "--calibrate --coll {}: calibration times the all-reduce only",
             a.coll.name()
         ));
     }
     if let Some(d) = a.density {
         return Err(format!(
-            "--calibrate -D {d}: the density belongs to the top-k collectives"
+            "--calibrate --density {d}: the density belongs to the top-k collectives"
         ));
     }
     if a.dtypes != [DType::Float32] || a.ops != [ReduceOp::Sum] {
@@ -586,14 +806,14 @@ fn check_calibrate(a: &mut Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Rejects what the top-k collectives cannot take, and `-D` with any other collective, before
+/// Rejects what the top-k collectives cannot take, and `--density` with any other collective, before
 /// any rank starts; sets their default density.
 fn check_topk(a: &mut Args) -> Result<(), String> {
     let Some(scheme) = a.coll.topk() else {
         if let Some(d) = a.density {
             return Err(format!(
-                "-D {d}: the density applies to -C hitopk, naiveag, treear and 2dtar only, not \
-                 -C {}",
+                "--density {d}: the density applies to --coll hitopk, naiveag, treear and 2dtar \
+                 only, not --coll {}",
                 a.coll.name()
             ));
         }
@@ -602,20 +822,22 @@ fn check_topk(a: &mut Args) -> Result<(), String> {
     let c = scheme.name();
     if let Some(z) = &a.codec {
         return Err(format!(
-            "-Z {z}: -C {c} compresses by itself (top-k at -D); codecs apply to all_reduce only"
+            "-Z {z}: --coll {c} compresses by itself (top-k at --density); codecs apply to \
+             all_reduce only"
         ));
     }
     // The scheme is the algorithm; silently timing something else under -A would mislead.
     if a.algo != Algo::Auto {
         return Err(format!(
-            "-A {}: -C {c} fixes its own schedule (use -C allreduce -A {} for that algorithm)",
+            "-A {}: --coll {c} fixes its own schedule (use --coll allreduce -A {} for that \
+             algorithm)",
             a.algo.name(),
             a.algo.name()
         ));
     }
     if let Some(o) = a.ops.iter().find(|o| **o != ReduceOp::Sum) {
         let hint = if a.ops.len() > 1 { " (-o all)" } else { "" };
-        return Err(format!("-o {o}{hint}: -C {c} is a sum (-o sum only)"));
+        return Err(format!("-o {o}{hint}: --coll {c} is a sum (-o sum only)"));
     }
     if let Some(d) = a.dtypes.iter().find(|d| !d.is_float()) {
         let hint = if a.dtypes.len() > 1 {
@@ -624,7 +846,7 @@ fn check_topk(a: &mut Args) -> Result<(), String> {
             ""
         };
         return Err(format!(
-            "-C {c} -d {d}: top-k runs on floating-point data only{hint}"
+            "--coll {c} -d {d}: top-k runs on floating-point data only{hint}"
         ));
     }
     a.density.get_or_insert(DEFAULT_DENSITY);
@@ -639,7 +861,7 @@ fn check_codec(a: &Args) -> Result<(), String> {
     };
     if a.coll != Coll::AllReduce {
         return Err(format!(
-            "-Z {codec}: codecs apply to all_reduce only, not -C {}",
+            "-Z {codec}: codecs apply to all_reduce only, not --coll {}",
             a.coll.name()
         ));
     }
@@ -694,22 +916,30 @@ impl Args {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Args {
+    fn try_args(s: &str) -> Result<Args, ArgError> {
         let raw: Vec<String> = s.split_whitespace().map(String::from).collect();
-        match parse("qccl-perf", &raw).unwrap() {
-            Parsed::Run(a) => *a,
-            Parsed::Help => panic!("help"),
+        match parse("qccl-perf", &raw)? {
+            Parsed::Run(a) => Ok(*a),
+            Parsed::Print(_) => panic!("help"),
         }
+    }
+
+    fn args(s: &str) -> Args {
+        try_args(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn err(s: &str) -> ArgError {
+        try_args(s).err().unwrap_or_else(|| panic!("{s} parsed"))
     }
 
     #[test]
     fn nccl_tests_flags() {
-        let a = args("-np 2 -b 4K -e 256M -f 4 -n 5 -w 2 -c 0 -o max -d bf16 -r 1 -z 1 -C reduce");
+        let a = args("-np 2 -b 4K -e 256M -f 4 -n 5 -w 2 -c 0 -o max -d bf16 -r 1 -z 1 -L reduce");
         assert_eq!((a.min_bytes, a.max_bytes), (4096, 256 << 20));
         assert_eq!(a.step, Step::Factor(4));
         assert_eq!(
             (a.iters, a.warmup, a.check, a.root, a.np),
-            (5, 2, false, 1, Some(2))
+            (5, 2, 0, 1, Some(2))
         );
         assert_eq!(a.ops, vec![ReduceOp::Max]);
         assert_eq!(a.dtypes, vec![DType::Bfloat16]);
@@ -717,6 +947,89 @@ mod tests {
         assert!(!a.passthrough.iter().any(|s| s == "-np"));
         assert_eq!(a.passthrough.len(), 22);
         assert_eq!(a.sizes().len(), 9); // 4K 16K ... 256M
+                                        // nccl-tests' defaults.
+        let a = args("");
+        assert_eq!(
+            a.time_stat,
+            TimeStat::Avg,
+            "-a defaults to 1 (mean), as nccl-tests"
+        );
+        assert_eq!(
+            (a.min_bytes, a.max_bytes, a.iters, a.warmup),
+            (32 << 20, 32 << 20, 20, 1)
+        );
+        assert_eq!((a.check, a.run_cycles, a.unalign), (1, 1, 0));
+        assert!(!a.report_cputime && !a.report_timestamps && !a.per_iter && !a.memory_report);
+        assert_eq!(a.timeout, Some(Duration::from_secs(3600)));
+        assert!(a.ignored.is_empty());
+    }
+
+    #[test]
+    fn nccl_tests_letters_mean_what_they_mean_there() {
+        let a = args("-C 1 -S 1 -M 1 -I 1 -K 2 -u 3 -N 4 -c 5 -a 3 -T 0 -z 3");
+        assert!(a.report_cputime && a.report_timestamps && a.memory_report && a.per_iter);
+        assert_eq!(
+            (a.per_iter_skip, a.unalign, a.run_cycles, a.check),
+            (2, 3, 4, 5)
+        );
+        assert_eq!(a.time_stat, TimeStat::Max);
+        assert_eq!((a.timeout, a.blocking), (None, 3));
+        let a = args("--report_cputime 0 --report_timestamps=0 --output_file x.json");
+        assert!(!a.report_cputime && !a.report_timestamps);
+        assert_eq!(a.json, Some(PathBuf::from("x.json")));
+        // -J infers the type from the suffix; --csv is CSV whatever the name.
+        let a = args("-J out.CSV --csv t.txt --plot p.svg");
+        assert_eq!(
+            (a.json, a.csv),
+            (None, vec!["t.txt".into(), "out.CSV".into()])
+        );
+        assert_eq!(a.plot, Some(PathBuf::from("p.svg")));
+        // GPU-only options: accepted, no effect, named in the header.
+        let a = args("-p 1 -y 1 -G 5 -R 2 -x 1 -D 0 -V 16 -t 1 -g 1 -m 1");
+        assert_eq!(a.ignored, ["-p 1", "-y 1", "-G 5", "-R 2", "-x 1", "-V 16"]);
+        for (cmd, needle) in [
+            ("-t 2", "-t 2: only 1"),
+            ("-g 4", "-g 4: only 1"),
+            ("-D 1", "--density 1"),
+            ("-K 1", "needs -I 1"),
+            ("-I 1 -n 3 -K 3", "at least one"),
+            ("-a 4", "-a"),
+            ("-I 2", "--per_iter_timing"),
+            ("-T -1", "-T -1"),
+        ] {
+            let e = err(cmd);
+            assert!(e.msg.contains(needle), "{cmd}: {e}");
+        }
+    }
+
+    #[test]
+    fn retired_spellings_give_a_one_line_hint() {
+        for (cmd, want) in [
+            (
+                "-C allreduce",
+                "-C now means --report_cputime 0/1 (nccl-tests); use --coll allreduce (or -L \
+                 allreduce)",
+            ),
+            (
+                "-C 2dtar",
+                "-C now means --report_cputime 0/1 (nccl-tests); use --coll 2dtar (or -L 2dtar)",
+            ),
+            (
+                "-S 0.3",
+                "-S now means --report_timestamps 0/1 (nccl-tests); use --target-secs 0.3 (or -s \
+                 0.3)",
+            ),
+            (
+                "-D 0.01",
+                "-D now means --device_implementation 0 (nccl-tests); use --density 0.01 (or -k \
+                 0.01)",
+            ),
+        ] {
+            let e = err(cmd);
+            assert_eq!(e.msg, want, "{cmd}");
+            assert!(e.complete && !e.msg.contains('\n'), "{cmd}");
+        }
+        assert_eq!(retired_hint('C', "1"), None);
     }
 
     #[test]
@@ -739,6 +1052,11 @@ mod tests {
                 "-Aring"
             ]
         );
+        // getopt: the last of a repeated option wins.
+        let a = args("-b 1K -b 2K --np 2 --bind-to core -n 3 --bind_to=none");
+        assert_eq!((a.min_bytes, a.np), (2048, Some(2)));
+        assert_eq!(a.bind, qccl::launch::Bind::None);
+        assert_eq!(a.passthrough, ["-b", "1K", "-b", "2K", "-n", "3"]);
     }
 
     #[test]
@@ -746,14 +1064,11 @@ mod tests {
         assert_eq!(coll_from_argv0("/x/all_gather_perf"), Some(Coll::AllGather));
         assert_eq!(coll_from_argv0("sendrecv_perf"), Some(Coll::SendRecv));
         assert_eq!(coll_from_argv0("qccl-perf"), None);
-        let bad = |s: &str| {
-            let raw: Vec<String> = s.split_whitespace().map(String::from).collect();
-            parse("qccl-perf", &raw).is_err()
-        };
+        let bad = |s: &str| try_args(s).is_err();
         assert!(bad("-b 2M -e 1M"));
         assert!(bad("-o avg -d int32"));
         assert!(bad("-d float7"));
-        assert!(bad("-x 1"));
+        assert!(bad("-X 1"));
         assert!(bad("-n"));
         assert!(bad("-t 2"));
         assert!(!bad("-o avg -d all"));
@@ -761,12 +1076,38 @@ mod tests {
     }
 
     #[test]
+    fn help_and_version() {
+        let raw = |s: &str| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
+        for flag in ["-h", "--help"] {
+            let Ok(Parsed::Print(text)) = parse("qccl-perf", &raw(flag)) else {
+                panic!("{flag}")
+            };
+            for needle in [
+                "-np",
+                "--coll",
+                "-C, --report_cputime",
+                "-L, --coll",
+                "--version",
+            ] {
+                assert!(text.contains(needle), "{flag}: no {needle} in\n{text}");
+            }
+        }
+        let Ok(Parsed::Print(v)) = parse("qccl-perf", &raw("--version")) else {
+            panic!("--version")
+        };
+        assert_eq!(v.trim(), format!("qccl-perf {}", env!("CARGO_PKG_VERSION")));
+        // -V is nccl-tests' device_cta_count, not the version.
+        assert_eq!(args("-V 8").ignored, ["-V 8"]);
+        assert!(long_help().contains("Exit code"));
+    }
+
+    #[test]
     fn topk_collectives_and_density() {
         use qccl::TopKScheme;
-        let a = args("-np 2 -C hitopk");
+        let a = args("-np 2 -L hitopk");
         assert_eq!(a.coll, Coll::TopK(TopKScheme::HiTopK));
         assert_eq!(a.density, Some(DEFAULT_DENSITY));
-        let a = args("-C 2dtar -D 0.5 -d half");
+        let a = args("--coll 2dtar -k 0.5 -d half");
         assert_eq!(
             (a.coll.topk(), a.density),
             (Some(TopKScheme::TwoDTar), Some(0.5))
@@ -777,36 +1118,33 @@ mod tests {
             a.passthrough,
             ["--coll=naiveag", "--density=1", "-A", "auto"]
         );
-        assert_eq!(args("-C allreduce").density, None);
+        assert_eq!(args("--collective allreduce").density, None);
         // Program names work as for nccl-tests' collectives.
         assert_eq!(
             coll_from_argv0("/x/hitopk_perf"),
             Some(Coll::TopK(TopKScheme::HiTopK))
         );
-        let err = |s: &str| {
-            let raw: Vec<String> = s.split_whitespace().map(String::from).collect();
-            parse("qccl-perf", &raw)
-                .err()
-                .unwrap_or_else(|| panic!("{s} parsed"))
-        };
         for (cmd, needles) in [
-            ("-C hitopk -D 0", &["-D 0", "(0, 1]"][..]),
-            ("-C hitopk -D 1.5", &["-D 1.5", "(0, 1]"]),
-            ("-C hitopk -D -0.1", &["-D -0.1", "(0, 1]"]),
-            ("-C hitopk -D nan", &["-D nan", "(0, 1]"]),
-            ("-C hitopk -D x", &["-D", "'x'"]),
-            ("-D 0.01", &["-D 0.01", "-C all_reduce"]),
-            ("-C broadcast -D 0.1", &["-D 0.1", "-C broadcast"]),
-            ("-C hitopk -Z fp16", &["-Z fp16", "-C hitopk"]),
-            ("-C treear -A ring", &["-A ring", "-C treear"]),
-            ("-C naiveag -o max", &["-o max", "sum"]),
-            ("-C 2dtar -o all", &["-o all"]),
-            ("-C hitopk -d int32", &["-d int32", "floating-point"]),
-            ("-C hitopk -d all", &["-d all includes integer types"]),
+            ("-L hitopk -k 0", &["--density 0", "(0, 1]"][..]),
+            ("-L hitopk --density 1.5", &["--density 1.5", "(0, 1]"]),
+            ("-L hitopk --density -0.1", &["--density -0.1", "(0, 1]"]),
+            ("-L hitopk --density nan", &["--density NaN", "(0, 1]"]),
+            ("-L hitopk --density x", &["--density", "'x'"]),
+            ("-k 0.01", &["--density 0.01", "--coll all_reduce"]),
+            (
+                "-L broadcast -k 0.1",
+                &["--density 0.1", "--coll broadcast"],
+            ),
+            ("-L hitopk -Z fp16", &["-Z fp16", "--coll hitopk"]),
+            ("-L treear -A ring", &["-A ring", "--coll treear"]),
+            ("-L naiveag -o max", &["-o max", "sum"]),
+            ("-L 2dtar -o all", &["-o all"]),
+            ("-L hitopk -d int32", &["-d int32", "floating-point"]),
+            ("-L hitopk -d all", &["-d all includes integer types"]),
         ] {
             let e = err(cmd);
             for n in needles {
-                assert!(e.contains(n), "{cmd}: {e}");
+                assert!(e.msg.contains(n), "{cmd}: {e}");
             }
         }
     }
@@ -822,22 +1160,16 @@ mod tests {
         assert_eq!(a.codec.map(|c| c.to_string()), Some("bf16:ef=1".into()));
         assert_eq!(a.algo, Algo::Hier);
         assert!(args("-d all").codec.is_none());
-        let err = |s: &str| {
-            let raw: Vec<String> = s.split_whitespace().map(String::from).collect();
-            parse("qccl-perf", &raw)
-                .err()
-                .unwrap_or_else(|| panic!("{s} parsed"))
-        };
         for (cmd, needles) in [
             ("-Z bogus", &["-Z", "unknown codec \"bogus\""][..]),
             ("-Z fp16:level=1", &["-Z", "unknown field \"level\""]),
             (
-                "-Z fp16 -C broadcast",
-                &["-Z fp16", "all_reduce only", "-C broadcast"],
+                "-Z fp16 -L broadcast",
+                &["-Z fp16", "all_reduce only", "--coll broadcast"],
             ),
             (
-                "-C reduce_scatter -Z bf16",
-                &["-Z bf16", "-C reduce_scatter"],
+                "--coll reduce_scatter -Z bf16",
+                &["-Z bf16", "--coll reduce_scatter"],
             ),
             ("-Z fp16 -d int32", &["-Z fp16 -d int32", "floating-point"]),
             ("-Z fp16 -d all", &["-d all includes integer types"]),
@@ -846,7 +1178,7 @@ mod tests {
         ] {
             let e = err(cmd);
             for n in needles {
-                assert!(e.contains(n), "{cmd}: {e}");
+                assert!(e.msg.contains(n), "{cmd}: {e}");
             }
         }
     }
@@ -866,6 +1198,7 @@ mod tests {
         );
         assert_eq!(a.calibrate_out, PathBuf::from(DEFAULT_CALIBRATE_OUT));
         assert_eq!(a.passthrough, ["--calibrate"]);
+        assert!(args("-Q").calibrate);
         let a = args("--calibrate -b 8K -A ring -A tree -Z fp16 -Z efsign --calibrate-out=c.json");
         assert_eq!((a.min_bytes, a.max_bytes), (8 << 10, 64 << 20));
         assert_eq!(a.algos, vec![Algo::Ring, Algo::Tree]);

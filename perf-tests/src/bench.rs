@@ -6,14 +6,18 @@
 //! bytes of its last timed call and, from one call on fresh inputs (run even without `-c 1`),
 //! the relative error against the float64 reference.
 //!
-//! The top-k collectives (`-C hitopk`, `naiveag`, `treear`, `2dtar`) go the same way, keyed per
-//! (scheme, type, size), with the same wire and error measures, and for hitopk the mean time
-//! of each of its four steps over the timed out-of-place calls.
+//! The top-k collectives (`--coll hitopk`, `naiveag`, `treear`, `2dtar`) go the same way, keyed
+//! per (scheme, type, size), with the same wire and error measures, and for hitopk the mean
+//! time of each of its four steps over the timed out-of-place calls.
+//!
+//! nccl-tests' options that shape the loop: `-N` runs the whole table again, `-u` offsets the
+//! buffers, `-I` times each iteration, `-C` keeps each rank's own time beside the combined one,
+//! `-S` stamps each line, `-c N` checks up to N calls per size and mode.
 
 use crate::args::{Args, TimeStat};
 use crate::coll::{self, Ctx, Shape};
 use crate::elem::{Elem, Filler};
-use crate::report::{self, CodecCols, Measure, Row, StepTimes};
+use crate::report::{self, CodecCols, IterStats, Measure, Row, StepTimes};
 use half::{bf16, f16};
 use qccl::{Algo, Comm, Compression, DType, ReduceOp, Result, TopK, TopKScheme, Wire};
 use std::io::Write;
@@ -25,6 +29,8 @@ pub struct Sink {
     pub print: bool,
     /// Every row so far.
     pub rows: Vec<Row>,
+    /// Largest send + receive buffers of one table section, bytes (`-M`).
+    pub buffer_bytes: u64,
 }
 
 impl Sink {
@@ -61,35 +67,42 @@ fn settle(comm: &Comm) -> Result<()> {
     Ok(())
 }
 
-/// Runs every (type, op) combination the arguments ask for; returns the total wrong count.
+/// Runs every (type, op) combination the arguments ask for, `-N` times (0: until the process
+/// is stopped); returns the total wrong count.
 pub fn run(comm: &Comm, a: &Args, sink: &mut Sink) -> Result<u64> {
     settle(comm)?;
     let mut wrong = 0;
-    for &dtype in &a.dtypes {
-        for &op in &a.ops {
-            // `-o all` with an integer type: avg only applies to floats.
-            if op.check_dtype(dtype).is_err() {
-                continue;
+    let mut cycle = 0;
+    loop {
+        for &dtype in &a.dtypes {
+            for &op in &a.ops {
+                // `-o all` with an integer type: avg only applies to floats.
+                if op.check_dtype(dtype).is_err() {
+                    continue;
+                }
+                wrong += match dtype {
+                    DType::Int8 => sizes::<i8>(comm, a, op, cycle, sink)?,
+                    DType::Uint8 => sizes::<u8>(comm, a, op, cycle, sink)?,
+                    DType::Int32 => sizes::<i32>(comm, a, op, cycle, sink)?,
+                    DType::Uint32 => sizes::<u32>(comm, a, op, cycle, sink)?,
+                    DType::Int64 => sizes::<i64>(comm, a, op, cycle, sink)?,
+                    DType::Uint64 => sizes::<u64>(comm, a, op, cycle, sink)?,
+                    DType::Float16 => sizes::<f16>(comm, a, op, cycle, sink)?,
+                    DType::Float32 => sizes::<f32>(comm, a, op, cycle, sink)?,
+                    DType::Float64 => sizes::<f64>(comm, a, op, cycle, sink)?,
+                    DType::Bfloat16 => sizes::<bf16>(comm, a, op, cycle, sink)?,
+                };
             }
-            wrong += match dtype {
-                DType::Int8 => sizes::<i8>(comm, a, op, sink)?,
-                DType::Uint8 => sizes::<u8>(comm, a, op, sink)?,
-                DType::Int32 => sizes::<i32>(comm, a, op, sink)?,
-                DType::Uint32 => sizes::<u32>(comm, a, op, sink)?,
-                DType::Int64 => sizes::<i64>(comm, a, op, sink)?,
-                DType::Uint64 => sizes::<u64>(comm, a, op, sink)?,
-                DType::Float16 => sizes::<f16>(comm, a, op, sink)?,
-                DType::Float32 => sizes::<f32>(comm, a, op, sink)?,
-                DType::Float64 => sizes::<f64>(comm, a, op, sink)?,
-                DType::Bfloat16 => sizes::<bf16>(comm, a, op, sink)?,
-            };
+        }
+        cycle += 1;
+        if a.run_cycles != 0 && cycle >= a.run_cycles {
+            return Ok(wrong);
         }
     }
-    Ok(wrong)
 }
 
 /// One table section: every size for element type `T` and `op`.
-fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Result<u64> {
+fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, cycle: u64, sink: &mut Sink) -> Result<u64> {
     let n = comm.size();
     let es = std::mem::size_of::<T>();
     let shapes: Vec<Shape> = a
@@ -97,10 +110,16 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
         .iter()
         .map(|&b| a.coll.shape((b / es as u64) as usize, n))
         .collect();
-    // Allocated once at the largest size, as nccl-tests does.
+    // Allocated once at the largest size, as nccl-tests does; with -u the buffers start that
+    // many elements in (misaligned for the wider loads), as nccl-tests offsets its pointers.
     let zero = T::from_bits(0);
-    let mut send = vec![zero; shapes.iter().map(|s| s.send).max().unwrap_or(0)];
-    let mut recv = vec![zero; shapes.iter().map(|s| s.recv).max().unwrap_or(0)];
+    let u = a.unalign;
+    let mut send = vec![zero; u + shapes.iter().map(|s| s.send).max().unwrap_or(0)];
+    let mut recv = vec![zero; u + shapes.iter().map(|s| s.recv).max().unwrap_or(0)];
+    sink.buffer_bytes = sink
+        .buffer_bytes
+        .max(((send.len() + recv.len()) * es) as u64);
+    let (send, recv) = (&mut send[u..], &mut recv[u..]);
     // The sparse top-k schemes are lossy like a codec; the dense baselines are exact sums and
     // keep all_reduce's integer-valued inputs, so that they can be checked exactly.
     let lossy = a.codec.is_some() || a.coll.sparse();
@@ -118,8 +137,8 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
     if lossy {
         // Codecs' speed can depend on the data (a sparsifier's selection, a quantizer's
         // scales): time them on the same kind of values they are checked on, not on zeros.
-        ctx.fill.fill(&mut send, ctx.rank, 0);
-        ctx.fill.fill(&mut recv, ctx.rank, 0);
+        ctx.fill.fill(send, ctx.rank, 0);
+        ctx.fill.fill(recv, ctx.rank, 0);
     }
     let mut wrong = 0;
     for sh in shapes {
@@ -159,6 +178,9 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
         });
         let (oop_k, oop_steps) = (oop.k, oop.steps);
         let (algo, oop, ip) = (oop.algo, oop.m, ip.map(|m| m.m));
+        let timestamp = a
+            .report_timestamps
+            .then(|| report::utc_timestamp(std::time::SystemTime::now()));
         let row = Row {
             size: sh.bytes(es),
             count: sh.count,
@@ -171,6 +193,8 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, sink: &mut Sink) -> Resul
             codec,
             k: oop_k,
             steps: oop_steps,
+            timestamp,
+            cycle,
         };
         wrong += row.wrong().unwrap_or(0);
         sink.push(row);
@@ -201,12 +225,13 @@ struct Mode {
     inter: Option<u64>,
     /// Top-k collectives: elements the last timed call selected (max over ranks).
     k: Option<u64>,
-    /// `-C hitopk`: its step times over the timed calls.
+    /// `--coll hitopk`: its step times over the timed calls.
     steps: Option<StepTimes>,
 }
 
-/// Warmup, barrier, `iters` timed calls; then, with `-c 1` (or a codec), one call on fresh
-/// inputs, checked.
+/// Warmup, barrier, `iters` timed calls; then, with `-c N` (or a codec), calls on fresh inputs,
+/// checked: up to N for the plain collectives (stopping at the first with wrong elements, as
+/// nccl-tests), one with a codec or a top-k collective (which also measures its error).
 fn measure<T: Elem>(
     ctx: &Ctx<'_>,
     a: &Args,
@@ -238,8 +263,14 @@ fn measure<T: Elem>(
     let mut ran = coll::Ran::default();
     // HiTopK's step times summed over the timed calls (four steps, then the scatter-add).
     let mut step_sum = [0f64; 5];
+    // -I: each iteration's own time (µs), taken only when asked for.
+    let mut each = Vec::with_capacity(if a.per_iter { iters } else { 0 });
     for _ in 0..iters {
+        let t = a.per_iter.then(Instant::now);
         ran = coll::run(ctx, coll, in_place, send, recv)?;
+        if let Some(t) = t {
+            each.push(t.elapsed().as_secs_f64() * 1e6);
+        }
         if let Some((steps, add)) = ran.steps {
             for (acc, d) in step_sum.iter_mut().zip(steps.iter().chain([&add])) {
                 *acc += d.as_secs_f64();
@@ -248,6 +279,13 @@ fn measure<T: Elem>(
     }
     let mine = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     let time_us = combine_time(ctx.comm, a.time_stat, mine)?;
+    let iter = if a.per_iter {
+        // nccl-tests' i_* figures: each iteration on its slowest rank.
+        ctx.comm.all_reduce_in_place(&mut each, ReduceOp::Max)?;
+        Some(IterStats::new(each, a.per_iter_skip))
+    } else {
+        None
+    };
     let steps = if coll.topk() == Some(TopKScheme::HiTopK) {
         let mut mean = step_sum.map(|t| t * 1e6 / iters as f64);
         ctx.comm.all_reduce_in_place(&mut mean, ReduceOp::Avg)?;
@@ -290,7 +328,7 @@ fn measure<T: Elem>(
         };
         codec = Some((wire, v[0]));
         inter = (v[3] >= 0.0).then_some(v[3] as u64);
-        if a.check {
+        if a.check > 0 {
             let mut total = [0u64];
             ctx.comm
                 .all_reduce(&[acc.wrong], &mut total, ReduceOp::Sum)?;
@@ -326,7 +364,7 @@ fn measure<T: Elem>(
         };
         codec = Some((wire, v[0]));
         k = Some(v[3] as u64);
-        if a.check {
+        if a.check > 0 {
             let mut total = [0u64];
             ctx.comm
                 .all_reduce(&[local_wrong], &mut total, ReduceOp::Sum)?;
@@ -334,12 +372,17 @@ fn measure<T: Elem>(
         } else {
             None
         }
-    } else if a.check {
-        coll::init(ctx, coll, sh, in_place, send, recv);
-        coll::run(ctx, coll, in_place, send, recv)?;
-        let local = coll::check(ctx, coll, sh, in_place, send, recv);
+    } else if a.check > 0 {
         let mut total = [0u64];
-        ctx.comm.all_reduce(&[local], &mut total, ReduceOp::Sum)?;
+        for _ in 0..a.check {
+            coll::init(ctx, coll, sh, in_place, send, recv);
+            coll::run(ctx, coll, in_place, send, recv)?;
+            let local = coll::check(ctx, coll, sh, in_place, send, recv);
+            ctx.comm.all_reduce(&[local], &mut total, ReduceOp::Sum)?;
+            if total[0] > 0 {
+                break;
+            }
+        }
         Some(total[0])
     } else {
         None
@@ -358,6 +401,8 @@ fn measure<T: Elem>(
             algbw,
             busbw: algbw * coll.busbw_factor(ctx.n),
             wrong,
+            cpu_time_us: a.report_cputime.then_some(mine),
+            iter,
         },
         algo: ran.algo,
         codec,

@@ -299,10 +299,9 @@ pub fn run<T: Elem>(
         if !in_place {
             recv.copy_from_slice(send);
         }
-        let o = ctx
-            .topk
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("bench sets the top-k options for -C {}", coll.name()));
+        let o = ctx.topk.as_ref().unwrap_or_else(|| {
+            unreachable!("bench sets the top-k options for --coll {}", coll.name())
+        });
         let rep = c.topk_all_reduce(recv, scheme, o)?;
         return Ok(Ran {
             algo: None,

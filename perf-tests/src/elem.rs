@@ -8,7 +8,7 @@
 //! value is computed in f64 and compared with a tolerance of ε·n·|expected| (ε the type's
 //! machine epsilon, n the rank count), which only avg (one rounding of sum/n) needs.
 //!
-//! With a codec (`-Z`), and for the sparse top-k collectives (`-C hitopk`, `naiveag`), the
+//! With a codec (`-Z`), and for the sparse top-k collectives (`--coll hitopk`, `naiveag`), the
 //! float inputs are instead uniform in [-1, 1) (rounded to the type):
 //! the small-integer inputs would overflow fp16 in float and double (up to ±2^20), and would
 //! make lossless-looking results out of codecs that round (integers are exact in fp16), so the

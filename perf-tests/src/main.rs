@@ -1,12 +1,13 @@
 //! qccl-perf: nccl-tests for qccl.
 //!
 //! ```text
-//! qccl-perf -np 4 -b 4K -e 256M -f 4 -C allreduce      # 4 local ranks over 127.0.0.1
-//! mpirun -np 4 qccl-perf -b 8 -e 128M -f 2 -d half     # or any launcher qccl::Comm::from_env reads
-//! qccl-perf -np 2 -b 64K -e 4M -f 4 -Z bf16            # compressed all_reduce (wire, ratio, relerr)
-//! qccl-perf -np 4 -C hitopk -D 0.01 -b 4M -e 64M -f 4  # HiTopKComm (+ step times); or naiveag, treear, 2dtar
+//! qccl-perf -np 4 -b 4K -e 256M -f 4 --coll allreduce      # 4 local ranks over 127.0.0.1
+//! mpirun -np 4 qccl-perf -b 8 -e 128M -f 2 -d half         # or any launcher qccl::Comm::from_env reads
+//! qccl-perf -np 2 -b 64K -e 4M -f 4 -Z bf16                # compressed all_reduce (wire, ratio, relerr)
+//! qccl-perf -np 4 --coll hitopk --density 0.01 -b 4M -e 64M -f 4  # HiTopKComm; or naiveag, treear, 2dtar
+//! qccl-perf -np 2 -b 4K -e 64M -f 2 -J r.json --csv r.csv --plot r.svg   # result files
 //! ln -s qccl-perf all_gather_perf; ./all_gather_perf -np 2
-//! qccl-perf -np 2 --calibrate                          # measure the cost model: qccl-cost.json
+//! qccl-perf -np 2 --calibrate                              # measure the cost model: qccl-cost.json
 //! ```
 //!
 //! Exit code: 0 all good, 1 some results were wrong (#wrong > 0), 2 an error (arguments, comm,
@@ -19,6 +20,7 @@ mod bench;
 mod calibrate;
 mod coll;
 mod elem;
+mod plot;
 mod report;
 
 use args::{Args, Parsed};
@@ -97,6 +99,50 @@ fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
         .collect())
 }
 
+/// The peak resident set of this process (VmHWM), bytes; 0 where /proc does not say.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Writes the result files `a` asks for (rank 0): `-J` JSON, `--csv` / `-J *.csv` CSV,
+/// `--plot` SVG.
+fn write_outputs(
+    a: &Args,
+    n: usize,
+    rows: &[report::Row],
+    wrong: u64,
+) -> Result<(), (std::path::PathBuf, std::io::Error)> {
+    let rep = report::report(a, n, rows, wrong);
+    let mut files: Vec<(&std::path::Path, String)> = Vec::new();
+    if let Some(path) = &a.json {
+        files.push((path, report::json(&rep)));
+    }
+    for path in &a.csv {
+        files.push((path, report::csv(&rep)));
+    }
+    if let Some(path) = &a.plot {
+        let title = format!(
+            "qccl-perf {} on {n} ranks: busbw vs size{}",
+            a.coll.name(),
+            a.codec
+                .as_ref()
+                .map_or(String::new(), |z| format!(", -Z {z}"))
+        );
+        files.push((path, plot::svg(&title, &report::plot_series(rows))));
+    }
+    for (path, text) in files {
+        report::write_file(path, &text).map_err(|e| (path.to_path_buf(), e))?;
+    }
+    Ok(())
+}
+
 /// One rank's whole run; returns the exit code.
 fn rank_main(a: &Args) -> i32 {
     let comm = match open_comm() {
@@ -133,15 +179,24 @@ fn rank_main(a: &Args) -> i32 {
         let mut sink = bench::Sink {
             print: rank == 0,
             rows: Vec::new(),
+            buffer_bytes: 0,
         };
         let wrong = bench::run(&comm, a, &mut sink)?;
+        // Every rank takes part in the maxima; rank 0 prints them.
+        let memory = if a.memory_report {
+            let mut m = [sink.buffer_bytes, peak_rss_bytes()];
+            comm.all_reduce_in_place(&mut m, qccl::ReduceOp::Max)?;
+            Some(m)
+        } else {
+            None
+        };
         if rank == 0 {
             print!("{}", report::footer(&sink.rows, wrong, a.coll.name()));
-            if let Some(path) = &a.json {
-                let text = report::json(a, n, &sink.rows, wrong);
-                report::write_json(path, &text)
-                    .map_err(|e| qccl::Error::io(format!("writing {}", path.display()), e))?;
+            if let Some([buffers, rss]) = memory {
+                print!("{}", report::memory_line(buffers, rss));
             }
+            write_outputs(a, n, &sink.rows, wrong)
+                .map_err(|(path, e)| qccl::Error::io(format!("writing {}", path.display()), e))?;
         }
         Ok(wrong)
     })();
@@ -161,28 +216,35 @@ fn main() {
     let raw: Vec<String> = argv.map(|s| s.to_string_lossy().into_owned()).collect();
     let a = match args::parse(&argv0.to_string_lossy(), &raw) {
         Ok(Parsed::Run(a)) => a,
-        Ok(Parsed::Help) => {
-            print!("{}", args::USAGE);
+        Ok(Parsed::Print(text)) => {
+            print!("{text}");
             return;
         }
+        Err(e) if e.complete => {
+            eprintln!("qccl-perf: {e}");
+            std::process::exit(EXIT_ERROR);
+        }
         Err(e) => {
-            eprintln!("qccl-perf: {e}\n\n{}", args::USAGE);
+            eprintln!("qccl-perf: {e}\n\nFor more information, try '--help'.");
             std::process::exit(EXIT_ERROR);
         }
     };
     let code = match a.np {
         // Ranks that found wrong results finish the run; any other failure stops the job.
-        Some(np) => Launch::new(np)
-            .args(&a.passthrough)
-            .timeout(a.timeout)
-            .bind(a.bind)
-            .finished_code(EXIT_WRONG)
-            .run()
-            .unwrap_or_else(|e| {
+        Some(np) => {
+            let mut job = Launch::new(np)
+                .args(&a.passthrough)
+                .bind(a.bind)
+                .finished_code(EXIT_WRONG);
+            if let Some(t) = a.timeout {
+                job = job.timeout(t);
+            }
+            job.run().unwrap_or_else(|e| {
                 let hint = matches!(e, qccl::Error::Timeout(_)).then_some(" (-T, --timeout)");
                 eprintln!("qccl-perf: {e}{}", hint.unwrap_or(""));
                 EXIT_ERROR
-            }),
+            })
+        }
         None => rank_main(&a),
     };
     std::process::exit(code);

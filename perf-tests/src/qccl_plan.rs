@@ -15,37 +15,63 @@
 
 #![forbid(unsafe_code)]
 
-use qccl::CodecSpec;
+use clap::Parser;
 use qccl_planner::JsonFile;
 use qccl_planner::{models, optimal_fusion, simulate, CompressOn, CostModel, Plan, Profile};
+use qccl::CodecSpec;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Usage text for `-h` and errors.
-const USAGE: &str = "\
-Usage: qccl-plan --profile <file|name> --cost <file> [options]
+/// The command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "qccl-plan",
+    bin_name = "qccl-plan",
+    version,
+    about = "Chooses how a training step's gradients are fused and compressed (Cupcake's \
+             optimal fusion over qccl_planner's timeline simulator) and compares it with the \
+             usual baselines",
+    after_help = AFTER_HELP,
+    args_override_self = true,
+    next_line_help = true
+)]
+struct Cli {
+    /// Tensor profile JSON (qccl_planner::Profile), or a shipped profile:
+    /// resnet50 | resnet101 | bert_base
+    #[arg(long, value_name = "FILE|NAME", verbatim_doc_comment)]
+    profile: Option<String>,
+    /// Cost model JSON (qccl_planner::CostModel), e.g. from qccl-perf --calibrate
+    #[arg(long, value_name = "FILE")]
+    cost: Option<PathBuf>,
+    /// Plan for this codec (a key of the cost model's codecs; a spec such as
+    /// qsgd:bits=4,bucket=128 matches its canonical form) [default: every
+    /// codec of the cost model, the best chosen]
+    #[arg(long, value_name = "SPEC", verbatim_doc_comment)]
+    codec: Option<String>,
+    /// Link of the cost model, e.g. shm/ring [default: its default_link]
+    #[arg(long, value_name = "NAME")]
+    link: Option<String>,
+    /// compute (compression delays backprop, Cupcake's model) | separate
+    /// (its own stream)
+    #[arg(
+        long = "compress-on",
+        value_name = "WHERE",
+        default_value = "compute",
+        verbatim_doc_comment
+    )]
+    compress_on: String,
+    /// Write the chosen plan as JSON (qccl_planner::Plan)
+    #[arg(long, value_name = "FILE", default_value = "qccl-plan.json")]
+    out: PathBuf,
+}
 
-Chooses how a training step's gradients are fused and compressed (Cupcake's optimal fusion
-over the timeline simulator of qccl_planner) and compares it with the usual baselines.
-
-  --profile <file|name>   tensor profile JSON (qccl_planner::Profile), or a shipped profile:
-                          resnet50 | resnet101 | bert_base
-  --cost <file>           cost model JSON (qccl_planner::CostModel), e.g. from
-                          qccl-perf --calibrate
-  --codec <spec>          plan for this codec (a key of the cost model's codecs; a spec
-                          such as qsgd:bits=4,bucket=128 matches its canonical form)
-                                                    [every codec of the cost model: the best]
-  --link <name>           link of the cost model, e.g. shm/ring        [its default_link]
-  --compress-on <where>   compute (compression delays backprop, Cupcake's model) |
-                          separate (its own stream)                     [compute]
-  --out <file>            write the chosen plan as JSON (qccl_planner::Plan)  [qccl-plan.json]
-  -h, --help              this text
-
+const AFTER_HELP: &str = "\
 The chosen plan is the faster of the optimal fusion with the codec and the optimal fusion
 without compression, so it is never slower than any baseline: no compression (25 MiB
 buckets, PyTorch DDP's default), layer-wise compression, 25 MiB buckets compressed, and one
 compressed group. Times are simulated iteration times from the start of backprop.
-";
+
+Exit code: 0 done, 2 an error (arguments, unreadable or invalid files, unknown codec/link).";
 
 /// Exit code for every error.
 const EXIT_ERROR: i32 = 2;
@@ -66,71 +92,49 @@ struct Args {
 
 enum Parsed {
     Run(Args),
-    Help,
+    /// `--help`, `--version`: print this and exit 0.
+    Print(String),
 }
 
 fn parse(raw: &[String]) -> Result<Parsed, String> {
-    let (mut profile, mut cost, mut codec, mut link) = (None, None, None, None);
-    let mut compress_on = CompressOn::Compute;
-    let mut out = PathBuf::from("qccl-plan.json");
-    let mut i = 0;
-    while i < raw.len() {
-        let tok = raw[i].as_str();
-        i += 1;
-        if tok == "-h" || tok == "--help" {
-            return Ok(Parsed::Help);
+    let c = match Cli::try_parse_from(std::iter::once("qccl-plan".to_string()).chain(raw.to_vec()))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let text = e.render().to_string();
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Ok(Parsed::Print(text)),
+                _ => Err(text
+                    .strip_prefix("error: ")
+                    .unwrap_or(&text)
+                    .trim_end()
+                    .to_string()),
+            };
         }
-        let (name, inline) = match tok.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (tok, None),
-        };
-        if !matches!(
-            name,
-            "--profile" | "--cost" | "--codec" | "--link" | "--compress-on" | "--out"
-        ) {
-            return Err(format!("unknown option '{tok}'"));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => {
-                let v = raw
-                    .get(i)
-                    .ok_or_else(|| format!("option '{name}' needs a value"))?;
-                i += 1;
-                v.clone()
-            }
-        };
-        if value.is_empty() {
-            return Err(format!("{name}: empty value"));
-        }
-        match name {
-            "--profile" => profile = Some(value),
-            "--cost" => cost = Some(PathBuf::from(value)),
-            "--codec" => codec = Some(value),
-            "--link" => link = Some(value),
-            "--compress-on" => {
-                compress_on = match value.as_str() {
-                    "compute" => CompressOn::Compute,
-                    "separate" => CompressOn::Separate,
-                    _ => {
-                        return Err(format!(
-                            "--compress-on '{value}': expected compute or separate"
-                        ))
-                    }
-                }
-            }
-            "--out" => out = PathBuf::from(value),
-            _ => unreachable!("option list and match disagree on {name}"),
-        }
+    };
+    let nonempty = |name: &str, v: Option<String>| match v {
+        Some(v) if v.is_empty() => Err(format!("{name}: empty value")),
+        v => Ok(v),
+    };
+    let compress_on = match c.compress_on.as_str() {
+        "compute" => CompressOn::Compute,
+        "separate" => CompressOn::Separate,
+        v => return Err(format!("--compress-on '{v}': expected compute or separate")),
+    };
+    if c.out.as_os_str().is_empty() {
+        return Err("--out: empty value".into());
     }
     Ok(Parsed::Run(Args {
-        profile: profile
+        profile: nonempty("--profile", c.profile)?
             .ok_or("--profile is required (a file or resnet50, resnet101, bert_base)")?,
-        cost: cost.ok_or("--cost is required (e.g. qccl-cost.json from qccl-perf --calibrate)")?,
-        codec,
-        link,
+        cost: nonempty("--cost", c.cost.map(|p| p.to_string_lossy().into_owned()))?
+            .map(PathBuf::from)
+            .ok_or("--cost is required (e.g. qccl-cost.json from qccl-perf --calibrate)")?,
+        codec: nonempty("--codec", c.codec)?,
+        link: nonempty("--link", c.link)?,
         compress_on,
-        out,
+        out: c.out,
     }))
 }
 
@@ -301,7 +305,7 @@ fn run(a: &Args) -> Result<String, String> {
                 row.time * 1e3
             );
         }
-        if best.as_ref().map_or(true, |(_, b)| row.time < b.time) {
+        if best.as_ref().is_none_or(|(_, b)| row.time < b.time) {
             best = Some((c.clone(), row));
         }
     }
@@ -417,12 +421,12 @@ fn main() {
         .collect();
     let a = match parse(&raw) {
         Ok(Parsed::Run(a)) => a,
-        Ok(Parsed::Help) => {
-            print!("{USAGE}");
+        Ok(Parsed::Print(text)) => {
+            print!("{text}");
             return;
         }
         Err(e) => {
-            eprintln!("qccl-plan: {e}\n\n{USAGE}");
+            eprintln!("qccl-plan: {e}");
             std::process::exit(EXIT_ERROR);
         }
     };

@@ -1,9 +1,11 @@
 //! Runs the built qccl-perf binary as a user would: `-np 2` and `-np 3` for every collective,
-//! every datatype, JSON output, program names and failure exit codes, and compressed
-//! all-reduce (`-Z`) with its extra columns, and the HiTopKComm collectives (`-C hitopk`,
-//! `naiveag`, `treear`, `2dtar`) with theirs.
+//! every datatype, JSON, CSV and SVG output, program names, nccl-tests' letters and the hints
+//! for retired ones, failure exit codes, and compressed all-reduce (`-Z`) with its extra
+//! columns, and the HiTopKComm collectives (`--coll hitopk`, `naiveag`, `treear`, `2dtar`)
+//! with theirs.
 
 use qccl_planner::JsonFile;
+use serde_json::Value as Json;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
@@ -135,7 +137,7 @@ fn quick(np: usize, args: &[&str]) -> Vec<Line> {
 fn coll(name: &str, has_op: bool, rooted: bool, in_place: bool) {
     for np in [2, 3] {
         let root = (np - 1).to_string();
-        for l in quick(np, &["-C", name, "-r", &root]) {
+        for l in quick(np, &["--coll", name, "-r", &root]) {
             assert_eq!(l.dtype, "float");
             assert_eq!(l.redop, if has_op { "sum" } else { "none" });
             assert_eq!(l.root, if rooted { np as i64 - 1 } else { -1 });
@@ -216,25 +218,224 @@ fn every_op_and_algo() {
     }
 }
 
+/// The JSON document of `path` (removed), parsed.
+fn read_json(path: &std::path::Path) -> Json {
+    let json = std::fs::read_to_string(path).expect("JSON file written");
+    let _ = std::fs::remove_file(path);
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"))
+}
+
+/// `key` of a JSON object as a number.
+fn num(v: &Json, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key}: not a number in {v}"))
+}
+
 #[test]
 fn json_output() {
-    let path = std::env::temp_dir().join(format!("qccl-perf-test-{}.json", std::process::id()));
+    let path = temp_file("out.json");
     let p = path.to_str().unwrap();
     quick(2, &["-J", p]);
-    let json = std::fs::read_to_string(&path).expect("JSON file written");
-    let _ = std::fs::remove_file(&path);
-    let doc = parse_json(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"));
+    let doc = read_json(&path);
     assert!(
         doc.get("codec").is_none(),
-        "no codec fields without -Z: {json}"
+        "no codec fields without -Z: {doc}"
     );
-    assert!(!json.contains("wire_sent"), "{json}");
-    assert!(json.contains("\"results\""), "{json}");
-    assert!(json.contains("\"nranks\": 2"), "{json}");
-    assert!(json.contains("\"collective\": \"all_reduce\""), "{json}");
-    assert_eq!(json.matches("\"size\": ").count(), NOMINAL.len(), "{json}");
-    assert_eq!(json.matches("\"busbw\": ").count(), NOMINAL.len(), "{json}");
-    assert!(json.contains("\"size\": 65536, \"count\": 16384"), "{json}");
+    assert_eq!(doc["tool"], "qccl-perf");
+    assert_eq!(doc["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(doc["nranks"], 2);
+    assert_eq!(doc["collective"], "all_reduce");
+    assert_eq!(doc["time_stat"], "avg", "-a defaults to 1, as nccl-tests");
+    let results = doc["results"].as_array().expect("results");
+    assert_eq!(results.len(), NOMINAL.len(), "{doc}");
+    for (r, size) in results.iter().zip(NOMINAL) {
+        assert_eq!(r["size"], size, "{r}");
+        assert_eq!(r["count"], size / 4, "{r}");
+        assert!(
+            num(r, "busbw") > 0.0 && num(r, "inplace_busbw") > 0.0,
+            "{r}"
+        );
+        assert!(
+            r.get("wire_sent").is_none() && r.get("cycle").is_none(),
+            "{r}"
+        );
+    }
+    // The long name nccl-tests gives -J works too.
+    quick(2, &["--output_file", p]);
+    assert_eq!(
+        read_json(&path)["results"].as_array().map(Vec::len),
+        Some(4)
+    );
+}
+
+/// Checks that `doc` is well-formed XML (one root element, tags nested and closed, attribute
+/// values quoted, only XML's own entities); returns the element names in document order.
+fn xml_elements(doc: &str) -> Vec<String> {
+    let body = doc
+        .strip_prefix("<?xml")
+        .and_then(|d| d.split_once("?>"))
+        .map_or(doc, |(_, rest)| rest);
+    let mut open: Vec<String> = Vec::new();
+    let mut names = Vec::new();
+    let mut rest = body;
+    let mut roots = 0;
+    let check_text = |t: &str| {
+        for (i, _) in t.match_indices('&') {
+            let ent = &t[i..t[i..].find(';').map_or(t.len(), |j| i + j + 1)];
+            assert!(
+                ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"].contains(&ent),
+                "bad entity {ent:?}"
+            );
+        }
+        assert!(
+            !t.contains('<') && !t.contains('>'),
+            "stray bracket in {t:?}"
+        );
+    };
+    while let Some(start) = rest.find('<') {
+        check_text(&rest[..start]);
+        let end = rest[start..].find('>').expect("unclosed tag") + start;
+        let tag = &rest[start + 1..end];
+        rest = &rest[end + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(
+                open.pop().as_deref(),
+                Some(name.trim()),
+                "mismatched </{name}>"
+            );
+            continue;
+        }
+        let self_closing = tag.ends_with('/');
+        let tag = tag.trim_end_matches('/');
+        let (name, attrs) = tag.split_once(char::is_whitespace).unwrap_or((tag, ""));
+        assert!(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+            "bad element name {name:?}"
+        );
+        // name="value" pairs, values free of quotes and brackets.
+        let mut a = attrs.trim();
+        while !a.is_empty() {
+            let (k, v) = a
+                .split_once("=\"")
+                .unwrap_or_else(|| panic!("bad attributes {attrs:?}"));
+            assert!(
+                !k.trim().is_empty() && !k.contains(['"', ' ']),
+                "bad attribute {k:?}"
+            );
+            let (val, more) = v
+                .split_once('"')
+                .unwrap_or_else(|| panic!("unquoted in {attrs:?}"));
+            check_text(val);
+            a = more.trim_start();
+        }
+        if open.is_empty() {
+            roots += 1;
+        }
+        names.push(name.to_string());
+        if !self_closing {
+            open.push(name.to_string());
+        }
+    }
+    check_text(rest.trim());
+    assert!(open.is_empty(), "unclosed elements {open:?}");
+    assert_eq!(roots, 1, "one root element");
+    names
+}
+
+#[test]
+fn csv_and_plot_output() {
+    let (csv, svg, json) = (temp_file("t.csv"), temp_file("t.svg"), temp_file("t.json"));
+    let (c, v, j) = (
+        csv.to_str().unwrap(),
+        svg.to_str().unwrap(),
+        json.to_str().unwrap(),
+    );
+    quick(2, &["--csv", c, "--plot", v, "-J", j]);
+    let doc = read_json(&json);
+    let table = std::fs::read_to_string(&csv).expect("CSV written");
+    let _ = std::fs::remove_file(&csv);
+    let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(lines.len(), 1 + NOMINAL.len(), "{table}");
+    let head = &lines[0];
+    assert_eq!(
+        head[..8],
+        [
+            "collective",
+            "nranks",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "algo"
+        ],
+        "{table}"
+    );
+    let col = |name: &str| {
+        head.iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no column {name}: {table}"))
+    };
+    // Every line holds what the JSON's result object holds.
+    for (l, r) in lines[1..].iter().zip(doc["results"].as_array().unwrap()) {
+        assert_eq!(l.len(), head.len(), "{table}");
+        assert_eq!((l[0], l[1]), ("all_reduce", "2"), "{table}");
+        for key in [
+            "size",
+            "count",
+            "busbw",
+            "inplace_busbw",
+            "time_us",
+            "wrong",
+        ] {
+            let want = num(r, key);
+            let got: f64 = l[col(key)].parse().unwrap();
+            assert_eq!(got, want, "{key}: {table}");
+        }
+    }
+    // -J infers CSV from the suffix, as nccl-tests infers the type.
+    let csv2 = temp_file("j.csv");
+    quick(2, &["-J", csv2.to_str().unwrap()]);
+    let text2 = std::fs::read_to_string(&csv2).expect("CSV written by -J");
+    let _ = std::fs::remove_file(&csv2);
+    assert!(text2.starts_with("collective,nranks,size,"), "{text2}");
+    assert_eq!(text2.lines().count(), 1 + NOMINAL.len());
+
+    let plot = std::fs::read_to_string(&svg).expect("SVG written");
+    let _ = std::fs::remove_file(&svg);
+    let elements = xml_elements(&plot);
+    assert_eq!(elements[0], "svg", "{plot}");
+    // One line per series: out of place and in place.
+    assert_eq!(
+        elements.iter().filter(|e| *e == "polyline").count(),
+        2,
+        "{plot}"
+    );
+    assert_eq!(
+        elements.iter().filter(|e| *e == "circle").count(),
+        2 * NOMINAL.len(),
+        "{plot}"
+    );
+    for label in ["out-of-place", "in-place", "1K", "64K", "busbw (GB/s)"] {
+        assert!(plot.contains(&format!(">{label}<")), "no {label}: {plot}");
+    }
+    // A type and op per series with -d all: alltoall has no in-place form, so one line per
+    // type.
+    let o = run(&[
+        "-np", "2", "-L", "alltoall", "-d", "all", "-b", "1K", "-e", "4K", "-f", "4", "-n", "1",
+        "-T", "120", "--plot", v,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    let plot = std::fs::read_to_string(&svg).expect("SVG written");
+    let _ = std::fs::remove_file(&svg);
+    let elements = xml_elements(&plot);
+    assert_eq!(
+        elements.iter().filter(|e| *e == "polyline").count(),
+        10,
+        "{plot}"
+    );
+    assert!(plot.contains(">out-of-place bfloat16<"), "{plot}");
 }
 
 #[test]
@@ -278,10 +479,12 @@ fn single_rank_without_launcher() {
 #[test]
 fn errors_exit_2() {
     for args in [
-        &["-C", "bogus"][..],
+        &["--coll", "bogus"][..],
         &["-b", "2M", "-e", "1M"],
         &["-o", "avg", "-d", "int32"],
-        &["-np", "2", "-C", "reduce", "-r", "2"],
+        &["-np", "2", "--coll", "reduce", "-r", "2"],
+        &["-X", "1"],
+        &["-t", "2"],
     ] {
         let o = run(args);
         let (out, err) = text(&o);
@@ -290,7 +493,149 @@ fn errors_exit_2() {
     }
     let o = run(&["--help"]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(text(&o).0.contains("-np"));
+    let help = text(&o).0;
+    for needle in ["-np", "-C, --report_cputime", "-L, --coll", "Exit code"] {
+        assert!(help.contains(needle), "no {needle} in --help:\n{help}");
+    }
+}
+
+#[test]
+fn version() {
+    for (bin, name) in [(BIN, "qccl-perf"), (PLAN_BIN, "qccl-plan")] {
+        let o = Command::new(bin).arg("--version").output().unwrap();
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+        assert_eq!(out.trim(), format!("{name} {}", env!("CARGO_PKG_VERSION")));
+    }
+}
+
+#[test]
+fn retired_short_spellings_print_a_one_line_hint() {
+    for (args, want) in [
+        (
+            &["-C", "allreduce"][..],
+            "qccl-perf: -C now means --report_cputime 0/1 (nccl-tests); use --coll allreduce (or \
+             -L allreduce)",
+        ),
+        (
+            &["-np", "2", "-C", "hitopk", "-D", "0.01"],
+            "qccl-perf: -C now means --report_cputime 0/1 (nccl-tests); use --coll hitopk (or -L \
+             hitopk)",
+        ),
+        (
+            &["-L", "hitopk", "-D", "0.01"],
+            "qccl-perf: -D now means --device_implementation 0 (nccl-tests); use --density 0.01 \
+             (or -k 0.01)",
+        ),
+        (
+            &["-S", "0.3"],
+            "qccl-perf: -S now means --report_timestamps 0/1 (nccl-tests); use --target-secs 0.3 \
+             (or -s 0.3)",
+        ),
+    ] {
+        let o = run(args);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}\n{out}\n{err}");
+        assert_eq!(err, format!("{want}\n"), "{args:?}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+    }
+    // A nonzero integer -D is nccl-tests' device implementation: refused, with the way to the
+    // density.
+    let o = run(&["-L", "hitopk", "-D", "1"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.lines().next().unwrap().contains("--density 1"), "{err}");
+}
+
+/// The table lines of `out` split into fields (no header or footer lines).
+fn fields(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+#[test]
+fn nccl_tests_letters_mean_what_they_mean_there() {
+    // -C 1 cputime, -S 1 timestamps, -I 1 -K 1 per-iteration report, -M 1 memory, -N 2 two
+    // cycles, -u 1 unaligned buffers, -a 3 max, -G 1 accepted without effect, -D 0 accepted.
+    let path = temp_file("letters.json");
+    let p = path.to_str().unwrap();
+    let o = run(&[
+        "-np", "2", "-b", "1K", "-e", "16K", "-f", "4", "-n", "4", "-c", "2", "-T", "120", "-C",
+        "1", "-S", "1", "-I", "1", "-K", "1", "-M", "1", "-N", "2", "-u", "1", "-a", "3", "-G",
+        "1", "-D", "0", "-J", p,
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(out.contains("validation: 2 graph: 0 unalign: 1"), "{out}");
+    assert!(
+        out.contains("cputime = rank 0's own mean time per call"),
+        "{out}"
+    );
+    assert!(
+        out.contains("# run cycles: the table runs 2 times (-N)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("# Per-Iteration Report: host timing; i_* uses max over ranks; summary skips first 1 iterations"),
+        "{out}"
+    );
+    assert!(
+        out.contains("# accepted, no effect on host memory: -G 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "  cputime   algbw   busbw #wrong    i_min    i_max    i_p99    i_cv%  cputime"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("i_cv%  timestamp"), "{out}");
+    let mem = out
+        .lines()
+        .find(|l| l.starts_with("# Host memory usage    : User-Allocated "))
+        .unwrap_or_else(|| panic!("no memory line:\n{out}"));
+    assert!(
+        mem.contains("| Peak RSS ") && mem.ends_with("(max over ranks)"),
+        "{mem}"
+    );
+    let lines = fields(&out);
+    // Two cycles of 1K 4K 16K; each line: 5 + 2 x (4 + 4) + the timestamp's 2 fields.
+    assert_eq!(lines.len(), 6, "{out}");
+    for f in &lines {
+        assert_eq!(f.len(), 23, "{f:?}");
+        assert_eq!((f[8].as_str(), f[16].as_str()), ("0", "0"), "#wrong: {f:?}");
+        let stats: Vec<f64> = f[9..13].iter().map(|x| x.parse().unwrap()).collect();
+        assert!(
+            stats[0] > 0.0 && stats[0] <= stats[1] && stats[2] <= stats[1],
+            "{f:?}"
+        );
+        assert!(f[21].len() == 10 && f[22].len() == 8, "timestamp: {f:?}");
+    }
+    let doc = read_json(&path);
+    assert_eq!(
+        (&doc["time_stat"], &doc["report_cputime"]),
+        (&"max".into(), &true.into())
+    );
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6);
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["cycle"], i as u64 / 3, "{r}");
+        assert!(
+            num(r, "cpu_time_us") > 0.0 && num(r, "inplace_cpu_time_us") > 0.0,
+            "{r}"
+        );
+        let it = &r["per_iter"];
+        assert_eq!(it["times_us"].as_array().map(Vec::len), Some(4), "{r}");
+        assert_eq!(it["skipped_iterations"], 1, "{r}");
+        assert!(num(it, "min_us") <= num(it, "p50_us") && num(it, "p50_us") <= num(it, "max_us"));
+        assert!(r["inplace_per_iter"].is_object(), "{r}");
+        assert!(
+            r["timestamp"].as_str().is_some_and(|t| t.len() == 19),
+            "{r}"
+        );
+    }
 }
 
 #[test]
@@ -307,170 +652,17 @@ fn timeout_kills_the_ranks() {
 
 #[test]
 fn time_targeted_iterations_still_check_every_size() {
-    // -S sizes the iteration count from one call (the slowest rank's), like the peers do.
-    for l in quick(3, &["-S", "0.002"]) {
+    // --target-secs sizes the iteration count from one call (the slowest rank's), like the
+    // peers do.
+    for l in quick(3, &["--target-secs", "0.002"]) {
         assert_eq!(l.oop.3, 0, "{l:?}");
         assert_eq!(l.ip.map_or(0, |ip| ip.3), 0, "{l:?}");
     }
-    let o = run(&["-np", "2", "-S", "0", "-b", "1K", "-e", "1K"]);
+    for l in quick(2, &["-s", "0.002"]) {
+        assert_eq!(l.oop.3, 0, "{l:?}");
+    }
+    let o = run(&["-np", "2", "--target-secs", "0", "-b", "1K", "-e", "1K"]);
     assert_eq!(o.status.code(), Some(2), "a zero target is refused");
-}
-
-/// A JSON value, from the minimal parser below (the crate has no JSON dependency; this checks
-/// that the file is well-formed JSON, not just that it contains the right substrings).
-#[derive(Debug, Clone, PartialEq)]
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(m) => m.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-    fn num(&self, key: &str) -> f64 {
-        match self.get(key) {
-            Some(Json::Num(x)) => *x,
-            other => panic!("{key}: not a number: {other:?}"),
-        }
-    }
-}
-
-/// Parses a whole JSON document (RFC 8259; \u escapes kept as-is).
-fn parse_json(text: &str) -> Result<Json, String> {
-    struct P<'a>(&'a [u8], usize);
-    impl P<'_> {
-        fn ws(&mut self) {
-            while self.1 < self.0.len() && self.0[self.1].is_ascii_whitespace() {
-                self.1 += 1;
-            }
-        }
-        fn eat(&mut self, c: u8) -> Result<(), String> {
-            self.ws();
-            if self.0.get(self.1) == Some(&c) {
-                self.1 += 1;
-                Ok(())
-            } else {
-                Err(format!("expected '{}' at byte {}", c as char, self.1))
-            }
-        }
-        fn string(&mut self) -> Result<String, String> {
-            self.eat(b'"')?;
-            let mut out = Vec::new();
-            loop {
-                match *self.0.get(self.1).ok_or("unterminated string")? {
-                    b'"' => break,
-                    b'\\' => {
-                        out.push(b'\\');
-                        self.1 += 1;
-                        let e = *self.0.get(self.1).ok_or("bad escape")?;
-                        if !b"\"\\/bfnrtu".contains(&e) {
-                            return Err(format!("bad escape at byte {}", self.1));
-                        }
-                        out.push(e);
-                    }
-                    c if c < 0x20 => return Err(format!("control character at byte {}", self.1)),
-                    c => out.push(c),
-                }
-                self.1 += 1;
-            }
-            self.1 += 1;
-            String::from_utf8(out).map_err(|e| e.to_string())
-        }
-        fn value(&mut self) -> Result<Json, String> {
-            self.ws();
-            let rest = &self.0[self.1..];
-            for (word, v) in [
-                ("null", Json::Null),
-                ("true", Json::Bool(true)),
-                ("false", Json::Bool(false)),
-            ] {
-                if rest.starts_with(word.as_bytes()) {
-                    self.1 += word.len();
-                    return Ok(v);
-                }
-            }
-            match rest.first() {
-                Some(b'"') => self.string().map(Json::Str),
-                Some(b'[') => {
-                    self.1 += 1;
-                    let mut v = Vec::new();
-                    self.ws();
-                    if self.0.get(self.1) == Some(&b']') {
-                        self.1 += 1;
-                        return Ok(Json::Arr(v));
-                    }
-                    loop {
-                        v.push(self.value()?);
-                        self.ws();
-                        if self.eat(b',').is_err() {
-                            self.eat(b']')?;
-                            return Ok(Json::Arr(v));
-                        }
-                    }
-                }
-                Some(b'{') => {
-                    self.1 += 1;
-                    let mut m = Vec::new();
-                    self.ws();
-                    if self.0.get(self.1) == Some(&b'}') {
-                        self.1 += 1;
-                        return Ok(Json::Obj(m));
-                    }
-                    loop {
-                        self.ws();
-                        let k = self.string()?;
-                        self.eat(b':')?;
-                        m.push((k, self.value()?));
-                        if self.eat(b',').is_err() {
-                            self.eat(b'}')?;
-                            return Ok(Json::Obj(m));
-                        }
-                    }
-                }
-                Some(c) if *c == b'-' || c.is_ascii_digit() => {
-                    let n = rest
-                        .iter()
-                        .take_while(|c| c.is_ascii_digit() || b"+-.eE".contains(c))
-                        .count();
-                    let t = std::str::from_utf8(&rest[..n]).map_err(|e| e.to_string())?;
-                    self.1 += n;
-                    t.parse()
-                        .map(Json::Num)
-                        .map_err(|_| format!("bad number '{t}'"))
-                }
-                _ => Err(format!("unexpected input at byte {}", self.1)),
-            }
-        }
-    }
-    let mut p = P(text.as_bytes(), 0);
-    let v = p.value()?;
-    p.ws();
-    if p.1 != text.len() {
-        return Err(format!("trailing input at byte {}", p.1));
-    }
-    Ok(v)
-}
-
-#[test]
-fn json_parser_rejects_malformed() {
-    assert!(parse_json(r#"{"a": [1, -2.5e-3, null, true], "b": "x\"y"}"#).is_ok());
-    for bad in [
-        r#"{"a": 1,}"#,
-        r#"{"a" 1}"#,
-        "[1 2]",
-        r#"{"a": nan}"#,
-        "{} x",
-    ] {
-        assert!(parse_json(bad).is_err(), "{bad}");
-    }
 }
 
 /// `-Z` run on `np` ranks over 4K 16K 64K, checked, with JSON: exits 0 with #wrong 0; returns
@@ -509,10 +701,8 @@ fn codec_run(np: usize, args: &[&str]) -> (Vec<(Line, u64, f64, f64)>, Json) {
         })
         .collect();
     assert_eq!(lines.len(), 3, "{out}");
-    let json = std::fs::read_to_string(&path).expect("JSON file written");
-    let _ = std::fs::remove_file(&path);
-    let doc = parse_json(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"));
-    assert_eq!(doc.num("wrong"), 0.0, "{json}");
+    let doc = read_json(&path);
+    assert_eq!(doc["wrong"], 0, "{doc}");
     (lines, doc)
 }
 
@@ -534,25 +724,20 @@ fn codec_fp16_checked_on_2_and_3_ranks() {
             // The inputs are not integers, so fp16 rounds: an error, but a small one.
             assert!(*relerr > 0.0 && *relerr < 1e-2, "{dbg}");
         }
-        assert_eq!(doc.get("codec"), Some(&Json::Str("fp16".into())));
-        assert_eq!(doc.num("codec_error_bound"), 1.0 / 2048.0);
-        assert!(matches!(doc.get("codec_wrong_rule"), Some(Json::Str(_))));
-        let Some(Json::Arr(results)) = doc.get("results") else {
-            panic!("no results: {doc:?}")
-        };
+        assert_eq!(doc["codec"], "fp16");
+        assert_eq!(num(&doc, "codec_error_bound"), 1.0 / 2048.0);
+        assert!(doc["codec_wrong_rule"].is_string(), "{doc}");
+        let results = doc["results"].as_array().expect("results");
         assert_eq!(results.len(), 3);
         for (r, (l, wire, ratio, relerr)) in results.iter().zip(&lines) {
-            assert_eq!(r.num("size"), l.size as f64);
-            assert_eq!(r.num("wrong"), 0.0);
-            assert_eq!(r.num("wire_sent"), *wire as f64);
+            assert_eq!(r["size"], l.size);
+            assert_eq!(r["wrong"], 0);
+            assert_eq!(r["wire_sent"], *wire);
             // Symmetric schedule: every rank receives what it sends.
-            assert_eq!(r.num("wire_received"), *wire as f64);
-            assert!((r.num("ratio") - ratio).abs() < 0.051, "{r:?}");
-            assert!((r.num("rel_err") / relerr - 1.0).abs() < 0.06, "{r:?}");
-            assert!(
-                matches!(r.get("algo"), Some(Json::Str(a)) if a == "sra"),
-                "auto is SRA for a dense codec: {r:?}"
-            );
+            assert_eq!(r["wire_received"], *wire);
+            assert!((num(r, "ratio") - ratio).abs() < 0.051, "{r}");
+            assert!((num(r, "rel_err") / relerr - 1.0).abs() < 0.06, "{r}");
+            assert_eq!(r["algo"], "sra", "auto is SRA for a dense codec: {r}");
         }
     }
 }
@@ -566,12 +751,8 @@ fn codec_bf16_avg_half_and_forced_schedules() {
         assert!(*ratio > 0.9 && *ratio <= 1.0, "{l:?} {ratio}");
         assert!(*relerr > 0.0 && *relerr < 2e-2, "{l:?} {relerr}");
     }
-    let Some(Json::Arr(results)) = doc.get("results") else {
-        panic!("no results: {doc:?}")
-    };
-    assert!(results
-        .iter()
-        .all(|r| r.get("algo") == Some(&Json::Str("ring".into()))));
+    let results = doc["results"].as_array().expect("results");
+    assert!(results.iter().all(|r| r["algo"] == "ring"), "{doc}");
     codec_run(2, &["-Z", "fp16", "-A", "allgather"]);
 }
 
@@ -581,8 +762,8 @@ fn codec_errors_exit_2_naming_the_problem() {
         (&["-Z", "bogus"][..], &["-Z", "unknown codec \"bogus\""][..]),
         (&["-Z", "fp16:level=3"], &["-Z", "level"]),
         (
-            &["-Z", "fp16", "-C", "broadcast"],
-            &["-Z fp16", "-C broadcast"],
+            &["-Z", "fp16", "--coll", "broadcast"],
+            &["-Z fp16", "--coll broadcast"],
         ),
         (
             &["-Z", "fp16", "-d", "int32"],
@@ -622,7 +803,7 @@ fn topk_run(np: usize, coll: &str, args: &[&str]) -> (Vec<TopKLine>, Json) {
         args.join("_")
     ));
     let np_s = np.to_string();
-    let mut all = vec!["-np", &np_s, "-C", coll];
+    let mut all = vec!["-np", &np_s, "--coll", coll];
     all.extend_from_slice(args);
     all.extend_from_slice(QUICK);
     all.extend_from_slice(&["-J", path.to_str().unwrap()]);
@@ -668,28 +849,24 @@ fn topk_run(np: usize, coll: &str, args: &[&str]) -> (Vec<TopKLine>, Json) {
         })
         .collect();
     assert_eq!(lines.len(), NOMINAL.len(), "{out}");
-    let json = std::fs::read_to_string(&path).expect("JSON file written");
-    let _ = std::fs::remove_file(&path);
-    let doc = parse_json(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"));
-    assert_eq!(doc.num("wrong"), 0.0, "{json}");
-    assert_eq!(doc.get("collective"), Some(&Json::Str(coll.into())));
-    assert_eq!(doc.get("scheme"), Some(&Json::Str(coll.into())));
-    assert!(matches!(doc.get("topk_wrong_rule"), Some(Json::Str(_))));
-    let Some(Json::Arr(results)) = doc.get("results") else {
-        panic!("no results: {json}")
-    };
-    assert_eq!(results.len(), lines.len(), "{json}");
+    let doc = read_json(&path);
+    assert_eq!(doc["wrong"], 0, "{doc}");
+    assert_eq!(doc["collective"], coll);
+    assert_eq!(doc["scheme"], coll);
+    assert!(doc["topk_wrong_rule"].is_string(), "{doc}");
+    let results = doc["results"].as_array().expect("results");
+    assert_eq!(results.len(), lines.len(), "{doc}");
     for (r, t) in results.iter().zip(&lines) {
-        assert_eq!(r.num("size"), t.l.size as f64, "{r:?}");
-        assert_eq!(r.num("wire_sent"), t.wire as f64, "{r:?}");
-        assert!(r.num("wire_received") > 0.0, "{r:?}");
-        assert!(r.num("k") >= 0.0, "{r:?}");
-        assert!(r.num("rel_err").is_finite(), "{r:?}");
+        assert_eq!(r["size"], t.l.size, "{r}");
+        assert_eq!(r["wire_sent"], t.wire, "{r}");
+        assert!(num(r, "wire_received") > 0.0, "{r}");
+        assert!(r["k"].as_u64().is_some(), "{r}");
+        assert!(num(r, "rel_err").is_finite(), "{r}");
         let names = ["rs_us", "topk_us", "ag_add_us", "ag_us", "scatter_add_us"];
         match t.steps {
             Some(steps) => {
                 for (name, shown) in names.iter().zip(steps) {
-                    let v = r.num(name);
+                    let v = num(r, name);
                     assert!(v >= 0.0, "{name} {r:?}");
                     // The table rounds to 2 decimals (fewer above 100 us).
                     assert!(
@@ -698,13 +875,13 @@ fn topk_run(np: usize, coll: &str, args: &[&str]) -> (Vec<TopKLine>, Json) {
                     );
                 }
                 assert!(
-                    r.num("scatter_add_us") <= r.num("ag_add_us") + 1e-3,
-                    "{r:?}"
+                    num(r, "scatter_add_us") <= num(r, "ag_add_us") + 1e-3,
+                    "{r}"
                 );
             }
             None => {
                 for name in names {
-                    assert_eq!(r.get(name), Some(&Json::Null), "{name}: {r:?}");
+                    assert_eq!(r.get(name), Some(&Json::Null), "{name}: {r}");
                 }
             }
         }
@@ -718,8 +895,8 @@ fn topk_run(np: usize, coll: &str, args: &[&str]) -> (Vec<TopKLine>, Json) {
 fn topk_sparse(coll: &str) {
     for np in [2, 4] {
         let (lines, doc) = topk_run(np, coll, &[]);
-        assert_eq!(doc.num("density"), 0.01);
-        assert_eq!(doc.get("error_feedback"), Some(&Json::Bool(true)));
+        assert_eq!(num(&doc, "density"), 0.01);
+        assert_eq!(doc["error_feedback"], true);
         assert_eq!(doc.get("steps_stat").is_some(), coll == "hitopk", "{doc:?}");
         for t in &lines {
             assert_eq!(t.l.dtype, "float");
@@ -737,8 +914,8 @@ fn topk_sparse(coll: &str) {
 fn hitopk() {
     topk_sparse("hitopk");
     // A 16-bit type and a larger density: more of the sum survives.
-    let (lines, doc) = topk_run(2, "hitopk", &["-d", "bf16", "-D", "0.5"]);
-    assert_eq!(doc.num("density"), 0.5);
+    let (lines, doc) = topk_run(2, "hitopk", &["-d", "bf16", "--density", "0.5"]);
+    assert_eq!(num(&doc, "density"), 0.5);
     for t in &lines {
         assert_eq!(t.l.dtype, "bfloat16");
         assert!(t.relerr < 0.9, "{t:?}");
@@ -753,9 +930,9 @@ fn naiveag() {
 /// The dense baselines: exact sums (checked as all_reduce), relerr 0, no density.
 fn topk_dense(coll: &str) {
     for np in [2, 4] {
-        let (lines, doc) = topk_run(np, coll, &["-D", "0.01"]);
-        assert_eq!(doc.get("density"), Some(&Json::Null), "{doc:?}");
-        assert_eq!(doc.get("error_feedback"), Some(&Json::Bool(false)));
+        let (lines, doc) = topk_run(np, coll, &["-k", "0.01"]);
+        assert_eq!(doc.get("density"), Some(&Json::Null), "{doc}");
+        assert_eq!(doc["error_feedback"], false);
         for t in &lines {
             assert!(t.wire > 0, "{t:?}");
             assert_eq!(t.relerr, 0.0, "{t:?}");
@@ -794,25 +971,37 @@ fn topk_program_name() {
 #[test]
 fn topk_errors_exit_2_naming_the_problem() {
     for (args, needles) in [
-        (&["-C", "hitopk", "-D", "0"][..], &["-D 0", "(0, 1]"][..]),
-        (&["-C", "hitopk", "-D", "1.01"], &["-D 1.01", "(0, 1]"]),
-        (&["-C", "naiveag", "-D", "-1"], &["-D -1", "(0, 1]"]),
-        (&["-C", "hitopk", "-D", "inf"], &["-D inf", "(0, 1]"]),
-        (&["-C", "hitopk", "-D", "1%"], &["-D", "'1%'"]),
-        (&["-D", "0.01"], &["-D 0.01", "-C all_reduce"]),
         (
-            &["-C", "allreduce", "-D", "0.5"],
-            &["-D 0.5", "-C all_reduce"],
+            &["--coll", "hitopk", "--density", "0"][..],
+            &["--density 0", "(0, 1]"][..],
         ),
         (
-            &["-C", "all_gather", "-D", "0.5"],
-            &["-D 0.5", "-C all_gather"],
+            &["--coll", "hitopk", "--density", "1.01"],
+            &["--density 1.01", "(0, 1]"],
         ),
-        (&["-C", "hitopk", "-Z", "fp16"], &["-Z fp16", "-C hitopk"]),
-        (&["-C", "treear", "-A", "ring"], &["-A ring", "-C treear"]),
-        (&["-C", "2dtar", "-o", "max"], &["-o max", "sum"]),
+        (&["-L", "naiveag", "-k", "-1"], &["--density -1", "(0, 1]"]),
+        (&["-L", "hitopk", "-k", "inf"], &["--density inf", "(0, 1]"]),
+        (&["-L", "hitopk", "-k", "1%"], &["--density", "'1%'"]),
+        (&["-k", "0.01"], &["--density 0.01", "--coll all_reduce"]),
         (
-            &["-C", "hitopk", "-d", "int32"],
+            &["--coll", "allreduce", "--density", "0.5"],
+            &["--density 0.5", "--coll all_reduce"],
+        ),
+        (
+            &["-L", "all_gather", "-k", "0.5"],
+            &["--density 0.5", "--coll all_gather"],
+        ),
+        (
+            &["-L", "hitopk", "-Z", "fp16"],
+            &["-Z fp16", "--coll hitopk"],
+        ),
+        (
+            &["-L", "treear", "-A", "ring"],
+            &["-A ring", "--coll treear"],
+        ),
+        (&["-L", "2dtar", "-o", "max"], &["-o max", "sum"]),
+        (
+            &["-L", "hitopk", "-d", "int32"],
             &["-d int32", "floating-point"],
         ),
     ] {
@@ -1198,7 +1387,10 @@ fn calibrate_schedules_and_codecs_given() {
     );
     // Argument errors fail before any rank starts.
     for (args, needle) in [
-        (&["--calibrate", "-C", "broadcast"][..], "all-reduce only"),
+        (
+            &["--calibrate", "--coll", "broadcast"][..],
+            "all-reduce only",
+        ),
         (&["--calibrate", "-d", "half"], "float"),
         (&["--calibrate", "-Z", "bogus"], "bogus"),
         (&["--calibrate-out", "x.json"], "only with --calibrate"),
