@@ -3,7 +3,7 @@
 Stdlib only.
 
     python3 merge.py --dir RESULTS [--labels qccl,mpi-tcp,mpi-shm,mpich-tcp,mpich-shm,gloo]
-                     [--np "2 4"] [--runs 2]
+                     [--np "2 4"] [--runs 2] [--svg-dir DIR]
 
 Layout read (written by perf-tests/compare):
     RESULTS/run<R>/np<N>/<label>.json   collective results: a JSON list of objects with at
@@ -30,6 +30,10 @@ every other peer (MPI_Allreduce with two buffers) into qccl's out-of-place "busb
 results have no in-place figures, a note under the table says the in-place peers were divided
 into the out-of-place ones.
 
+With --svg-dir, each world size is also drawn as DIR/busbw-np<N>.svg: busbw against size on a
+log2 axis, one line per label and run (and qccl's in-place figures as their own line when a
+peer is set against them), the same drawing as qccl-perf --plot; the table links it.
+
 Placement: a round-trip sample is "far" when it is over twice the fastest sample of the
 session (all .rtt files); a run is near (<= 25% far samples), mixed, or far (>= 75%). Cells of
 far runs end in "f", of mixed runs in "m"; a ratio whose two runs differ in placement ends
@@ -38,8 +42,10 @@ every run's placement.
 """
 import argparse
 import json
+import math
 import os
 import sys
+from xml.sax.saxutils import escape
 
 
 def load(path):
@@ -140,6 +146,97 @@ class Placement:
         return f"{self.kind} ({self.median:.0f} ns, {100 * self.share:.0f}% far)"
 
 
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+          "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def size_label(n):
+    """A size as nccl-tests users write it: 512, 4K, 64M, 2G (powers of 1024)."""
+    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= m:
+            v = n / m
+            return f"{v:g}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+    return f"{n:g}"
+
+
+def nice_step(top, n=5.0):
+    raw = max(top / n, 1e-300)
+    p = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * p >= raw:
+            return m * p
+    return 10 * p
+
+
+def svg(title, series):
+    """The SVG text of a busbw-vs-size plot: series = [(label, [(bytes, GB/s), ...])], one
+    <polyline> each (the same drawing as qccl-perf --plot, perf-tests/src/plot.rs)."""
+    W, H, L, R, T, B = 860.0, 480.0, 70.0, 230.0, 40.0, 60.0
+    pw, ph = W - L - R, H - T - B
+    pts = [[(x, y) for x, y in p if x > 0 and math.isfinite(x) and math.isfinite(y)]
+           for _, p in series]
+    xs = [math.log2(x) for p in pts for x, _ in p]
+    lo, hi = (math.floor(min(xs)), math.ceil(max(xs))) if xs else (10, 20)
+    if hi - lo < 1:
+        lo, hi = lo - 1, hi + 1
+    ytop = max([y for p in pts for _, y in p] + [0.0])
+    ystep = nice_step(ytop if ytop > 0 else 1.0)
+    ymax = max(math.ceil(ytop / ystep), 1) * ystep
+
+    def px(b):
+        return L + (math.log2(b) - lo) / (hi - lo) * pw
+
+    def py(g):
+        return T + ph - max(g, 0.0) / ymax * ph
+
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
+           f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:g}" height="{H:g}" '
+           f'viewBox="0 0 {W:g} {H:g}" font-family="sans-serif" font-size="12">',
+           '<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{L + pw / 2:g}" y="22" text-anchor="middle" font-size="14">'
+           f'{escape(title)}</text>',
+           '<g stroke="#ddd" stroke-width="1">']
+    labels = []
+    every = max(math.ceil((hi - lo) / 12), 1)
+    for e in range(lo, hi + 1, every):
+        x = px(2.0 ** e)
+        out.append(f'<line x1="{x:.1f}" y1="{T:g}" x2="{x:.1f}" y2="{T + ph:.1f}"/>')
+        labels.append(f'<text x="{x:.1f}" y="{T + ph + 18:.1f}" text-anchor="middle">'
+                      f'{size_label(2 ** e)}</text>')
+    k = 0
+    while k * ystep <= ymax * (1 + 1e-9):
+        v = k * ystep
+        y = py(v)
+        out.append(f'<line x1="{L:g}" y1="{y:.1f}" x2="{L + pw:.1f}" y2="{y:.1f}"/>')
+        labels.append(f'<text x="{L - 6:.1f}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+        k += 1
+    out.append("</g>")
+    out.append(f'<rect x="{L:g}" y="{T:g}" width="{pw:g}" height="{ph:g}" fill="none" '
+               f'stroke="black"/>')
+    out += labels
+    out.append(f'<text x="{L + pw / 2:.1f}" y="{H - 16:.1f}" text-anchor="middle">'
+               f'message size (bytes, log2)</text>')
+    out.append(f'<text x="16" y="{T + ph / 2:.1f}" text-anchor="middle" '
+               f'transform="rotate(-90 16 {T + ph / 2:.1f})">busbw (GB/s)</text>')
+    for i, ((label, _), p) in enumerate(zip(series, pts)):
+        c = COLORS[i % len(COLORS)]
+        lab = escape(label)
+        out.append(f'<g class="series" data-label="{lab}">')
+        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in p)
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{coords}">'
+                   f'<title>{lab}</title></polyline>')
+        for x, y in p:
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{c}">'
+                       f'<title>{lab}: {x:g} B, {y:g} GB/s</title></circle>')
+        ly, lx = T + 10 + 18 * i, L + pw + 16
+        out.append(f'<line x1="{lx:g}" y1="{ly:g}" x2="{lx + 24:g}" y2="{ly:g}" stroke="{c}" '
+                   f'stroke-width="2"/>')
+        out.append(f'<text x="{lx + 30:g}" y="{ly + 4:g}">{lab}</text>')
+        out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -151,6 +248,8 @@ def main():
                     help="print only this run's placement (compare uses it); nothing without samples")
     ap.add_argument("--far-above", action="store_true",
                     help="print only the round trip (ns) above which a sample is far")
+    ap.add_argument("--svg-dir", metavar="DIR",
+                    help="also draw each world size as DIR/busbw-np<N>.svg (linked from the table)")
     a = ap.parse_args()
 
     d = a.dir
@@ -303,6 +402,22 @@ def main():
                 row += [""] * len(peers)
             print("| " + " | ".join(row) + " |")
         print()
+        if a.svg_dir:
+            series = []
+            for lab, key, _, head in cols:
+                for r in range(runs):
+                    x = res[lab][r]
+                    if not x:
+                        continue
+                    pts = [(s, float(v[key])) for s, v in sorted(x.items())
+                           if v.get(key) is not None]
+                    name = head[: -len(" busbw")] if head.endswith(" busbw") else head
+                    series.append((f"{name} run {r + 1}" if runs > 1 else name, pts))
+            os.makedirs(a.svg_dir, exist_ok=True)
+            path = os.path.join(a.svg_dir, f"busbw-np{n}.svg")
+            with open(path, "w") as f:
+                f.write(svg(f"all_reduce float32 sum on {n} ranks: busbw vs size", series))
+            print(f"![busbw vs size, {n} ranks]({os.path.relpath(path, d)})\n")
         unmatched = [p for p in peers if in_place(p)] if has_ref and not ip_ref else []
         if unmatched:
             print(f"note: {', '.join(unmatched)} measured in place, but {ref}'s results have no "

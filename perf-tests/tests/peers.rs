@@ -235,6 +235,94 @@ fn merge_sets_in_place_peers_against_qccls_in_place_figures() {
     );
 }
 
+/// The (tag, attributes) of every element of the SVG at `path`, read by Python's XML parser
+/// (which refuses a document that is not well-formed).
+fn svg_elements(path: &Path) -> Vec<(String, String)> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, xml.etree.ElementTree as E\n\
+             for e in E.parse(sys.argv[1]).iter():\n\
+             \x20   print(e.tag.split('}')[-1], e.get('data-label') or '', sep='\\t')",
+        ])
+        .arg(path)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (t, a) = l.split_once('\t').unwrap_or((l, ""));
+            (t.to_string(), a.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn merge_draws_one_line_per_benchmark_and_run() {
+    let dir = TempDir::new("merge-svg");
+    let d = &dir.0;
+    for r in ["1", "2"] {
+        for n in ["2", "4"] {
+            let np = d.join(format!("run{r}/np{n}"));
+            write(
+                &np.join("qccl.json"),
+                "{\"results\": [{\"size\": 4096, \"busbw\": 2.0, \"inplace_busbw\": 3.0}, \
+                 {\"size\": 65536, \"busbw\": 4.0, \"inplace_busbw\": 5.0}]}",
+            );
+            write(&np.join("mpi-shm.json"), &result(1.0));
+            write(
+                &np.join("gloo.json"),
+                "[{\"size\": 4096, \"busbw\": 1.5, \"in_place\": true}]",
+            );
+        }
+    }
+    let svg_dir = d.join("plots");
+    let text = merge(
+        d,
+        &[
+            "--labels",
+            "qccl,mpi-shm,gloo",
+            "--svg-dir",
+            svg_dir.to_str().unwrap(),
+        ],
+    );
+    for n in [2, 4] {
+        let link = format!("![busbw vs size, {n} ranks](plots/busbw-np{n}.svg)");
+        assert!(text.contains(&link), "{text}");
+        let el = svg_elements(&svg_dir.join(format!("busbw-np{n}.svg")));
+        assert_eq!(el[0].0, "svg");
+        // qccl out of place and in place (Gloo is set against it), MPI, Gloo: 4 x 2 runs.
+        let series: Vec<&str> = el
+            .iter()
+            .filter(|(t, a)| t == "g" && !a.is_empty())
+            .map(|(_, a)| a.as_str())
+            .collect();
+        assert_eq!(
+            series,
+            [
+                "qccl run 1",
+                "qccl run 2",
+                "qccl in-place run 1",
+                "qccl in-place run 2",
+                "mpi-shm run 1",
+                "mpi-shm run 2",
+                "gloo run 1",
+                "gloo run 2"
+            ],
+            "np {n}"
+        );
+        assert_eq!(el.iter().filter(|(t, _)| t == "polyline").count(), 8);
+        // Points: 2 sizes for qccl's and MPI's lines, 1 for Gloo's.
+        assert_eq!(el.iter().filter(|(t, _)| t == "circle").count(), 6 * 2 + 2);
+    }
+}
+
 #[test]
 fn merge_divides_averages_over_the_sizes_both_sides_measured() {
     let dir = TempDir::new("merge-common");
