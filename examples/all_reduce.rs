@@ -4,8 +4,19 @@
 //! sets QCCL_RANK, QCCL_WORLD_SIZE, QCCL_COMM_ID and QCCL_SECRET for each). Under another
 //! launcher (mpirun, torchrun, srun) each process just calls `Comm::from_env()`.
 
+use clap::Parser;
 use qccl::launch::Launch;
 use qccl::{Comm, ReduceOp};
+
+/// A multi-process all-reduce over TCP: starts RANKS processes on this machine, or, under a
+/// launcher (QCCL_RANK, RANK, OMPI_COMM_WORLD_RANK set), is one rank of the job.
+#[derive(Parser, Debug)]
+#[command(name = "all_reduce", version)]
+struct Cli {
+    /// Processes to start
+    #[arg(default_value_t = 4)]
+    ranks: usize,
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("QCCL_RANK").is_some()
@@ -14,8 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     {
         return rank_main();
     }
-    let n: usize = std::env::args().nth(1).map_or(Ok(4), |s| s.parse())?;
-    Launch::new(n).run()?;
+    let cli = Cli::parse();
+    Launch::new(cli.ranks).run()?;
     Ok(())
 }
 

@@ -16,11 +16,17 @@ const STEPS: usize = 120;
 const LR: f32 = 0.05;
 const VICTIM: usize = 2;
 
+/// Data-parallel training on 4 processes that loses one (SIGKILL) and finishes on the others.
+#[derive(clap::Parser, Debug)]
+#[command(name = "shrink_training", version)]
+struct Cli {
+    /// The step at which rank 2 is killed; 0: no one is killed
+    #[arg(long = "kill-at", value_name = "STEP", default_value_t = 50)]
+    kill_at: usize,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let kill_at = std::env::args()
-        .skip_while(|a| a != "--kill-at")
-        .nth(1)
-        .map_or(Ok(50), |s| s.parse())?;
+    let kill_at = <Cli as clap::Parser>::parse().kill_at;
     if std::env::var_os("QCCL_RANK").is_none() {
         Launch::new(RANKS)
             .args(["--kill-at".to_string(), kill_at.to_string()])

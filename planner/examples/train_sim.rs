@@ -26,7 +26,7 @@
 //! (shrinks every tensor, 1), `--tensors N` (only the first N tensors in backprop order),
 //! `--cost FILE` (a cost model as `qccl-perf --calibrate` writes; default: calibrate here),
 //! `--quick` (= `--iters 2 --warmup 1 --elems-scale 0.01 --compute-scale 0.1` and a quicker
-//! calibration), `-np N`, `--timeout SECS` (launcher, 900).
+//! calibration), `-np N`, `--timeout SECS` (launcher, 900); `--help` lists them, `--version`.
 //!
 //! # How the prediction is made
 //!
@@ -81,60 +81,100 @@ struct Opts {
     timeout: f64,
 }
 
+/// The command line as clap reads it; [`parse_args`] applies `--quick` and checks the values.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "train_sim",
+    version,
+    about = "A synthetic data-parallel training loop over the ResNet-50 profile: four ways of \
+             communicating the gradients, measured and simulated (see examples/train_sim.rs)",
+    args_override_self = true
+)]
+struct Cli {
+    /// Local processes to start (also spelled -np N) [default: 2]
+    #[arg(long, value_name = "N")]
+    np: Option<usize>,
+    /// Timed iterations [default: 5; --quick 2]
+    #[arg(long, value_name = "N")]
+    iters: Option<usize>,
+    /// Untimed iterations first [default: 1]
+    #[arg(long, value_name = "N")]
+    warmup: Option<usize>,
+    /// Gradient codec [default: qsgd:bits=4]
+    #[arg(long, value_name = "SPEC")]
+    codec: Option<String>,
+    /// Multiplies the profile's backprop times [default: 1; --quick 0.1]
+    #[arg(long = "compute-scale", value_name = "F")]
+    compute_scale: Option<f64>,
+    /// Forward time of a tensor = F x its backprop time [default: 0.5]
+    #[arg(long = "fwd-ratio", value_name = "F")]
+    fwd_ratio: Option<f64>,
+    /// spin (busy-wait) or sleep (a GPU that leaves the CPU free) [default: spin]
+    #[arg(long, value_name = "spin|sleep")]
+    compute: Option<String>,
+    /// Shrinks every tensor [default: 1; --quick 0.01]
+    #[arg(long = "elems-scale", value_name = "F")]
+    elems_scale: Option<f64>,
+    /// Only the first N tensors in backprop order
+    #[arg(long, value_name = "N")]
+    tensors: Option<usize>,
+    /// A cost model as qccl-perf --calibrate writes [default: calibrate here]
+    #[arg(long, value_name = "FILE")]
+    cost: Option<String>,
+    /// Small and fast (CI): --iters 2 --warmup 1 --elems-scale 0.01 --compute-scale 0.1
+    /// and a quicker calibration; explicit options still win
+    #[arg(long)]
+    quick: bool,
+    /// Launcher timeout, seconds [default: 900]
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
+}
+
 fn parse_args(args: &[String]) -> Res<Opts> {
-    let mut o = Opts {
-        np: 2,
-        iters: 5,
-        warmup: 1,
-        codec: "qsgd:bits=4".into(),
-        compute_scale: 1.0,
-        fwd_ratio: 0.5,
-        spin: true,
-        elems_scale: 1.0,
-        tensors: None,
-        cost: None,
-        quick: false,
-        timeout: 900.0,
+    use clap::Parser;
+    // mpirun's `-np N` is two letters behind one dash, which clap does not take.
+    let args = args.iter().map(|a| {
+        if a == "-np" {
+            "--np".to_string()
+        } else {
+            a.clone()
+        }
+    });
+    let c = match Cli::try_parse_from(std::iter::once("train_sim".to_string()).chain(args)) {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version
+            print!("{e}");
+            std::process::exit(0)
+        }
+        Err(e) => {
+            let text = e.render().to_string();
+            return Err(text
+                .strip_prefix("error: ")
+                .unwrap_or(&text)
+                .trim_end()
+                .into());
+        }
     };
-    // `--quick` sets defaults that explicit options given anywhere still override.
-    if args.iter().any(|a| a == "--quick") {
-        o.quick = true;
-        o.iters = 2;
-        o.warmup = 1;
-        o.elems_scale = 0.01;
-        o.compute_scale = 0.1;
-    }
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--quick" {
-            continue;
-        }
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("option {a} needs a value"))
-        };
-        match a.as_str() {
-            "-np" | "--np" => o.np = val()?.parse()?,
-            "--iters" => o.iters = val()?.parse()?,
-            "--warmup" => o.warmup = val()?.parse()?,
-            "--codec" => o.codec = val()?,
-            "--compute-scale" => o.compute_scale = val()?.parse()?,
-            "--fwd-ratio" => o.fwd_ratio = val()?.parse()?,
-            "--compute" => {
-                o.spin = match val()?.as_str() {
-                    "spin" => true,
-                    "sleep" => false,
-                    v => return Err(format!("--compute {v}: use spin or sleep").into()),
-                }
-            }
-            "--elems-scale" => o.elems_scale = val()?.parse()?,
-            "--tensors" => o.tensors = Some(val()?.parse()?),
-            "--cost" => o.cost = Some(val()?),
-            "--timeout" => o.timeout = val()?.parse()?,
-            _ => return Err(format!("unknown option {a} (see the top of train_sim.rs)").into()),
-        }
-    }
+    let quick = c.quick;
+    let o = Opts {
+        np: c.np.unwrap_or(2),
+        iters: c.iters.unwrap_or(if quick { 2 } else { 5 }),
+        warmup: c.warmup.unwrap_or(1),
+        codec: c.codec.unwrap_or_else(|| "qsgd:bits=4".into()),
+        compute_scale: c.compute_scale.unwrap_or(if quick { 0.1 } else { 1.0 }),
+        fwd_ratio: c.fwd_ratio.unwrap_or(0.5),
+        spin: match c.compute.as_deref() {
+            None | Some("spin") => true,
+            Some("sleep") => false,
+            Some(v) => return Err(format!("--compute {v}: use spin or sleep").into()),
+        },
+        elems_scale: c.elems_scale.unwrap_or(if quick { 0.01 } else { 1.0 }),
+        tensors: c.tensors,
+        cost: c.cost,
+        quick,
+        timeout: c.timeout.unwrap_or(900.0),
+    };
     if o.np == 0 || o.iters == 0 {
         return Err("-np and --iters must be at least 1".into());
     }
@@ -169,6 +209,8 @@ fn launch(o: &Opts, args: &[String]) -> Res<()> {
     while i < args.len() {
         if args[i] == "-np" || args[i] == "--np" {
             i += 2;
+        } else if args[i].starts_with("--np=") {
+            i += 1;
         } else {
             child_args.push(args[i].clone());
             i += 1;
