@@ -16,9 +16,9 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
+use qccl::CodecSpec;
 use qccl_planner::JsonFile;
 use qccl_planner::{models, optimal_fusion, simulate, CompressOn, CostModel, Plan, Profile};
-use qccl::CodecSpec;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
