@@ -1,7 +1,7 @@
 //! Run-time configuration: defaults, overridden by QCCL_* environment variables.
 
 use crate::algo::Algo;
-use crate::codec::plan::Filter;
+use crate::codec::layout::Filter;
 use crate::codec::CodecSpec;
 use crate::error::{Error, Result};
 use std::time::Duration;

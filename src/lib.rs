@@ -57,7 +57,7 @@ pub use algo::Algo;
 pub use algo::Wire;
 pub use bootstrap::UniqueId;
 pub use codec::ef::TensorKey;
-pub use codec::plan::{Layer, Layout};
+pub use codec::layout::{Layer, Layout};
 pub use codec::{Codec, CodecSpec};
 pub use comm::{
     AllReduceCall, Comm, Compression, PreparedAllReduce, PreparedTopK, Report, Request, TopK,

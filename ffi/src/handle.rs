@@ -6,7 +6,7 @@
 //! touching freed memory, and a comm destroyed while another thread still uses it stays alive
 //! (`Arc`) until that call returns.
 
-use crate::plan::{GroupSlot, PlanState};
+use crate::plan::state::{GroupSlot, PlanState};
 use crate::types::*;
 use qccl_core::{CodecSpec, Comm, Error, Request, Result};
 use std::collections::HashMap;

@@ -17,6 +17,16 @@ use qccl::{Algo, CodecSpec, DType, ReduceOp};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The codecs `--calibrate` measures when no `-Z` is given: one of each family the planners
+/// choose between (half precision, 4- and 8-bit quantisation, 1% sparsification, 1-bit sign).
+pub const DEFAULT_CODECS: [&str; 5] = [
+    "fp16",
+    "qsgd:bits=4,bucket=128",
+    "qsgd:bits=8,bucket=128",
+    "mstopk:density=0.01",
+    "efsign",
+];
+
 /// How the message size grows from one line of the table to the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -102,7 +112,7 @@ pub struct Args {
     /// None with `--calibrate`, whose codecs are in [`Args::codecs`].
     pub codec: Option<CodecSpec>,
     /// Every `-Z` in order: several only with `--calibrate`, which measures each of them (and
-    /// [`crate::calibrate::DEFAULT_CODECS`] when none is given).
+    /// [`DEFAULT_CODECS`] when none is given).
     pub codecs: Vec<CodecSpec>,
     /// Every `-A` in order: several only with `--calibrate`, which measures each schedule.
     pub algos: Vec<Algo>,
@@ -796,7 +806,7 @@ fn check_calibrate(a: &mut Args) -> Result<(), String> {
     }
     a.algo = a.algos[0];
     if a.codecs.is_empty() {
-        a.codecs = crate::calibrate::DEFAULT_CODECS
+        a.codecs = DEFAULT_CODECS
             .iter()
             .map(|s| CodecSpec::parse(s).expect("default codec specs parse"))
             .collect();
@@ -1191,7 +1201,7 @@ mod tests {
         assert_eq!(a.step, Step::Factor(4));
         assert_eq!(a.sizes().len(), 8);
         assert_eq!(a.algos, vec![Algo::Auto]);
-        assert_eq!(a.codecs.len(), crate::calibrate::DEFAULT_CODECS.len());
+        assert_eq!(a.codecs.len(), DEFAULT_CODECS.len());
         assert!(
             a.codec.is_none(),
             "codecs are measured, not used in the all-reduce"

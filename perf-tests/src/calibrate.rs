@@ -22,16 +22,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-/// The codecs `--calibrate` measures when no `-Z` is given: one of each family the planners
-/// choose between (half precision, 4- and 8-bit quantisation, 1% sparsification, 1-bit sign).
-pub const DEFAULT_CODECS: [&str; 5] = [
-    "fp16",
-    "qsgd:bits=4,bucket=128",
-    "qsgd:bits=8,bucket=128",
-    "mstopk:density=0.01",
-    "efsign",
-];
-
 /// Wall-clock budget for one codec operation at one size: past it the repetitions stop early
 /// (after the first), so a slow codec at 64 MiB does not take `-n` times its long call.
 const CODEC_BUDGET: Duration = Duration::from_millis(250);
@@ -531,7 +521,7 @@ mod tests {
 
     #[test]
     fn default_codecs_parse() {
-        for s in DEFAULT_CODECS {
+        for s in crate::args::DEFAULT_CODECS {
             CodecSpec::parse(s).unwrap();
         }
     }

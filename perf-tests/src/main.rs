@@ -18,6 +18,7 @@
 mod args;
 mod bench;
 mod calibrate;
+mod cfmt;
 mod coll;
 mod elem;
 mod plot;

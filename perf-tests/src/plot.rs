@@ -146,7 +146,7 @@ pub fn svg(title: &str, series: &[Series]) -> String {
             r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
             LEFT - 6.0,
             py + 4.0,
-            crate::report::fmt_g(v)
+            crate::cfmt::fmt_g(v)
         );
         v += ystep;
     }
@@ -191,7 +191,7 @@ pub fn svg(title: &str, series: &[Series]) -> String {
                 y(gy),
                 xml(&ser.label),
                 bx,
-                crate::report::fmt_g(gy)
+                crate::cfmt::fmt_g(gy)
             );
         }
         let ly = TOP + 10.0 + 18.0 * i as f64;

@@ -3,6 +3,7 @@
 //! objects, one line each) and the SVG plot (crate::plot).
 
 use crate::args::{Args, Step};
+use crate::cfmt::{fmt_e, fmt_g};
 use crate::plot::Series;
 use qccl::{Algo, DType, ReduceOp, TopKScheme, Wire};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -202,38 +203,6 @@ fn time_str(us: f64) -> String {
         format!("{us:7.1}")
     } else {
         format!("{us:7.2}")
-    }
-}
-
-/// C's `%g`: 6 significant digits, trailing zeros removed.
-pub fn fmt_g(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() {
-        return format!("{x}");
-    }
-    let mag = x.abs().log10().floor() as i32;
-    if !(-5..6).contains(&mag) {
-        return format!("{x:.5e}");
-    }
-    let s = format!("{x:.*}", (5 - mag).max(0) as usize);
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
-}
-
-/// C's `%.1e` (`3.1e-02`: two-digit exponent, which Rust's `{:.1e}` does not pad).
-pub fn fmt_e(x: f64) -> String {
-    if !x.is_finite() {
-        return format!("{x}");
-    }
-    let s = format!("{x:.1e}");
-    match s.split_once('e') {
-        Some((m, e)) => {
-            let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
-            format!("{m}e{sign}{digits:0>2}")
-        }
-        None => s,
     }
 }
 

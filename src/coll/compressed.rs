@@ -6,7 +6,7 @@ use super::Engine;
 use crate::algo::compressed::{self as coded, Coder};
 use crate::algo::Algo;
 use crate::algo::Ctx;
-use crate::codec::plan::Plan;
+use crate::codec::layout::CodecMap;
 use crate::codec::Site;
 use crate::transport::frame::CollKind;
 use crate::types::{DType, ReduceOp};
@@ -15,7 +15,7 @@ use crate::Result;
 /// The schedule `auto` picks for a compressed all-reduce: the all-gather scheme for sparse
 /// codecs (a sum of sparse vectors is not sparse), SRA otherwise (two quantizations per element
 /// whatever the world size, CGX's choice).
-pub fn resolve_algo(algo: Algo, plan: &Plan) -> Algo {
+pub fn resolve_algo(algo: Algo, plan: &CodecMap) -> Algo {
     match algo {
         Algo::Auto if plan.is_sparse() => Algo::AllGather,
         Algo::Auto => Algo::Sra,
@@ -27,7 +27,7 @@ pub fn resolve_algo(algo: Algo, plan: &Plan) -> Algo {
 /// the plan `work[0]` is, and the error-feedback residual (aligned with `work`).
 pub struct Coded<'a> {
     /// What every element is encoded with.
-    pub plan: &'a Plan,
+    pub plan: &'a CodecMap,
     /// Seed, step and encoding rank (chunk is set per piece).
     pub site: Site,
     /// Plan position of `work[0]`.
@@ -45,7 +45,7 @@ impl<'a> Coded<'a> {
     /// The context of a call (or of one level of it: `base` is the plan position of
     /// `work[0]`).
     pub fn new(
-        plan: &'a Plan,
+        plan: &'a CodecMap,
         site: Site,
         base: usize,
         residual: Option<&'a mut [f32]>,

@@ -7,7 +7,7 @@ use super::{Comm, Request};
 use crate::algo::Algo;
 use crate::algo::Wire;
 use crate::codec::ef::{self, TensorKey};
-use crate::codec::plan::{Layout, Plan};
+use crate::codec::layout::{CodecMap, Layout};
 use crate::codec::{CodecSpec, Site};
 use crate::coll::compressed::Coded;
 use crate::coll::Engine;
@@ -357,7 +357,7 @@ impl Comm {
         dtype: DType,
         op: ReduceOp,
         c: &Compression,
-    ) -> Result<Plan> {
+    ) -> Result<CodecMap> {
         let name = k.name();
         if !dtype.is_float() {
             return Err(Error::invalid(format!(
@@ -402,8 +402,8 @@ impl Comm {
                 c.key.as_ref().expect("key"),
                 l.count()
             ))),
-            Some(l) => Ok(Plan::layered(&c.codec, &l, &filter)),
-            None => Ok(Plan::uniform(&c.codec, count, &filter)),
+            Some(l) => Ok(CodecMap::layered(&c.codec, &l, &filter)),
+            None => Ok(CodecMap::uniform(&c.codec, count, &filter)),
         }
     }
 }
@@ -416,7 +416,7 @@ impl Comm {
 fn coded_turn<R>(
     e: &mut Engine,
     key: Option<&TensorKey>,
-    plan: &Plan,
+    plan: &CodecMap,
     (input, work): (Option<&[f32]>, &mut [f32]),
     (seed, rank): (u64, usize),
     f: impl FnOnce(&mut Engine, Option<&[f32]>, &mut [f32], Site, Option<&mut [f32]>) -> Result<R>,
@@ -450,7 +450,7 @@ fn coded_turn<R>(
 
 /// A checked compressed all-reduce, ready to run on its comm's engine.
 pub struct PreparedAllReduce {
-    plan: Plan,
+    plan: CodecMap,
     hier: Option<Arc<Hier>>,
     key: Option<TensorKey>,
     algo: Algo,

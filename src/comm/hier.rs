@@ -6,7 +6,7 @@
 use super::{pipeline, Comm};
 use crate::algo::Algo;
 use crate::algo::{part, split_parts, Wire};
-use crate::codec::plan::Plan;
+use crate::codec::layout::CodecMap;
 use crate::codec::Site;
 use crate::coll::compressed::Coded;
 use crate::error::{Error, Result};
@@ -169,7 +169,7 @@ impl Hier {
         &self,
         input: Option<&[f32]>,
         work: &mut [f32],
-        plan: &Plan,
+        plan: &CodecMap,
         site: Site,
         residual: Option<&mut [f32]>,
         intra_host: bool,

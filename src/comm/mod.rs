@@ -71,11 +71,11 @@ pub struct Comm {
     hier: std::sync::Mutex<Option<Arc<hier::Hier>>>,
     /// Layouts of fused buffers, by tensor key (compressed calls).
     layouts:
-        std::sync::Mutex<std::collections::HashMap<crate::TensorKey, crate::codec::plan::Layout>>,
+        std::sync::Mutex<std::collections::HashMap<crate::TensorKey, crate::codec::layout::Layout>>,
     /// The layout of unkeyed compressed calls of its size (C ABI's qcclCommSetLayout).
-    default_layout: std::sync::Mutex<Option<crate::codec::plan::Layout>>,
+    default_layout: std::sync::Mutex<Option<crate::codec::layout::Layout>>,
     /// Layers kept uncompressed (from the config; qcclCommExcludeLayers changes it).
-    filter: std::sync::Mutex<crate::codec::plan::Filter>,
+    filter: std::sync::Mutex<crate::codec::layout::Filter>,
     transport: &'static str,
     /// Over TCP: the transport's listener, held open (a second descriptor of the same
     /// socket) for the comm's whole life, so that after a failure the survivors can still

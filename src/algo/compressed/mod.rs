@@ -14,7 +14,7 @@ pub mod sra;
 pub mod tree;
 
 use super::Ctx;
-use crate::codec::plan::Plan;
+use crate::codec::layout::CodecMap;
 use crate::codec::{ef, Site};
 use crate::Result;
 use std::ops::Range;
@@ -22,7 +22,7 @@ use std::ops::Range;
 /// Encodes and decodes element ranges of the work buffer for one call, keeping the
 /// error-feedback residual and the wire counters.
 pub struct Coder<'a> {
-    plan: &'a Plan,
+    plan: &'a CodecMap,
     site: Site,
     /// Plan position of `work[0]` (non-zero when a sub-range of a buffer is reduced).
     base: usize,
@@ -34,7 +34,7 @@ pub struct Coder<'a> {
 impl<'a> Coder<'a> {
     /// A coder for `plan`, where `work[0]` is element `base` of the plan.
     pub fn new(
-        plan: &'a Plan,
+        plan: &'a CodecMap,
         site: Site,
         base: usize,
         residual: Option<&'a mut [f32]>,
@@ -59,7 +59,7 @@ impl<'a> Coder<'a> {
     }
 
     /// The plan (to ask whether it is sparse).
-    pub fn plan(&self) -> &Plan {
+    pub fn plan(&self) -> &CodecMap {
         self.plan
     }
 

@@ -91,7 +91,7 @@ struct Segment {
 
 /// The per-element codec assignment of one call.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub struct CodecMap {
     segments: Vec<Segment>,
     count: usize,
     ef: bool,
@@ -99,16 +99,16 @@ pub struct Plan {
     text: String,
 }
 
-impl Plan {
+impl CodecMap {
     /// `count` elements all encoded with `spec` (or plain f32 when the filter keeps a tensor
     /// that small).
-    pub fn uniform(spec: &CodecSpec, count: usize, filter: &Filter) -> Plan {
+    pub fn uniform(spec: &CodecSpec, count: usize, filter: &Filter) -> CodecMap {
         let codec: Arc<dyn Codec> = if count < filter.min_size {
             Arc::new(Identity)
         } else {
             spec.codec().clone()
         };
-        Plan::build(
+        CodecMap::build(
             vec![Segment {
                 start: 0,
                 end: count,
@@ -120,7 +120,7 @@ impl Plan {
     }
 
     /// The layers of `layout`, each with its own codec or `spec`, filtered.
-    pub fn layered(spec: &CodecSpec, layout: &Layout, filter: &Filter) -> Plan {
+    pub fn layered(spec: &CodecSpec, layout: &Layout, filter: &Filter) -> CodecMap {
         let mut segments = Vec::with_capacity(layout.layers.len());
         let mut at = 0;
         for l in &layout.layers {
@@ -138,16 +138,16 @@ impl Plan {
             }
             at += l.count;
         }
-        Plan::build(segments, at, spec)
+        CodecMap::build(segments, at, spec)
     }
 
-    fn build(segments: Vec<Segment>, count: usize, spec: &CodecSpec) -> Plan {
+    fn build(segments: Vec<Segment>, count: usize, spec: &CodecSpec) -> CodecMap {
         let text = segments
             .iter()
             .map(|s| format!("{}[{}..{}]", s.codec.spec(), s.start, s.end))
             .collect::<Vec<_>>()
             .join(";");
-        Plan {
+        CodecMap {
             sparse: spec.codec().is_sparse(),
             ef: spec.error_feedback(),
             segments,
@@ -294,7 +294,7 @@ mod tests {
             ("fc", 5),
             ("fc2", 50),
         ]);
-        let plan = Plan::layered(&spec, &layout, &Filter::default());
+        let plan = CodecMap::layered(&spec, &layout, &Filter::default());
         // bias (excluded) and fc (under 16) stay f32; the others are fp16.
         let h = super::super::HEADER_LEN;
         assert_eq!(
@@ -313,7 +313,7 @@ mod tests {
             .zip(&x)
             .all(|(a, b)| (a - b).abs() <= b.abs() / 1000.0));
         assert!(plan.decode(0..175, &enc[..n - 1], &mut out, true).is_err());
-        let other = Plan::uniform(&spec, 175, &Filter::default());
+        let other = CodecMap::uniform(&spec, 175, &Filter::default());
         assert_ne!(plan.fingerprint(), other.fingerprint());
     }
 }
