@@ -704,7 +704,11 @@ fn async_all_reduce_goes_hierarchical_across_emulated_hosts() {
             job.spawn(
                 r,
                 "async",
-                &[("QCCL_HOSTID", host), ("QCCL_DEBUG", "TRACE")],
+                &[
+                    ("QCCL_HOSTID", host),
+                    ("QCCL_DEBUG", "TRACE"),
+                    ("QCCL_DEBUG_SUBSYS", "COLL"),
+                ],
             )
         })
         .collect();
@@ -717,6 +721,9 @@ fn async_all_reduce_goes_hierarchical_across_emulated_hosts() {
                 .any(|l| l.contains("all_reduce(count=1000,") && l.ends_with(": hierarchical")),
             "rank {r}: the async all-reduce did not go hierarchical: {log}"
         );
+        // Route lines are COLL, and COLL alone leaves out the connections (INIT and NET).
+        assert!(log.contains(" QCCL TRACE COLL rank "), "{log}");
+        assert!(!log.contains("connected to rank"), "{log}");
     }
 }
 

@@ -335,7 +335,7 @@ fn c_grouped_and_nonblocking_all_reduce_go_hierarchical() {
     }
     let out = run("hier", &[]);
     assert!(out.contains("on 4 processes (2 hosts): ok"), "{out}");
-    // QCCL_DEBUG=TRACE logs each all-reduce's route: every rank's grouped (1001 elements),
+    // QCCL_DEBUG=TRACE, QCCL_DEBUG_SUBSYS=COLL log each all-reduce's route: every rank's grouped (1001 elements),
     // non-blocking (1003) and blocking (1002) call ran hierarchically.
     for (count, op) in [(1001, "sum"), (1003, "sum"), (1002, "avg")] {
         let needle = format!("all_reduce(count={count}, float, {op}): hierarchical");

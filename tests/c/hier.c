@@ -1,9 +1,10 @@
 /* Grouped and non-blocking all-reduces take the hierarchical algorithm on a multi-host comm,
  * like blocking ones: 4 forked ranks on 2 emulated hosts (QCCL_HOSTID), QCCL_ALGO unset
- * (auto picks the hierarchical algorithm for 2 hosts of 2 ranks). QCCL_DEBUG=TRACE logs the
- * route of every all-reduce; ffi/tests/c_abi.rs checks that the calls of counts 1001 (grouped),
- * 1003 (non-blocking) and 1002 (blocking) were "hierarchical" on every rank. Results are
- * checked against a float64 reference, and every rank's results must be bit-identical. */
+ * (auto picks the hierarchical algorithm for 2 hosts of 2 ranks). QCCL_DEBUG=TRACE with
+ * QCCL_DEBUG_SUBSYS=COLL logs the route of every all-reduce; ffi/tests/c_abi.rs checks that
+ * the calls of counts 1001 (grouped), 1003 (non-blocking) and 1002 (blocking) were
+ * "hierarchical" on every rank. Results are checked against a float64 reference, and every
+ * rank's results must be bit-identical. */
 #include "common.h"
 
 #define NR 4
@@ -83,6 +84,7 @@ static int body(int rank, int nranks, qcclUniqueId id) {
 
 int main(void) {
     setenv("QCCL_DEBUG", "TRACE", 1);
+    setenv("QCCL_DEBUG_SUBSYS", "COLL", 1);
     unsetenv("QCCL_ALGO");
     unsetenv("QCCL_COMPRESSION");
     int failed = run_ranks(NR, body);

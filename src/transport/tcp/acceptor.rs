@@ -155,15 +155,11 @@ impl Job {
                     Step::Wait => i += 1,
                     Step::Drop(level, why) => {
                         let u = waiting.remove(i).expect("index in range");
-                        if crate::log::enabled(level) {
-                            crate::log::write(
-                                level,
-                                format_args!(
-                                    "rank {me}: dropped the connection from {}: {why}",
-                                    u.from
-                                ),
-                            );
-                        }
+                        crate::qlog!(
+                            level = level,
+                            "rank {me}: dropped the connection from {}: {why}",
+                            u.from
+                        );
                     }
                     Step::Verified(rank, sock) => {
                         let u = waiting.remove(i).expect("index in range");
