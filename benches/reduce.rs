@@ -10,7 +10,7 @@
 mod common;
 
 use common::{best_of, gbps};
-use qccl::reduce::{reduce3, reduce_into};
+use qccl::internal::{reduce3, reduce_into};
 use qccl::{DType, ReduceOp};
 use std::hint::black_box;
 use std::time::Duration;

@@ -7,11 +7,11 @@
 mod common;
 
 use common::{best_of, gaussian};
-use qccl::codec::mstopk::mstopk_select;
-use qccl::codec::randk::select_randk;
-use qccl::codec::sparse::k_of;
-use qccl::codec::topk::select_topk;
 use qccl::codec::Rng;
+use qccl::internal::k_of;
+use qccl::internal::mstopk_select;
+use qccl::internal::select_randk;
+use qccl::internal::select_topk;
 use std::hint::black_box;
 use std::time::Duration;
 

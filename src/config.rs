@@ -8,6 +8,7 @@ use std::time::Duration;
 
 /// Which transport carries traffic between two ranks (QCCL_TRANSPORT, QCCL_SHM_DISABLE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum TransportChoice {
     /// Shared memory between ranks with the same host identity, TCP otherwise.
     Auto,
@@ -26,7 +27,7 @@ pub struct Config {
     /// Bound on `Comm::init` waiting for all ranks (QCCL_INIT_TIMEOUT_MS, default = timeout).
     pub init_timeout: Duration,
     /// Slice size in bytes that messages are cut into (QCCL_BUFFSIZE); `None`:
-    /// [`DEFAULT_SLICE`] ([`Config::slice_bytes`]).
+    /// `DEFAULT_SLICE` ([`Config::slice_bytes`]).
     pub buffsize: Option<usize>,
     /// Bytes per piece of a pipelined hierarchical all-reduce (QCCL_CHUNKSIZE, default 4 MiB;
     /// 0 = no pipelining): larger buffers go through in pieces, the network phase of one
@@ -150,13 +151,13 @@ impl Config {
         Ok(())
     }
 
-    /// The slice size of a comm: QCCL_BUFFSIZE, else [`DEFAULT_SLICE`].
+    /// The slice size of a comm: QCCL_BUFFSIZE, else `DEFAULT_SLICE`.
     pub fn slice_bytes(&self) -> usize {
         self.buffsize.unwrap_or(DEFAULT_SLICE)
     }
 
-    /// The slice of pairwise SRA on `size` ranks: QCCL_BUFFSIZE, else [`DEFAULT_SLICE`] cut to
-    /// the power of two at or below [`SRA_IN_FLIGHT`] / (size − 1), at least 64 KiB.
+    /// The slice of pairwise SRA on `size` ranks: QCCL_BUFFSIZE, else `DEFAULT_SLICE` cut to
+    /// the power of two at or below `SRA_IN_FLIGHT` / (size − 1), at least 64 KiB.
     pub fn sra_slice_bytes(&self, size: usize) -> usize {
         self.buffsize.unwrap_or_else(|| {
             let share = SRA_IN_FLIGHT / size.saturating_sub(1).max(1);

@@ -10,6 +10,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// `Error` is `Clone` so that a comm that failed can hand the same error to every pending and
 /// later operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An argument is wrong (rank or root out of range, buffer length not matching count, ...).
     #[error("invalid argument: {0}")]
@@ -53,6 +54,24 @@ impl Error {
     /// Shorthand for `Error::InvalidArgument(msg.into())`.
     pub fn invalid(msg: impl Into<String>) -> Error {
         Error::InvalidArgument(msg.into())
+    }
+
+    /// The same error (same kind, same code) with `prefix` before its message.
+    pub fn prefixed(self, prefix: &str) -> Error {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{prefix}{m}")),
+            Error::InvalidUsage(m) => Error::InvalidUsage(format!("{prefix}{m}")),
+            Error::System(m) => Error::System(format!("{prefix}{m}")),
+            Error::Remote { rank, addr, msg } => Error::Remote {
+                rank,
+                addr,
+                msg: format!("{prefix}{msg}"),
+            },
+            Error::Timeout(m) => Error::Timeout(format!("{prefix}{m}")),
+            Error::Aborted(m) => Error::Aborted(format!("{prefix}{m}")),
+            Error::Unsupported(m) => Error::Unsupported(format!("{prefix}{m}")),
+            Error::Internal(m) => Error::Internal(format!("{prefix}{m}")),
+        }
     }
 
     /// NCCL-style numeric code (the C ABI's `qcclResult_t`).

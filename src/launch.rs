@@ -62,6 +62,7 @@ pub struct Launch {
 
 /// Where the ranks may run (`mpirun --bind-to`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Bind {
     /// [`Bind::Core`] when that spreads the ranks evenly over the CPUs this process may use
     /// (they fit, or each CPU gets the same number), else [`Bind::None`].

@@ -34,35 +34,50 @@
 
 #![warn(missing_docs)]
 
+#[doc(hidden)]
 pub mod log;
 
-pub mod algo;
-pub mod bootstrap;
+mod algo;
+mod bootstrap;
 pub mod codec;
-pub mod coll;
+mod coll;
 mod comm;
-pub mod config;
-pub mod error;
+mod config;
+mod error;
 pub mod fused;
 pub mod launch;
-pub mod reduce;
+mod reduce;
 mod sys;
-pub mod transport;
-pub mod types;
+mod transport;
+mod types;
 
 #[cfg(test)]
 mod test_alloc;
 
-pub use algo::Algo;
-pub use algo::Wire;
+pub use algo::{Algo, Wire};
 pub use bootstrap::UniqueId;
 pub use codec::ef::TensorKey;
 pub use codec::layout::{Layer, Layout};
 pub use codec::{Codec, CodecSpec};
-pub use comm::{
-    AllReduceCall, Comm, Compression, PreparedAllReduce, PreparedTopK, Report, Request, TopK,
-    TopKReport, TopKScheme,
-};
+pub use comm::{Comm, Compression, Report, Request, TopK, TopKReport, TopKScheme};
 pub use config::{Config, TransportChoice};
 pub use error::{Error, Result};
 pub use types::{DType, Element, ReduceOp};
+
+/// What qccl's own C library, tools and benchmarks use from inside: not part of the API, and
+/// it changes without notice.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::bootstrap::env::{detect, EnvInit};
+    pub use crate::bootstrap::unique_id::UNIQUE_ID_BYTES;
+    pub use crate::codec::mstopk::mstopk_select;
+    pub use crate::codec::randk::select_randk;
+    pub use crate::codec::sparse::k_of;
+    pub use crate::codec::topk::select_topk;
+    pub use crate::coll::Engine;
+    pub use crate::comm::{AllReduceCall, PreparedAllReduce, PreparedTopK};
+    pub use crate::config::parse_size;
+    pub use crate::reduce::{reduce3, reduce_into};
+    pub use crate::transport::frame::{CollKind, OpDesc};
+    pub use crate::transport::{RecvReq, SendReq};
+}

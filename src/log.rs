@@ -436,6 +436,7 @@ mod facade {
 /// `qlog!(Info, "fmt", args..)` logs at a level named (Warn, Info, Trace);
 /// `qlog!(level = expr, "fmt", args..)` at a [`Level`] known at run time. The subsystem comes
 /// from the caller's module path; the arguments are formatted only when a sink wants them.
+#[doc(hidden)]
 #[macro_export]
 macro_rules! qlog {
     (level = $lvl:expr, $($arg:tt)*) => {{

@@ -6,6 +6,7 @@ use std::fmt;
 /// Element type of a buffer. The discriminants are NCCL's `ncclDataType_t` values.
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DType {
     /// `i8`
     Int8 = 0,
@@ -96,6 +97,7 @@ impl fmt::Display for DType {
 /// Reduction operator. The discriminants are NCCL's `ncclRedOp_t` values.
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReduceOp {
     /// Sum (integers wrap).
     Sum = 0,

@@ -19,7 +19,7 @@ use crate::last_error::{guard, no_panic, record};
 use crate::op::{Op, P2pPlan};
 use crate::plan;
 use crate::types::*;
-use qccl_core::coll::Engine;
+use qccl_core::internal::Engine;
 use qccl_core::{Error, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -137,7 +137,7 @@ fn prepare_batches(batches: Vec<Batch>) -> Result<Vec<(usize, Arc<CommHandle>, P
             Ok(p) if p.colls.is_empty() && p.p2p.is_empty() => {}
             Ok(p) => prepared.push((key, h, p)),
             Err(e) => {
-                let e = prefixed(e, "none of the group's operations ran: ");
+                let e = e.prefixed("none of the group's operations ran: ");
                 record("qcclGroupEnd", key as qcclComm_t, &e);
                 return Err(e);
             }
@@ -184,24 +184,6 @@ fn run_batches(prepared: Vec<(usize, Arc<CommHandle>, Prepared)>) -> Result<()> 
     }
 }
 
-/// `e` with `prefix` before its message, same kind.
-fn prefixed(e: Error, prefix: &str) -> Error {
-    match e {
-        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{prefix}{m}")),
-        Error::InvalidUsage(m) => Error::InvalidUsage(format!("{prefix}{m}")),
-        Error::System(m) => Error::System(format!("{prefix}{m}")),
-        Error::Remote { rank, addr, msg } => Error::Remote {
-            rank,
-            addr,
-            msg: format!("{prefix}{msg}"),
-        },
-        Error::Timeout(m) => Error::Timeout(format!("{prefix}{m}")),
-        Error::Aborted(m) => Error::Aborted(format!("{prefix}{m}")),
-        Error::Unsupported(m) => Error::Unsupported(format!("{prefix}{m}")),
-        Error::Internal(m) => Error::Internal(format!("{prefix}{m}")),
-    }
-}
-
 /// Opens a group (groups nest; only the outermost end runs the queued calls).
 #[no_mangle]
 pub extern "C" fn qcclGroupStart() -> qcclResult_t {
@@ -235,12 +217,9 @@ pub extern "C" fn qcclGroupEnd() -> qcclResult_t {
         let ready = match first_error {
             Some(e) => {
                 let n: usize = batches.iter().map(|(_, _, ops)| ops.len()).sum();
-                Err(prefixed(
-                    e,
-                    &format!(
-                        "a call in this group failed, so none of the {n} queued operations ran: "
-                    ),
-                ))
+                Err(e.prefixed(&format!(
+                    "a call in this group failed, so none of the {n} queued operations ran: "
+                )))
             }
             None => prepare_batches(batches),
         };

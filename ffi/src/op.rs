@@ -5,14 +5,11 @@
 
 use crate::buf::RawBuf;
 use crate::types::*;
-use qccl_core::coll::Engine;
 use qccl_core::fused::{FusedAllReduce, Part};
-use qccl_core::transport::frame::{CollKind, OpDesc};
-use qccl_core::transport::{RecvReq, SendReq};
-use qccl_core::{
-    AllReduceCall, Comm, Compression, DType, Error, PreparedTopK, ReduceOp, Result, TopK,
-    TopKScheme,
+use qccl_core::internal::{
+    AllReduceCall, CollKind, Engine, OpDesc, PreparedTopK, RecvReq, SendReq,
 };
+use qccl_core::{Comm, Compression, DType, Error, ReduceOp, Result, TopK, TopKScheme};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
@@ -661,7 +658,7 @@ impl P2pPlan {
                 .iter()
                 .map(|&(peer, b)| RecvReq::new(peer, unsafe { b.slice_mut() }))
                 .collect();
-            e.t.exchange(&desc, &sends, &mut recvs)?;
+            e.exchange(&desc, &sends, &mut recvs)?;
         }
         Ok(())
     }

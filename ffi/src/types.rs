@@ -58,7 +58,7 @@ pub const qcclAvg: qcclRedOp_t = 4;
 
 /// Bytes in a `qcclUniqueId` (`ncclUniqueId` is 128 bytes too).
 pub const QCCL_UNIQUE_ID_BYTES: usize = 128;
-const _: () = assert!(QCCL_UNIQUE_ID_BYTES == qccl_core::bootstrap::unique_id::UNIQUE_ID_BYTES);
+const _: () = assert!(QCCL_UNIQUE_ID_BYTES == qccl_core::internal::UNIQUE_ID_BYTES);
 
 /// `color` of `qcclCommSplit` for a rank that takes no part (NCCL_SPLIT_NOCOLOR).
 pub const QCCL_SPLIT_NOCOLOR: c_int = -1;

@@ -416,7 +416,7 @@ pub fn long_help() -> String {
 
 /// Parses a byte count with an optional K, M or G suffix (powers of 1024), as nccl-tests.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    qccl::config::parse_size(s)
+    qccl::internal::parse_size(s)
         .ok_or_else(|| format!("'{s}' is not a size (e.g. 4096, 64K, 1M, 2G)"))
 }
 

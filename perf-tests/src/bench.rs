@@ -91,6 +91,11 @@ pub fn run(comm: &Comm, a: &Args, sink: &mut Sink) -> Result<u64> {
                     DType::Float32 => sizes::<f32>(comm, a, op, cycle, sink)?,
                     DType::Float64 => sizes::<f64>(comm, a, op, cycle, sink)?,
                     DType::Bfloat16 => sizes::<bf16>(comm, a, op, cycle, sink)?,
+                    other => {
+                        return Err(qccl::Error::Unsupported(format!(
+                            "qccl-perf has no element type for {other}"
+                        )))
+                    }
                 };
             }
         }

@@ -51,6 +51,7 @@ macro_rules! int_elem {
                     ReduceOp::Prod => a.wrapping_mul(b),
                     ReduceOp::Min => a.min(b),
                     ReduceOp::Max => a.max(b),
+                    other => unreachable!("no reference for {other}: args.rs refuses it"),
                 }
             }
         }
@@ -74,6 +75,7 @@ macro_rules! float_elem {
                     ReduceOp::Prod => x * y,
                     ReduceOp::Min => x.min(y),
                     ReduceOp::Max => x.max(y),
+                    other => unreachable!("no reference for {other}: args.rs refuses it"),
                 })
             }
         }
@@ -184,6 +186,7 @@ impl Filler {
                     ReduceOp::Prod => acc * v,
                     ReduceOp::Min => acc.min(v),
                     ReduceOp::Max => acc.max(v),
+                    other => unreachable!("no reference for {other}: args.rs refuses it"),
                 };
             }
             if op == ReduceOp::Avg {

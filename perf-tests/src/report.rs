@@ -180,6 +180,7 @@ pub fn topk_wrong_rule(scheme: TopKScheme) -> &'static str {
         TopKScheme::TreeAr | TopKScheme::TwoDTar => {
             "exact check as all_reduce (dense sum of integer-valued inputs)"
         }
+        _ => "non-finite outputs only",
     }
 }
 
@@ -295,6 +296,7 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
                  all-gather (baseline; --density not used)"
                     .into()
             }
+            other => other.name().to_string(),
         };
         let steps = if scheme == TopKScheme::HiTopK {
             "; rs/topk/ag+add/ag = the four steps' time, each rank's mean per timed out-of-place \

@@ -4,6 +4,7 @@ use crate::error::{Error, Result};
 
 /// All-reduce algorithm choice (QCCL_ALGO, or per call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Algo {
     /// Pick from message size and world size.
     Auto,

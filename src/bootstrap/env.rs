@@ -106,7 +106,7 @@ const JOB_IDS: [&str; 10] = [
     "FLUX_JOB_ID",
 ];
 
-/// [`detect_from`] over the process environment.
+/// `detect_from` over the process environment.
 pub fn detect() -> Result<EnvInit> {
     detect_from(|k| std::env::var(k).ok())
 }

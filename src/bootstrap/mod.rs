@@ -30,10 +30,10 @@ mod wire;
 /// rank speaking different versions fail the init with a message naming both versions.
 pub const PROTOCOL_VERSION: u32 = 3;
 
-pub use env::{detect, EnvInit};
+pub use env::detect;
 pub use host::{host_id, machine_id, Topology};
 pub use ifaddr::select_interface;
-pub use peer::{PeerInfo, World};
+pub use peer::PeerInfo;
 pub use rendezvous::join;
 pub use root::spawn_root;
 pub use unique_id::UniqueId;

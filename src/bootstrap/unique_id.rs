@@ -26,7 +26,7 @@ const OFF_IP: usize = 27;
 /// | offset | size | field                                                        |
 /// |--------|------|--------------------------------------------------------------|
 /// | 0      | 4    | magic `b"QCID"`                                              |
-/// | 4      | 4    | protocol version, u32 little-endian ([`PROTOCOL_VERSION`])   |
+/// | 4      | 4    | protocol version, u32 little-endian (`PROTOCOL_VERSION`)   |
 /// | 8      | 16   | random secret                                                |
 /// | 24     | 1    | address family of the root: 4 or 6                           |
 /// | 25     | 2    | root port, u16 big-endian                                    |
@@ -40,7 +40,7 @@ pub struct UniqueId([u8; UNIQUE_ID_BYTES]);
 impl UniqueId {
     /// Creates an id and hosts its root in this process (like `ncclGetUniqueId`).
     ///
-    /// Chooses the interface with [`select_interface`] honouring QCCL_SOCKET_IFNAME, listens on
+    /// Chooses the interface with `select_interface` honouring QCCL_SOCKET_IFNAME, listens on
     /// a free port there and starts the root thread, whose deadline is QCCL_INIT_TIMEOUT_MS
     /// (default: QCCL_TIMEOUT_MS, 300000 ms) from now.
     pub fn new() -> Result<UniqueId> {

@@ -14,6 +14,7 @@ pub const VERSION: u8 = 1;
 /// Which codec encoded a chunk (the first header byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum CodecId {
     /// Plain f32 (layers excluded from compression).
     None = 0,

@@ -2,29 +2,30 @@
 //! arrives, because quantized or sparsified values cannot be summed in compressed form.
 //!
 //! A codec implements the payload part ([`Codec::encode_payload`], [`Codec::decode_payload`]);
-//! the provided methods wrap it in the self-describing [`header`], so every decode checks the
+//! the provided methods wrap it in a self-describing header ([`HEADER_LEN`] bytes), so every decode checks the
 //! codec, version, parameters, element count and payload length before touching the payload.
 //! Every built-in codec encodes n elements into exactly [`Codec::max_encoded_len`]`(n)` bytes
 //! (sparse codecs select exactly k), so a receiver knows a chunk's size in advance.
 //!
-//! Codecs are chosen by a spec string ([`spec`]): `qsgd:bits=4,bucket=128`, `topk:density=0.01,ef=1`.
-//! Error feedback is not a codec but a property of the call (see [`ef`]).
+//! Codecs are chosen by a spec string ([`CodecSpec`]): `qsgd:bits=4,bucket=128`, `topk:density=0.01,ef=1`.
+//! Error feedback is not a codec but a property of the call (its residual is kept per
+//! [`TensorKey`](crate::TensorKey)).
 
 pub mod adaptive;
 mod bits;
-pub mod ef;
+pub(crate) mod ef;
 mod fields;
-pub mod floats;
-pub mod header;
-pub mod layout;
-pub mod mstopk;
-pub mod qsgd;
-pub mod randk;
-pub mod rng;
-pub mod sign;
-pub mod sparse;
-pub mod spec;
-pub mod topk;
+mod floats;
+mod header;
+pub(crate) mod layout;
+pub(crate) mod mstopk;
+mod qsgd;
+pub(crate) mod randk;
+mod rng;
+mod sign;
+pub(crate) mod sparse;
+mod spec;
+pub(crate) mod topk;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -1,6 +1,6 @@
 //! `mstopk:density=D[,samplings=N]`: multi-sampling approximate top-k, Algorithm 1 (MSTopK) of
 //! Shi et al., "Towards Scalable Distributed Training of Deep Learning on Public Cloud Clusters"
-//! (the HiTopKComm paper). Sends exactly k = [`k_of`]`(D, n)` elements, chosen without sorting.
+//! (the HiTopKComm paper). Sends exactly k = `k_of``(D, n)` elements, chosen without sorting.
 //!
 //! # The algorithm
 //!
@@ -89,16 +89,6 @@ impl MsTopK {
             )));
         }
         Ok(MsTopK { density, samplings })
-    }
-
-    /// The fraction of elements kept.
-    pub fn density(&self) -> f64 {
-        self.density
-    }
-
-    /// The number of threshold samplings.
-    pub fn samplings(&self) -> u32 {
-        self.samplings
     }
 }
 

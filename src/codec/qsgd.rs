@@ -82,26 +82,6 @@ impl Qsgd {
         Qsgd::new(bits, bucket, scale, rounding)
     }
 
-    /// Bits per element.
-    pub fn bits(&self) -> u32 {
-        self.bits as u32
-    }
-
-    /// Elements per bucket.
-    pub fn bucket(&self) -> u32 {
-        self.bucket
-    }
-
-    /// The scale mode.
-    pub fn scale(&self) -> Scale {
-        self.scale
-    }
-
-    /// The rounding mode.
-    pub fn rounding(&self) -> Rounding {
-        self.rounding
-    }
-
     /// The top level, 2^B − 1 (levels are 0..=L).
     fn top(&self) -> u32 {
         (1 << self.bits) - 1

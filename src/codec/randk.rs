@@ -1,4 +1,4 @@
-//! `randk:density=D`: random-k sparsification. Sends k = [`k_of`]`(D, n)` distinct indices
+//! `randk:density=D`: random-k sparsification. Sends k = `k_of``(D, n)` distinct indices
 //! drawn uniformly (every k-subset equally likely) from the encode site's [`Rng`], so a run
 //! repeats exactly and every (step, chunk, rank) draws its own subset.
 //!
@@ -22,11 +22,6 @@ impl RandK {
     pub fn new(density: f64) -> Result<RandK> {
         sparse::check_density("randk", density)?;
         Ok(RandK { density })
-    }
-
-    /// The fraction of elements kept.
-    pub fn density(&self) -> f64 {
-        self.density
     }
 }
 

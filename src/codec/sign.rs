@@ -258,11 +258,6 @@ impl OneBit {
         OneBit::new(f.int("bucket", 512, 1..=MAX_BUCKET as u64)? as u32)
     }
 
-    /// Elements per bucket.
-    pub fn bucket(&self) -> u32 {
-        self.bucket
-    }
-
     fn encode_with(&self, simd: bool, input: &[f32], out: &mut [u8]) {
         #[cfg(target_arch = "x86_64")]
         if simd {

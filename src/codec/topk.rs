@@ -1,4 +1,4 @@
-//! `topk:density=D`: exact top-k sparsification. Sends the k = [`k_of`]`(D, n)` elements of
+//! `topk:density=D`: exact top-k sparsification. Sends the k = `k_of``(D, n)` elements of
 //! largest magnitude; ties at the k-th magnitude go to the lower indices, so the selection is a
 //! function of the input alone (every rank, every run picks the same elements).
 //!
@@ -20,11 +20,6 @@ impl TopK {
     pub fn new(density: f64) -> Result<TopK> {
         sparse::check_density("topk", density)?;
         Ok(TopK { density })
-    }
-
-    /// The fraction of elements kept.
-    pub fn density(&self) -> f64 {
-        self.density
     }
 }
 

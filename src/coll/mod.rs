@@ -17,27 +17,27 @@ use crate::Result;
 /// at a time.
 pub struct Engine {
     /// The transport to the comm's peers.
-    pub t: Box<dyn Transport>,
+    pub(crate) t: Box<dyn Transport>,
     /// Reused scratch buffers.
-    pub scratch: Scratch,
+    pub(crate) scratch: Scratch,
     /// This rank.
-    pub rank: usize,
+    pub(crate) rank: usize,
     /// Ranks in the comm.
-    pub size: usize,
+    pub(crate) size: usize,
     /// Slice size (QCCL_BUFFSIZE).
-    pub slice: usize,
+    pub(crate) slice: usize,
     /// Slice size of the pairwise SRA all-reduce (`Config::sra_slice_bytes`).
-    pub sra_slice: usize,
+    pub(crate) sra_slice: usize,
     /// How the ranks reach each other: `auto` picks by it.
-    pub links: Links,
+    pub(crate) links: Links,
     /// Default all-reduce algorithm (QCCL_ALGO).
-    pub algo: Algo,
+    pub(crate) algo: Algo,
     /// Bytes moved by every collective so far (the counters API).
-    pub wire: Wire,
+    pub(crate) wire: Wire,
     /// Error-feedback residuals of compressed calls, by tensor key.
-    pub residuals: Residuals,
+    pub(crate) residuals: Residuals,
     /// Compressed calls executed so far: the `step` of their random streams.
-    pub coded_calls: u64,
+    pub(crate) coded_calls: u64,
 }
 
 /// How a comm's ranks reach each other, as far as choosing an algorithm goes.
@@ -110,6 +110,17 @@ pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, links: Links) -> Algo
 }
 
 impl Engine {
+    /// One exchange of frames described by `desc` with some peers: every send and receive
+    /// progressed together (the C ABI's grouped point-to-point phases).
+    pub fn exchange(
+        &mut self,
+        desc: &OpDesc,
+        sends: &[SendReq<'_>],
+        recvs: &mut [RecvReq<'_>],
+    ) -> Result<()> {
+        self.t.exchange(desc, sends, recvs)
+    }
+
     fn ctx(
         &mut self,
         coll: CollKind,

@@ -357,6 +357,7 @@ impl Comm {
 
     // ---- engine access --------------------------------------------------------------------
 
+    #[doc(hidden)]
     /// Runs `f` on this comm's engine on the caller's thread, in its turn after every earlier
     /// operation, like a blocking collective (an error fails the comm, as a failed collective
     /// does). For callers that compose operations from `Engine` calls, such as the C ABI's
@@ -365,6 +366,7 @@ impl Comm {
         self.queue.run(f)
     }
 
+    #[doc(hidden)]
     /// Queues `f` to run on this comm's worker thread after every earlier operation; the
     /// request yields its result. What `f` captures is moved to the worker (the C ABI's
     /// non-blocking and grouped calls capture the caller's buffers this way).

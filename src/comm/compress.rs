@@ -241,6 +241,7 @@ impl Comm {
         })
     }
 
+    #[doc(hidden)]
     /// Checks a compressed all-reduce of `count` elements and resolves everything it needs
     /// (plan, schedule, hierarchy) before any byte moves; the result runs on this comm's engine
     /// (`Comm::execute` / `Comm::submit`), which is how the C ABI queues grouped and

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 /// HiTopKComm or one of the paper's baselines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TopKScheme {
     /// Hierarchical top-k (Algorithm 2).
     HiTopK,
@@ -164,6 +165,7 @@ impl Comm {
         })
     }
 
+    #[doc(hidden)]
     /// Checks a top-k all-reduce and resolves what it needs before any byte moves (the C ABI
     /// runs the result on the engine).
     pub fn prepare_topk(

@@ -34,6 +34,7 @@ pub struct AllReduceCall {
 }
 
 impl Comm {
+    #[doc(hidden)]
     /// Checks an all-reduce and resolves its route: QCCL_COMPRESSION compresses a float sum or
     /// avg; otherwise hierarchical or flat by `algo` (None: QCCL_ALGO) and the hosts. May split
     /// off the hierarchy's sub-comms (a collective) the first time a call needs them.
@@ -58,6 +59,7 @@ impl Comm {
         self.prepare_all_reduce_dense(count, dtype, op, algo)
     }
 
+    #[doc(hidden)]
     /// As [`Comm::prepare_all_reduce`], never compressed (QCCL_COMPRESSION does not apply):
     /// for callers that decide compression themselves, like a fusion plan's dense groups.
     pub fn prepare_all_reduce_dense(
@@ -76,6 +78,7 @@ impl Comm {
         Ok(self.call(route, count, dtype, op))
     }
 
+    #[doc(hidden)]
     /// A compressed all-reduce prepared with [`Comm::prepare_all_reduce_compressed`], as an
     /// [`AllReduceCall`].
     pub fn compressed_call(&self, call: PreparedAllReduce) -> AllReduceCall {

@@ -76,6 +76,7 @@ struct RunGroup {
     compression: Option<Compression>,
 }
 
+#[doc(hidden)]
 /// Fusion groups checked for execution: non-empty, tiling the tensors in order, each
 /// group's compression parsed with its error-feedback key, and the group of every tensor. The
 /// execution half shared by [`PlanRunner`] (owned gradients) and the C ABI's QCCL_PLAN_FILE
@@ -195,10 +196,12 @@ impl FusionPlan {
     }
 }
 
+#[doc(hidden)]
 /// One tensor of a fused group, as float32 bytes: its input (None: in place, in the output)
 /// and its output.
 pub type Part<'a> = (Option<&'a [u8]>, &'a mut [u8]);
 
+#[doc(hidden)]
 /// A group's all-reduce, prepared by [`FusionPlan::prepare`].
 pub struct FusedAllReduce {
     call: AllReduceCall,

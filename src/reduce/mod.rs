@@ -1,6 +1,6 @@
 //! Reduction kernels: `dst op= src` on byte buffers of any [`DType`], vectorized.
 //!
-//! Entry points are [`reduce_into`], [`reduce3`], [`fold`], [`finish`] and [`finish_avg`]. Each
+//! Entry points are [`reduce_into`], [`reduce3`], [`fold`], [`finish`] and `finish_avg`. Each
 //! picks a kernel for the dtype and op (monomorphized, so the inner loop has no per-element dispatch) and runs it over
 //! the buffers block by block. Integer Sum and Prod wrap. Float Max and Min ignore a NaN operand
 //! and order -0 below +0 (IEEE 754-2019 maximumNumber/minimumNumber). Float16 and Bfloat16 are
@@ -28,7 +28,7 @@ use float16::{Bf16, Conv16, Divide16, HalfF16, Through32};
 use kernel::{Kernel, MapKernel};
 
 /// `dst[i] = dst[i] op src[i]` for the `dst.len() / dtype.size()` elements of `dtype` in native
-/// byte order. [`ReduceOp::Avg`] reduces as Sum (the division happens once, in [`finish_avg`]).
+/// byte order. [`ReduceOp::Avg`] reduces as Sum (the division happens once, in `finish_avg`).
 ///
 /// The slices must have equal lengths, a multiple of `dtype.size()` (checked by `debug_assert`;
 /// in release builds only the common whole elements are reduced). They need not be aligned for
@@ -81,7 +81,7 @@ pub fn fold<'a>(
     }
 }
 
-/// Finishes a reduction of `n` contributions: [`finish_avg`] for [`ReduceOp::Avg`], nothing for
+/// Finishes a reduction of `n` contributions: `finish_avg` for [`ReduceOp::Avg`], nothing for
 /// the other ops (their result is complete once every contribution is folded in).
 pub fn finish(dtype: DType, op: ReduceOp, dst: &mut [u8], n: usize) {
     if op == ReduceOp::Avg {

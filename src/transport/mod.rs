@@ -36,7 +36,7 @@ pub struct RecvReq<'a> {
     /// Where the payload lands (or is reduced into).
     pub data: &'a mut [u8],
     /// None: copy the payload into `data`. Some: reduce it into `data` instead (see
-    /// [`Transport::reduces_on_receive`]).
+    /// `Transport::reduces_on_receive`).
     pub reduce: Option<RecvReduce<'a>>,
 }
 

@@ -136,6 +136,7 @@ pub fn check_reduce(
                 ReduceOp::Prod => xs.iter().product::<f64>(),
                 ReduceOp::Max => xs.iter().cloned().fold(f64::MIN, f64::max),
                 ReduceOp::Min => xs.iter().cloned().fold(f64::MAX, f64::min),
+                other => return Err(format!("no float64 reference for {other}")),
             };
             let scale = match op {
                 ReduceOp::Sum | ReduceOp::Avg => xs.iter().map(|x| x.abs()).sum::<f64>().max(1.0),
@@ -159,6 +160,7 @@ pub fn check_reduce(
                     ReduceOp::Max => *xs.iter().max().unwrap(),
                     ReduceOp::Min => *xs.iter().min().unwrap(),
                     ReduceOp::Avg => unreachable!("avg on integers is rejected"),
+                    other => return Err(format!("no reference for {other}")),
                 },
             );
             let g = int_at(dtype, got, k);

@@ -58,11 +58,6 @@ impl<'a> Coder<'a> {
         self.base + r.start..self.base + r.end
     }
 
-    /// The plan (to ask whether it is sparse).
-    pub fn plan(&self) -> &CodecMap {
-        self.plan
-    }
-
     /// Bytes of the encoding of `work[r]`.
     pub fn len(&self, r: &Range<usize>) -> usize {
         self.plan.encoded_len(self.at(r))
