@@ -576,8 +576,15 @@ fn stays_away(count: &str) {
             .and_then(|t| t.split(' ').next())
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("rank {r}: no elapsed time in {err}"));
+        // A rank that learned of the other's abort may have started its call a moment later
+        // than the one that timed out, so its own clock reads a little under the timeout.
+        let least = if err.contains("peer aborted") {
+            1000
+        } else {
+            1500
+        };
         assert!(
-            (1500..3500).contains(&ms),
+            (least..3500).contains(&ms),
             "rank {r} failed after {ms} ms: {err}"
         );
     }
