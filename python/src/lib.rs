@@ -113,8 +113,9 @@ impl Buf {
         self.bytes > 0 && o.bytes > 0 && self.ptr < o.ptr + o.bytes && o.ptr < self.ptr + self.bytes
     }
 
+    /// The same non-empty bytes (two empty buffers are never "the same": nothing aliases).
     fn same(&self, o: &Buf) -> bool {
-        self.ptr == o.ptr && self.bytes == o.bytes
+        self.bytes > 0 && self.ptr == o.ptr && self.bytes == o.bytes
     }
 }
 
