@@ -11,6 +11,16 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def need(module):
+    """Imports `module`, or skips the test module without it; with QCCL_PYTHON_REQUIRE=1 (CI)
+    a missing module fails instead, so CI cannot pass by skipping."""
+    if os.environ.get("QCCL_PYTHON_REQUIRE") == "1":
+        import importlib
+
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
 def _child(target, rank, size, args, q):
     try:
         q.put((rank, "ok", target(rank, size, *args)))

@@ -6,8 +6,10 @@ import hashlib
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("sklearn")
+from conftest import need  # noqa: E402
+
+torch = need("torch")
+need("sklearn")
 import torch.distributed as dist  # noqa: E402
 
 from conftest import run_ranks  # noqa: E402

@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from conftest import need  # noqa: E402
+
+torch = need("torch")
 import torch.distributed as dist  # noqa: E402
 
 from conftest import reserve_port, run_ranks  # noqa: E402
