@@ -444,6 +444,9 @@ impl PyComm {
             .is_none()
     }
 
+    /// recv[i] = op over ranks of send[i]; in place in `send` when `recv` is None. `op`: "sum"
+    /// (default), "prod", "max", "min", "avg" (floats) or NCCL's number; `algo`: ring, tree,
+    /// sra, auto. Returns the algorithm that ran.
     #[pyo3(signature = (send, recv=None, op=None, algo=None))]
     fn all_reduce(
         &self,
@@ -469,6 +472,8 @@ impl PyComm {
         Ok(a.name().to_string())
     }
 
+    /// Rank r's `recv` gets the reduction of part r of every rank's `send` (size x len(recv)).
+    /// With `send` None, `recv` is the whole buffer and the result lands in this rank's part.
     #[pyo3(signature = (send, recv, op=None))]
     fn reduce_scatter(
         &self,
@@ -491,6 +496,8 @@ impl PyComm {
             .py()
     }
 
+    /// `recv` (size x len(send)) gets every rank's `send` in rank order; in place when `send`
+    /// is None or this rank's part of `recv`.
     #[pyo3(signature = (send, recv))]
     fn all_gather(
         &self,
@@ -534,6 +541,8 @@ impl PyComm {
             .py()
     }
 
+    /// Reduction of every rank's `send` onto root's `recv`; in place in `recv` when `send` is
+    /// None; `recv` may be None off the root.
     #[pyo3(signature = (send, recv, op=None, root=0))]
     fn reduce(
         &self,
@@ -565,6 +574,7 @@ impl PyComm {
         }
     }
 
+    /// Part p of `send` goes to rank p; part q of `recv` comes from rank q.
     fn all_to_all(
         &self,
         py: Python<'_>,
@@ -587,6 +597,8 @@ impl PyComm {
             .py()
     }
 
+    /// Root's `recv` (size x len(send)) gets every rank's `send` in rank order; `recv` may be
+    /// None off the root.
     #[pyo3(signature = (send, recv, root=0))]
     fn gather(
         &self,
@@ -615,6 +627,8 @@ impl PyComm {
         py.allow_threads(|| c.gather_raw(ss, rs, n, dt, root)).py()
     }
 
+    /// Part r of root's `send` (size x len(recv)) lands in rank r's `recv`; `send` may be None
+    /// off the root.
     #[pyo3(signature = (send, recv, root=0))]
     fn scatter(
         &self,
@@ -662,6 +676,10 @@ impl PyComm {
         py.allow_threads(|| c.barrier()).py()
     }
 
+    /// Compressed all-reduce (sum or avg of float buffers) with codec `spec` ("qsgd:bits=4,
+    /// bucket=128", "topk:density=0.01,ef=1", "fp16", ...); in place when `recv` is None.
+    /// `key` (str or int) names the tensor across calls: it keys the error-feedback residual and
+    /// the layout. Every rank ends bit-identical. Returns {"algo", "sent", "received"}.
     #[pyo3(signature = (send, spec, recv=None, op=None, key=None, algo=None, intra_host=false))]
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_compressed<'py>(
@@ -701,6 +719,9 @@ impl PyComm {
         report_dict(py, rep.algo.name(), rep.wire.sent, rep.wire.received)
     }
 
+    /// Top-k all-reduce (sum) of `buf` in place at `density`: HiTopKComm ("hitopk") or a
+    /// baseline ("naiveag", "treear", "2dtar"), error feedback keyed by `key`. Returns
+    /// {"algo", "sent", "received", "k"}.
     #[pyo3(signature = (buf, density, key=None, scheme="hitopk", error_feedback=true, samplings=30))]
     #[allow(clippy::too_many_arguments)]
     fn topk_all_reduce<'py>(
