@@ -124,7 +124,11 @@ class _InPlace:
             self.t.copy_(self.c)
 
 
-class _Work(dist.Work):
+# torch.distributed.Work; older torch names it _Work.
+_WorkBase = getattr(dist, "Work", None) or getattr(dist, "_Work")
+
+
+class _Work(_WorkBase):
     """A queued call: `wait()` raises its error, `get_future()` completes with its tensors."""
 
     def __init__(self, fut: torch.futures.Future):
