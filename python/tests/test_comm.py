@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import qccl
-from conftest import run_ranks
+from conftest import need, run_ranks
 
 DTYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16, np.float32, np.float64]
 COUNTS = [0, 1, 7, 13]
@@ -130,10 +130,12 @@ def _torch_and_compressed(rank, size, uid):
     rep = c.topk_all_reduce(h, 0.05, key="h")
     out["topk"] = h.numpy().tobytes()
     out["topk_k"] = rep["k"]
-    c.set_layout("l", [("w", 4000), ("b", 96)])
+    c.set_layout("l", [("w", 4000), ("fc.bias", 96)])
     lb = torch.randn(4096, generator=torch.Generator().manual_seed(20 + rank))
     c.all_reduce_compressed(lb, "topk:density=0.01,ef=1", key="l")
     out["layout"] = lb.numpy().tobytes()
+    assert c.remove_layout("l") and not c.remove_layout("l")
+    assert c.forget_residual("h") in (True, False)
     sub = c.split(rank % 2, rank)
     x = np.array([rank], np.int64)
     sub.all_reduce(x)
@@ -144,6 +146,7 @@ def _torch_and_compressed(rank, size, uid):
 
 
 def test_torch_tensors_compressed_topk_split():
+    need("torch")
     size = 3
     res = run_ranks(_torch_and_compressed, size, qccl.unique_id())
     for out in res:
@@ -160,6 +163,12 @@ def test_torch_tensors_compressed_topk_split():
     got = np.frombuffer(res[0]["qsgd"], np.float32)
     assert np.abs(got - exact.numpy()).max() < 0.5
     assert [o["split"] for o in res] == [(2, 2), (1, 1), (2, 2)]
+    # The layer named like a bias (QCCL_COMPRESSION_EXCLUDE's default) travelled in f32: its
+    # part is the exact sum; the top-k layer is sparse.
+    exact = sum(torch.randn(4096, generator=torch.Generator().manual_seed(20 + r)) for r in range(size)).numpy()
+    got = np.frombuffer(res[0]["layout"], np.float32)
+    np.testing.assert_allclose(got[4000:], exact[4000:], rtol=1e-5, atol=1e-5)
+    assert np.count_nonzero(got[:4000]) < 4000 // 4
 
 
 def _errors(rank, size, uid):

@@ -30,7 +30,7 @@ def _data():
     return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 
 
-def _train(rank, size, init, backend, hook=None, spec=None, epochs=EPOCHS):
+def _train(rank, size, init, backend, hook=None, spec=None, epochs=EPOCHS, layerwise=False):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import qccl.torch  # noqa: F401
@@ -49,7 +49,9 @@ def _train(rank, size, init, backend, hook=None, spec=None, epochs=EPOCHS):
     ddp = DDP(model, bucket_cap_mb=0.02)  # a few buckets, so hooks see several keys
     state = None
     if hook is not None:
-        state = hooks.CompressionState(None, spec=spec or "qsgd:bits=4,bucket=128", start_iter=2, model=model)
+        state = hooks.CompressionState(
+            None, spec=spec or "qsgd:bits=4,bucket=128", start_iter=2, model=model, layerwise=layerwise
+        )
         ddp.register_comm_hook(state, getattr(hooks, hook))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -89,22 +91,26 @@ def test_ddp_qccl_matches_gloo(size, tmp_path):
 def _hooks(rank, size, init_dir):
     torch.set_num_threads(1)
     runs = [
-        ("plain", "qccl", None, None),
-        ("qsgd4", "qccl", "compressed_allreduce_hook", "qsgd:bits=4,bucket=128"),
-        ("topk1", "qccl", "compressed_allreduce_hook", "topk:density=0.01,ef=1"),
-        ("hitopk", "qccl", "hitopk_hook", None),
-        ("qsgd4-gloo", "gloo", "compressed_allreduce_hook", "qsgd:bits=4,bucket=128"),
+        ("plain", "qccl", None, None, False),
+        ("qsgd4", "qccl", "compressed_allreduce_hook", "qsgd:bits=4,bucket=128", False),
+        ("qsgd4-layerwise", "qccl", "compressed_allreduce_hook", "qsgd:bits=4,bucket=128", True),
+        ("topk1", "qccl", "compressed_allreduce_hook", "topk:density=0.01,ef=1", False),
+        ("hitopk", "qccl", "hitopk_hook", None, False),
+        ("qsgd4-gloo", "gloo", "compressed_allreduce_hook", "qsgd:bits=4,bucket=128", False),
     ]
     # Sparse gradients need more steps to reach the same accuracy: error feedback sends what
     # top-k dropped later, not never.
-    return {name: _train(rank, size, f"file://{init_dir}/{name}", b, h, s, epochs=30) for name, b, h, s in runs}
+    return {
+        name: _train(rank, size, f"file://{init_dir}/{name}", b, h, s, epochs=30, layerwise=lw)
+        for name, b, h, s, lw in runs
+    }
 
 
 def test_compressed_hooks_keep_accuracy(tmp_path):
     res = run_ranks(_hooks, 2, str(tmp_path), timeout=400)
     base = res[0]["plain"][1]
     print({k: round(v[1], 2) for k, v in res[0].items()})
-    for name in ["qsgd4", "topk1", "hitopk", "qsgd4-gloo"]:
+    for name in ["qsgd4", "qsgd4-layerwise", "topk1", "hitopk", "qsgd4-gloo"]:
         assert len({r[name][2] for r in res}) == 1, f"{name}: parameters differ between ranks"
         acc = res[0][name][1]
         assert acc >= base - 2.0, f"{name}: test accuracy {acc:.2f} vs uncompressed {base:.2f}"
