@@ -1,0 +1,397 @@
+//! One description of a collective call, and its one validation.
+//!
+//! Like NCCL's `ncclEnqueueCheck`, every way into a collective describes the call as a
+//! [`CollCall`] and runs [`CollCall::validate`] before anything is queued or moved: the Rust
+//! blocking and async calls (`comm::api`), the compressed ones (`comm::compress`), and the C
+//! ABI's blocking, grouped and non-blocking calls. So an argument rule (root in range, no
+//! send to oneself outside a group, op fits dtype, buffer sizes, codec fits dtype) holds the
+//! same way whichever path the call took, and a refused call leaves the comm usable.
+//!
+//! Messages name the argument but not the collective: the Rust API prefixes the collective's
+//! name (`Comm::check`), the C ABI its entry point's (`qcclBroadcast: invalid argument: …`).
+
+use crate::codec::CodecSpec;
+use crate::error::{Error, Result};
+use crate::transport::frame::CollKind;
+use crate::types::{DType, ReduceOp};
+
+/// Every collective that takes arguments (barrier takes none): the one list of them, with
+/// what each takes (`name`, `reduces`, `rooted`, `send_parts`, `recv_parts`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Coll {
+    /// Every rank ends with the reduction of all ranks' buffers.
+    AllReduce,
+    /// Rank r ends with part r of the reduction.
+    ReduceScatter,
+    /// Every rank ends with every rank's part, in rank order.
+    AllGather,
+    /// The root's buffer lands on every rank.
+    Broadcast,
+    /// The root ends with the reduction.
+    Reduce,
+    /// Part p of every rank's input goes to rank p.
+    AllToAll,
+    /// The root ends with every rank's part, in rank order.
+    Gather,
+    /// Part p of the root's input goes to rank p.
+    Scatter,
+    /// A point-to-point send to a peer.
+    Send,
+    /// A point-to-point receive from a peer.
+    Recv,
+}
+
+/// Which buffer of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The input (`sendbuff`).
+    Send,
+    /// The output (`recvbuff`).
+    Recv,
+}
+
+impl Coll {
+    /// Every collective.
+    pub const ALL: [Coll; 10] = [
+        Coll::AllReduce,
+        Coll::ReduceScatter,
+        Coll::AllGather,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllToAll,
+        Coll::Gather,
+        Coll::Scatter,
+        Coll::Send,
+        Coll::Recv,
+    ];
+
+    /// The name users call it by (the Rust method's).
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::Send => "send",
+            Coll::Recv => "recv",
+            c => c.kind().name(),
+        }
+    }
+
+    /// What its frames carry on the wire.
+    pub fn kind(self) -> CollKind {
+        match self {
+            Coll::AllReduce => CollKind::AllReduce,
+            Coll::ReduceScatter => CollKind::ReduceScatter,
+            Coll::AllGather => CollKind::AllGather,
+            Coll::Broadcast => CollKind::Broadcast,
+            Coll::Reduce => CollKind::Reduce,
+            Coll::AllToAll => CollKind::AllToAll,
+            Coll::Gather => CollKind::Gather,
+            Coll::Scatter => CollKind::Scatter,
+            Coll::Send | Coll::Recv => CollKind::SendRecv,
+        }
+    }
+
+    /// Takes a reduction op.
+    pub fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    /// Takes a root.
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+        )
+    }
+
+    /// A point-to-point call: its rank argument is a peer.
+    pub fn is_p2p(self) -> bool {
+        matches!(self, Coll::Send | Coll::Recv)
+    }
+
+    /// Elements of the buffer on `side`, in units of the call's count, on a comm of `size`
+    /// (NCCL's counts: all-gather's is per rank sent, reduce-scatter's per rank received,
+    /// all-to-all's, gather's and scatter's per peer). None: the call has no such buffer.
+    pub fn parts(self, side: Side, size: usize) -> Option<usize> {
+        use Coll::*;
+        match (self, side) {
+            (Send, Side::Recv) | (Recv, Side::Send) => None,
+            (ReduceScatter | Scatter | AllToAll, Side::Send) => Some(size),
+            (AllGather | Gather | AllToAll, Side::Recv) => Some(size),
+            _ => Some(1),
+        }
+    }
+
+    /// The buffer only the root uses (ignored elsewhere, may be NULL or empty there).
+    pub fn root_only(self) -> Option<Side> {
+        match self {
+            Coll::Broadcast | Coll::Scatter => Some(Side::Send),
+            Coll::Reduce | Coll::Gather => Some(Side::Recv),
+            _ => None,
+        }
+    }
+
+    /// NCCL's in-place layout: the whole buffer is on the side returned (the larger one), and
+    /// the other buffer starts `offset` elements into it (`rank·count` for the per-rank
+    /// collectives: all-gather's sendbuff is `recvbuff + rank·sendcount`, reduce-scatter's
+    /// recvbuff `sendbuff + rank·recvcount`). None for point-to-point calls.
+    pub fn in_place(self, rank: usize, count: usize) -> Option<(Side, usize)> {
+        use Coll::*;
+        match self {
+            Send | Recv => None,
+            AllGather | Gather => Some((Side::Recv, rank * count)),
+            ReduceScatter | Scatter => Some((Side::Send, rank * count)),
+            AllReduce | Broadcast | Reduce | AllToAll => Some((Side::Recv, 0)),
+        }
+    }
+}
+
+/// A buffer argument, as far as validation sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buf {
+    /// A buffer of this many bytes (a Rust slice): its length must fit the call.
+    Bytes(usize),
+    /// A buffer sized by the count (a C pointer): only its size is checked (overflow).
+    Sized,
+    /// No buffer: for `send`, the call is in place (the whole buffer is `recv`); for a
+    /// buffer the call does not have, or a root-only one elsewhere, nothing.
+    None,
+}
+
+impl Buf {
+    /// The argument of a Rust slice (None: in place).
+    pub fn of(s: Option<&[u8]>) -> Buf {
+        s.map_or(Buf::None, |s| Buf::Bytes(s.len()))
+    }
+}
+
+/// Where a call is made: the rank and size of its comm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the comm.
+    pub size: usize,
+}
+
+/// A compressed call's codec, as far as validation sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct CodecArg<'a> {
+    /// The codec.
+    pub spec: &'a CodecSpec,
+    /// The call names its tensor (error feedback needs it).
+    pub keyed: bool,
+}
+
+/// One collective call: which collective, its counts, root or peer, dtype, op, buffers
+/// (send `Buf::None`: in place) and codec. Built by every path; `validate` is the one check.
+#[derive(Debug, Clone, Copy)]
+pub struct CollCall<'a> {
+    /// Which collective.
+    pub coll: Coll,
+    /// The count, as NCCL's call of this collective takes it (see `Coll::parts`).
+    pub count: usize,
+    /// The element type.
+    pub dtype: DType,
+    /// The reduction (Sum for collectives that do not reduce).
+    pub op: ReduceOp,
+    /// The root of a rooted collective or the peer of a send or receive; signed, so the C
+    /// ABI's negative ranks are refused as given.
+    pub root: i64,
+    /// The input buffer.
+    pub send: Buf,
+    /// The output buffer (or the only one, in place).
+    pub recv: Buf,
+    /// Made inside a group (the C ABI's qcclGroupStart..qcclGroupEnd), where a send to this
+    /// rank matched by a receive from it is allowed (NCCL's rule): the group copies it.
+    pub grouped: bool,
+    /// The codec of a compressed call.
+    pub codec: Option<CodecArg<'a>>,
+}
+
+impl<'a> CollCall<'a> {
+    /// A call of `coll` with `count` elements of `dtype`: op Sum, root 0, both buffers
+    /// sized by the count, not grouped, no codec; the builders below set the rest.
+    pub fn new(coll: Coll, count: usize, dtype: DType) -> CollCall<'a> {
+        CollCall {
+            coll,
+            count,
+            dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+            send: Buf::Sized,
+            recv: Buf::Sized,
+            grouped: false,
+            codec: None,
+        }
+    }
+
+    /// Sets the reduction.
+    pub fn op(mut self, op: ReduceOp) -> Self {
+        self.op = op;
+        self
+    }
+
+    /// Sets the root (or peer) from a Rust rank.
+    pub fn root(mut self, root: usize) -> Self {
+        self.root = i64::try_from(root).unwrap_or(i64::MAX);
+        self
+    }
+
+    /// Sets the buffers.
+    pub fn bufs(mut self, send: Buf, recv: Buf) -> Self {
+        self.send = send;
+        self.recv = recv;
+        self
+    }
+
+    /// Sets the codec of a compressed call.
+    pub fn codec(mut self, spec: &'a CodecSpec, keyed: bool) -> Self {
+        self.codec = Some(CodecArg { spec, keyed });
+        self
+    }
+
+    /// The root or peer, once validated.
+    pub fn rank_arg(&self) -> usize {
+        usize::try_from(self.root).unwrap_or(usize::MAX)
+    }
+
+    /// True when this rank is the call's root (every rank, for collectives without one).
+    pub fn is_root(&self, rank: usize) -> bool {
+        !self.coll.rooted() || self.rank_arg() == rank
+    }
+
+    /// True when the buffer on `side` is used on `rank` (a root-only buffer is not elsewhere).
+    pub fn uses(&self, side: Side, rank: usize) -> bool {
+        self.coll.parts(side, 1).is_some()
+            && (self.coll.root_only() != Some(side) || self.is_root(rank))
+    }
+
+    /// Bytes of the buffer on `side` out of place on a comm of `size`: count × parts ×
+    /// element size, refused past isize::MAX (Rust's limit on a slice).
+    pub fn bytes(&self, side: Side, size: usize) -> Result<usize> {
+        let parts = self.coll.parts(side, size).unwrap_or(0);
+        let es = self.dtype.size();
+        self.count
+            .checked_mul(parts)
+            .and_then(|n| n.checked_mul(es))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                let what = if parts == 1 {
+                    format!("count {} × {es} bytes", self.count)
+                } else {
+                    format!("count {} × {parts} ranks × {es} bytes", self.count)
+                };
+                Error::invalid(format!(
+                    "{}: {what} overflows (more than isize::MAX bytes)",
+                    side_name(side)
+                ))
+            })
+    }
+
+    /// Checks every argument rule against the comm `at`; the error (InvalidArgument) names
+    /// the argument. Nothing has moved yet, so a refused call leaves the comm usable.
+    pub fn validate(&self, at: Shape) -> Result<()> {
+        let c = self.coll;
+        if c.rooted() {
+            in_range("root", self.root, at.size)?;
+        }
+        if c.is_p2p() {
+            in_range("peer", self.root, at.size)?;
+            if self.rank_arg() == at.rank && !self.grouped {
+                return Err(Error::invalid(format!(
+                    "peer {} is this rank; a rank cannot send to or from itself outside a \
+                     group (between qcclGroupStart and qcclGroupEnd a send to itself is \
+                     matched by a receive from itself)",
+                    self.root
+                )));
+            }
+        }
+        if c.reduces() {
+            self.op.check_dtype(self.dtype)?;
+        }
+        if let Some(codec) = self.codec {
+            self.check_codec(codec)?;
+        }
+        self.check_buffers(at)
+    }
+
+    fn check_codec(&self, codec: CodecArg<'_>) -> Result<()> {
+        let (spec, dtype, op) = (codec.spec, self.dtype, self.op);
+        if !dtype.is_float() {
+            return Err(Error::invalid(format!(
+                "codec {spec} compresses floating-point data, not {dtype}"
+            )));
+        }
+        if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+            return Err(Error::invalid(format!(
+                "codec {spec} supports only sum and avg, not {op}"
+            )));
+        }
+        if spec.error_feedback() && !codec.keyed {
+            return Err(Error::invalid(format!(
+                "codec {spec} uses error feedback, which needs a tensor key with the call"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sizes: out of place each used buffer holds count × its parts; in place (send
+    /// `Buf::None`) `recv` is the whole buffer, the larger of the two.
+    fn check_buffers(&self, at: Shape) -> Result<()> {
+        let in_place = self.send == Buf::None
+            && self.coll.in_place(0, 0).is_some()
+            && self.uses(Side::Send, at.rank);
+        let mut send = self.bytes(Side::Send, at.size)?;
+        let mut recv = self.bytes(Side::Recv, at.size)?;
+        if in_place {
+            recv = recv.max(send);
+            send = 0;
+        }
+        if self.uses(Side::Send, at.rank) && !in_place {
+            self.fits(Side::Send, self.send, send)?;
+        }
+        if self.uses(Side::Recv, at.rank) || in_place {
+            self.fits(Side::Recv, self.recv, recv)?;
+        }
+        Ok(())
+    }
+
+    /// A buffer `b` on `side` must hold `want` bytes (whole elements).
+    fn fits(&self, side: Side, b: Buf, want: usize) -> Result<()> {
+        let Buf::Bytes(len) = b else {
+            return Ok(());
+        };
+        let name = side_name(side);
+        let (es, dtype) = (self.dtype.size(), self.dtype);
+        if len % es != 0 {
+            return Err(Error::invalid(format!(
+                "{name} is {len} bytes, not a whole number of {dtype} elements"
+            )));
+        }
+        if len != want {
+            return Err(Error::invalid(format!(
+                "{name} holds {} elements but {} are needed",
+                len / es,
+                want / es
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Send => "sendbuff",
+        Side::Recv => "recvbuff",
+    }
+}
+
+/// A root or peer must be a rank of the comm.
+fn in_range(what: &str, v: i64, size: usize) -> Result<()> {
+    if usize::try_from(v).is_ok_and(|r| r < size) {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "{what} {v} is out of range for a comm of {size} ranks (valid: 0..={})",
+        size.saturating_sub(1)
+    )))
+}
