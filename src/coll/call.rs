@@ -395,3 +395,310 @@ fn in_range(what: &str, v: i64, size: usize) -> Result<()> {
         size.saturating_sub(1)
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Buf::{Bytes, Sized};
+    use Coll::*;
+    use DType::{Float32, Int32};
+
+    const AT: Shape = Shape { rank: 1, size: 3 };
+
+    fn call(coll: Coll, count: usize) -> CollCall<'static> {
+        CollCall::new(coll, count, Float32)
+    }
+
+    /// Every rule, each with a call it refuses (and the words the error must hold) or a
+    /// call it lets through (None), on rank 1 of 3.
+    #[test]
+    fn validate_applies_every_rule() {
+        let fp16 = CodecSpec::parse("fp16").unwrap();
+        let ef = CodecSpec::parse("fp16:ef=1").unwrap();
+        let huge = usize::MAX / 2;
+        let f = |n: usize| Bytes(4 * n);
+        let cases: Vec<(&str, CollCall<'_>, Option<&str>)> = vec![
+            // Root and peer in range.
+            ("root in range", call(Broadcast, 4).root(2), None),
+            (
+                "root = size",
+                call(Broadcast, 4).root(3),
+                Some("root 3 is out of range for a comm of 3 ranks (valid: 0..=2)"),
+            ),
+            (
+                "negative root (C)",
+                CollCall {
+                    root: -1,
+                    ..call(Reduce, 4)
+                },
+                Some("root -1 is out of range"),
+            ),
+            ("gather root", call(Gather, 4).root(9), Some("root 9")),
+            ("scatter root", call(Scatter, 4).root(3), Some("root 3")),
+            ("root unused", call(AllReduce, 4).root(7), None),
+            (
+                "peer out of range",
+                call(Send, 4).root(3),
+                Some("peer 3 is out of range"),
+            ),
+            (
+                "negative peer",
+                CollCall {
+                    root: -2,
+                    ..call(Recv, 4)
+                },
+                Some("peer -2 is out of range"),
+            ),
+            (
+                "send to self",
+                call(Send, 4).root(1),
+                Some("cannot send to or from itself"),
+            ),
+            (
+                "recv from self",
+                call(Recv, 4).root(1),
+                Some("peer 1 is this rank"),
+            ),
+            (
+                "self, grouped",
+                CollCall {
+                    grouped: true,
+                    ..call(Send, 4).root(1)
+                },
+                None,
+            ),
+            ("send to peer", call(Send, 4).root(0), None),
+            // Op against dtype, for collectives that reduce.
+            (
+                "avg on ints",
+                CollCall::new(AllReduce, 4, Int32).op(ReduceOp::Avg),
+                Some("avg needs a floating-point datatype, got int32"),
+            ),
+            (
+                "avg on ints, rs",
+                CollCall::new(ReduceScatter, 4, Int32).op(ReduceOp::Avg),
+                Some("avg needs"),
+            ),
+            (
+                "avg on ints, reduce",
+                CollCall::new(Reduce, 4, Int32).op(ReduceOp::Avg),
+                Some("avg needs"),
+            ),
+            ("avg on floats", call(Reduce, 4).op(ReduceOp::Avg), None),
+            (
+                "op unused",
+                CollCall::new(AllGather, 4, Int32).op(ReduceOp::Avg),
+                None,
+            ),
+            (
+                "max on ints",
+                CollCall::new(AllReduce, 4, Int32).op(ReduceOp::Max),
+                None,
+            ),
+            // Codec against dtype, op and key.
+            (
+                "codec on ints",
+                CollCall::new(AllReduce, 4, Int32).codec(&fp16, false),
+                Some("codec fp16 compresses floating-point data, not int32"),
+            ),
+            (
+                "codec with max",
+                call(AllReduce, 4).op(ReduceOp::Max).codec(&fp16, false),
+                Some("supports only sum and avg, not max"),
+            ),
+            (
+                "ef without key",
+                call(AllReduce, 4).codec(&ef, false),
+                Some("needs a tensor key"),
+            ),
+            ("ef with key", call(AllReduce, 4).codec(&ef, true), None),
+            (
+                "codec, all-gather",
+                call(AllGather, 4).codec(&fp16, false),
+                None,
+            ),
+            // Sizes: count × parts × element size within isize::MAX.
+            (
+                "overflow",
+                call(AllReduce, huge),
+                Some("count 9223372036854775807 × 4 bytes overflows"),
+            ),
+            (
+                "overflow × ranks",
+                call(ReduceScatter, usize::MAX / 8),
+                Some("sendbuff: count 2305843009213693951 × 3 ranks × 4 bytes overflows"),
+            ),
+            (
+                "overflow, all-gather",
+                call(AllGather, usize::MAX / 8),
+                Some("recvbuff: count"),
+            ),
+            (
+                "overflow, all-to-all",
+                call(AllToAll, usize::MAX / 8),
+                Some("× 3 ranks"),
+            ),
+            (
+                "overflow, send",
+                call(Send, huge).root(0),
+                Some("overflows"),
+            ),
+            ("count 0", call(AllToAll, 0).bufs(Bytes(0), Bytes(0)), None),
+            // Rust slices must fit the count; C pointers are sized by it.
+            ("sized", call(AllToAll, 5), None),
+            (
+                "partial element",
+                call(AllReduce, 2).bufs(Sized, Bytes(7)),
+                Some("recvbuff is 7 bytes, not a whole number of float elements"),
+            ),
+            (
+                "short sendbuff",
+                call(AllReduce, 8).bufs(f(7), f(8)),
+                Some("sendbuff holds 7 elements but 8 are needed"),
+            ),
+            ("in place", call(AllReduce, 8).bufs(Buf::None, f(8)), None),
+            (
+                "rs out of place",
+                call(ReduceScatter, 2).bufs(f(6), f(2)),
+                None,
+            ),
+            (
+                "rs short recv",
+                call(ReduceScatter, 2).bufs(f(6), f(6)),
+                Some("recvbuff holds 6 elements but 2"),
+            ),
+            (
+                "rs in place",
+                call(ReduceScatter, 2).bufs(Buf::None, f(6)),
+                None,
+            ),
+            (
+                "rs in place, short",
+                call(ReduceScatter, 2).bufs(Buf::None, f(2)),
+                Some("recvbuff holds 2 elements but 6"),
+            ),
+            ("ag out of place", call(AllGather, 2).bufs(f(2), f(6)), None),
+            (
+                "ag short recv",
+                call(AllGather, 2).bufs(f(2), f(5)),
+                Some("recvbuff holds 5 elements but 6"),
+            ),
+            (
+                "ag in place",
+                call(AllGather, 2).bufs(Buf::None, f(6)),
+                None,
+            ),
+            ("a2a", call(AllToAll, 2).bufs(f(6), f(6)), None),
+            (
+                "a2a short send",
+                call(AllToAll, 2).bufs(f(2), f(6)),
+                Some("sendbuff holds 2 elements but 6"),
+            ),
+            // Root-only buffers are ignored elsewhere, checked on the root.
+            (
+                "bcast send elsewhere",
+                call(Broadcast, 4).bufs(f(1), f(4)),
+                None,
+            ),
+            (
+                "bcast send on root",
+                call(Broadcast, 4).root(1).bufs(f(1), f(4)),
+                Some("sendbuff holds 1 elements but 4"),
+            ),
+            (
+                "bcast in place",
+                call(Broadcast, 4).root(1).bufs(Buf::None, f(4)),
+                None,
+            ),
+            (
+                "bcast short recv",
+                call(Broadcast, 4).bufs(Buf::None, f(3)),
+                Some("recvbuff holds 3"),
+            ),
+            (
+                "reduce recv elsewhere",
+                call(Reduce, 4).bufs(f(4), f(1)),
+                None,
+            ),
+            (
+                "reduce recv on root",
+                call(Reduce, 4).root(1).bufs(f(4), f(1)),
+                Some("recvbuff holds 1 elements but 4"),
+            ),
+            (
+                "reduce in place elsewhere",
+                call(Reduce, 4).bufs(Buf::None, f(3)),
+                Some("recvbuff holds 3 elements but 4"),
+            ),
+            (
+                "gather recv elsewhere",
+                call(Gather, 2).bufs(f(2), Bytes(0)),
+                None,
+            ),
+            (
+                "gather recv on root",
+                call(Gather, 2).root(1).bufs(f(2), f(2)),
+                Some("recvbuff holds 2 elements but 6"),
+            ),
+            (
+                "scatter send elsewhere",
+                call(Scatter, 2).bufs(Bytes(0), f(2)),
+                None,
+            ),
+            (
+                "scatter send on root",
+                call(Scatter, 2).root(1).bufs(f(2), f(2)),
+                Some("sendbuff holds 2 elements but 6"),
+            ),
+            (
+                "send short",
+                call(Send, 4).root(0).bufs(f(3), Buf::None),
+                Some("sendbuff holds 3"),
+            ),
+            (
+                "recv short",
+                call(Recv, 4).root(2).bufs(Buf::None, f(5)),
+                Some("recvbuff holds 5"),
+            ),
+        ];
+        for (what, c, want) in cases {
+            match (c.validate(AT), want) {
+                (Ok(()), None) => {}
+                (Err(Error::InvalidArgument(m)), Some(w)) => {
+                    assert!(m.contains(w), "{what}: {m:?} lacks {w:?}")
+                }
+                (got, _) => panic!("{what}: got {got:?}, wanted an error with {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_agrees_with_itself() {
+        let mut names: Vec<&str> = Coll::ALL.iter().map(|c| c.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Coll::ALL.len());
+        for c in Coll::ALL {
+            assert_eq!(c.name(), c.kind().name().replace("send/recv", c.name()));
+            // p2p calls have one buffer and no in-place layout; every other has both.
+            let both = c.parts(Side::Send, 3).is_some() && c.parts(Side::Recv, 3).is_some();
+            assert_eq!(both, !c.is_p2p(), "{c:?}");
+            assert_eq!(c.in_place(1, 2).is_none(), c.is_p2p(), "{c:?}");
+            // The in-place side is the larger buffer.
+            if let Some((side, _)) = c.in_place(1, 2) {
+                let other = if side == Side::Send {
+                    Side::Recv
+                } else {
+                    Side::Send
+                };
+                assert!(c.parts(side, 3) >= c.parts(other, 3), "{c:?}");
+            }
+            assert!(!(c.rooted() && c.is_p2p()));
+            assert_eq!(c.root_only().is_some(), c.rooted(), "{c:?}");
+        }
+        // NCCL's layouts: all-gather's sendbuff at recvbuff + rank·count, and the reverse.
+        assert_eq!(AllGather.in_place(2, 5), Some((Side::Recv, 10)));
+        assert_eq!(ReduceScatter.in_place(2, 5), Some((Side::Send, 10)));
+        assert_eq!(AllReduce.in_place(2, 5), Some((Side::Recv, 0)));
+    }
+}
