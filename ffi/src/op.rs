@@ -1,4 +1,5 @@
-//! One C call as an operation: its arguments checked, its buffers resolved with NCCL's
+//! One C call as an operation: its arguments checked (`describe`: the core's one validation,
+//! `CollCall::validate`, as for Rust calls), its buffers resolved with NCCL's
 //! in-place rules and its route prepared (`Comm::prepare_all_reduce`) when the call is made;
 //! run on the comm's engine in its turn, the same way whether blocking (`Comm::execute`),
 //! grouped or non-blocking (`Comm::submit`), or as part of a group's point-to-point batch.
@@ -48,7 +49,7 @@ pub(crate) enum Op {
 /// A C call described and validated: the ABI's enums decoded, then the core's one check
 /// (`CollCall::validate`, as for Rust calls). `rank_arg` is the root or peer (0 if none);
 /// `op` is read only by collectives that reduce.
-pub(crate) fn describe(
+fn describe(
     c: &Comm,
     coll: Coll,
     count: usize,

@@ -332,7 +332,7 @@ impl Comm {
     /// Runs `f` on this comm's engine on the caller's thread, in its turn after every earlier
     /// operation, like a blocking collective (an error fails the comm, as a failed collective
     /// does). For callers that compose operations from `Engine` calls, such as the C ABI's
-    /// grouped calls; they check arguments first, as the `*_raw` calls do.
+    /// grouped calls; they validate a `CollCall` first, as the `*_raw` calls do.
     pub fn execute<R>(&self, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
         self.queue.run(f)
     }
