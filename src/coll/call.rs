@@ -149,8 +149,9 @@ impl Coll {
 pub enum Buf {
     /// A buffer of this many bytes (a Rust slice): its length must fit the call.
     Bytes(usize),
-    /// A buffer sized by the count (a C pointer): only its size is checked (overflow).
-    Sized,
+    /// A buffer as long as the count makes it (a C pointer): only that size is checked
+    /// (overflow).
+    Counted,
     /// No buffer: for `send`, the call is in place (the whole buffer is `recv`); for a
     /// buffer the call does not have, or a root-only one elsewhere, nothing.
     None,
@@ -217,8 +218,8 @@ impl<'a> CollCall<'a> {
             dtype,
             op: ReduceOp::Sum,
             root: 0,
-            send: Buf::Sized,
-            recv: Buf::Sized,
+            send: Buf::Counted,
+            recv: Buf::Counted,
             grouped: false,
             codec: None,
         }
@@ -399,7 +400,7 @@ fn in_range(what: &str, v: i64, size: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use Buf::{Bytes, Sized};
+    use Buf::{Bytes, Counted};
     use Coll::*;
     use DType::{Float32, Int32};
 
@@ -548,7 +549,7 @@ mod tests {
             ("sized", call(AllToAll, 5), None),
             (
                 "partial element",
-                call(AllReduce, 2).bufs(Sized, Bytes(7)),
+                call(AllReduce, 2).bufs(Counted, Bytes(7)),
                 Some("recvbuff is 7 bytes, not a whole number of float elements"),
             ),
             (

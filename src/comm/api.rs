@@ -25,10 +25,9 @@ impl Comm {
         }
     }
 
-    #[doc(hidden)]
-    /// Validates `call` on this comm (the one check every path runs before anything is
-    /// queued); the error names the collective.
-    pub fn check(&self, call: &CollCall<'_>) -> Result<()> {
+    /// Validates `call` on this comm (the one check every Rust path runs before anything is
+    /// queued; the C ABI runs `validate` itself); the error names the collective.
+    pub(crate) fn check(&self, call: &CollCall<'_>) -> Result<()> {
         call.validate(self.shape())
             .map_err(|e| e.prefixed(&format!("{}: ", call.coll.name())))
     }
@@ -374,7 +373,7 @@ impl Comm {
         let k = check::divisible("reduce_scatter", "sendbuff", send.len(), self.size)?;
         let call = CollCall::new(Coll::ReduceScatter, k, T::DTYPE)
             .op(op)
-            .bufs(Buf::Bytes(bytes(&send).len()), Buf::Sized);
+            .bufs(Buf::Bytes(bytes(&send).len()), Buf::Counted);
         self.check(&call)?;
         self.queue.submit(move |e| {
             let mut out = vec![T::zeroed(); k];
@@ -403,7 +402,7 @@ impl Comm {
     ) -> Result<Request<Vec<T>>> {
         let call = CollCall::new(Coll::Broadcast, buf.len(), T::DTYPE)
             .root(root)
-            .bufs(Buf::None, Buf::Sized);
+            .bufs(Buf::None, Buf::Counted);
         self.check(&call)?;
         self.queue.submit(move |e| {
             e.run_call(&call, None, bytes_mut(&mut buf))?;
