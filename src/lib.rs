@@ -74,6 +74,7 @@ pub mod internal {
     pub use crate::codec::randk::select_randk;
     pub use crate::codec::sparse::k_of;
     pub use crate::codec::topk::select_topk;
+    pub use crate::coll::call::{Buf, Coll, CollCall, Shape, Side};
     pub use crate::coll::Engine;
     pub use crate::comm::{AllReduceCall, PreparedAllReduce, PreparedTopK};
     pub use crate::config::parse_size;

@@ -81,6 +81,18 @@ fn bad_input_is_refused_before_any_byte_moves_and_the_comm_stays_usable() {
             .map(drop),
             "recvbuff is 7 bytes, not a whole number of float elements",
         );
+        // Sizes that overflow are refused, not computed (all_gather once panicked on them).
+        let huge = usize::MAX / 4;
+        let f32 = qccl::DType::Float32;
+        invalid(c.all_gather_raw(None, &mut [], huge, f32), "overflows");
+        invalid(c.all_to_all_raw(&[], &mut [], huge, f32), "overflows");
+        // The async forms go through the same checks.
+        invalid(c.broadcast_async(vec![0f32; 4], n).map(drop), "root 3");
+        invalid(
+            c.reduce_scatter_async(vec![1i32; 3 * n], ReduceOp::Avg)
+                .map(drop),
+            "reduce_scatter: op avg needs a floating-point",
+        );
         // None of that touched the comm: a real collective still works.
         c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
         assert!(buf.iter().all(|&x| x == n as f32));

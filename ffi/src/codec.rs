@@ -7,7 +7,7 @@ use crate::handle;
 use crate::last_error::guard;
 use crate::op::Op;
 use crate::types::*;
-use qccl_core::{CodecSpec, Compression, DType, Error, Layout, Result};
+use qccl_core::{CodecSpec, Compression, Error, Layout, Result};
 use std::ffi::CStr;
 use std::ffi::{c_char, c_float, c_int, c_void};
 use std::ptr::null_mut;
@@ -18,19 +18,6 @@ fn non_null<T>(name: &str, p: *const T) -> Result<()> {
     } else {
         Ok(())
     }
-}
-
-/// The arguments a compressed all-reduce shares with `qcclAllReduce`.
-fn check_buffers(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: qcclDataType_t,
-) -> Result<DType> {
-    let dtype = DType::from_i32(datatype)?;
-    crate::buf::RawBuf::new("recvbuff", recvbuff, count, dtype.size(), 1)?;
-    crate::buf::RawBuf::new("sendbuff", sendbuff, count, dtype.size(), 1)?;
-    Ok(dtype)
 }
 
 /// A NUL-terminated C string as UTF-8.
@@ -158,17 +145,7 @@ pub unsafe extern "C" fn qcclHiTopKAllReduce(
     guard_op("qcclHiTopKAllReduce", comm, || {
         let h = handle::comm(comm)?;
         no_stream(stream)?;
-        let dtype = check_buffers(sendbuff, recvbuff, count, datatype)?;
-        if !dtype.is_float() {
-            return Err(Error::invalid(format!(
-                "HiTopK needs a floating-point datatype, got {dtype}"
-            )));
-        }
-        if !(density > 0.0 && density <= 1.0) {
-            return Err(Error::invalid(format!(
-                "density {density} is outside (0, 1]"
-            )));
-        }
+        // Checked as qcclAllReduce's, then by the core's top-k rules (dtype, density).
         let op = Op::hitopk(
             &h.comm,
             sendbuff,

@@ -7,6 +7,7 @@ use crate::last_error::{guard, no_panic};
 use crate::op::{AllReduceArgs, Op};
 use crate::plan::{self, GroupSlot, Mode, Routed};
 use crate::types::*;
+use qccl_core::internal::Coll;
 use qccl_core::{Error, Result};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
@@ -55,7 +56,7 @@ pub unsafe extern "C" fn qcclAllReduce(
     guard_op("qcclAllReduce", comm, || {
         let h = handle::comm(comm)?;
         no_stream(stream)?;
-        let a = AllReduceArgs::new(sendbuff, recvbuff, count, datatype, op)?;
+        let a = AllReduceArgs::new(&h.comm, sendbuff, recvbuff, count, datatype, op)?;
         let mode = if in_group() {
             Mode::Grouped
         } else {
@@ -91,8 +92,15 @@ pub unsafe extern "C" fn qcclBroadcast(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclBroadcast", comm, stream, |c| Op::broadcast(
-        c, sendbuff, recvbuff, count, datatype, root
+    blocking!("qcclBroadcast", comm, stream, |c| Op::coll(
+        c,
+        Coll::Broadcast,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        qcclSum,
+        root
     ))
 }
 
@@ -112,8 +120,15 @@ pub unsafe extern "C" fn qcclReduce(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclReduce", comm, stream, |c| Op::reduce(
-        c, sendbuff, recvbuff, count, datatype, op, root
+    blocking!("qcclReduce", comm, stream, |c| Op::coll(
+        c,
+        Coll::Reduce,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        op,
+        root
     ))
 }
 
@@ -131,8 +146,15 @@ pub unsafe extern "C" fn qcclAllGather(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclAllGather", comm, stream, |c| Op::all_gather(
-        c, sendbuff, recvbuff, sendcount, datatype
+    blocking!("qcclAllGather", comm, stream, |c| Op::coll(
+        c,
+        Coll::AllGather,
+        sendbuff,
+        recvbuff,
+        sendcount,
+        datatype,
+        qcclSum,
+        0
     ))
 }
 
@@ -151,8 +173,15 @@ pub unsafe extern "C" fn qcclReduceScatter(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclReduceScatter", comm, stream, |c| Op::reduce_scatter(
-        c, sendbuff, recvbuff, recvcount, datatype, op
+    blocking!("qcclReduceScatter", comm, stream, |c| Op::coll(
+        c,
+        Coll::ReduceScatter,
+        sendbuff,
+        recvbuff,
+        recvcount,
+        datatype,
+        op,
+        0
     ))
 }
 
@@ -170,8 +199,15 @@ pub unsafe extern "C" fn qcclAlltoAll(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclAlltoAll", comm, stream, |c| Op::all_to_all(
-        c, sendbuff, recvbuff, count, datatype
+    blocking!("qcclAlltoAll", comm, stream, |c| Op::coll(
+        c,
+        Coll::AllToAll,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        qcclSum,
+        0
     ))
 }
 
@@ -188,8 +224,15 @@ pub unsafe extern "C" fn qcclSend(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclSend", comm, stream, |c| Op::send(
-        c, sendbuff, count, datatype, peer
+    blocking!("qcclSend", comm, stream, |c| Op::coll(
+        c,
+        Coll::Send,
+        sendbuff,
+        std::ptr::null_mut(),
+        count,
+        datatype,
+        qcclSum,
+        peer
     ))
 }
 
@@ -206,8 +249,15 @@ pub unsafe extern "C" fn qcclRecv(
     comm: qcclComm_t,
     stream: qcclStream_t,
 ) -> qcclResult_t {
-    blocking!("qcclRecv", comm, stream, |c| Op::recv(
-        c, recvbuff, count, datatype, peer
+    blocking!("qcclRecv", comm, stream, |c| Op::coll(
+        c,
+        Coll::Recv,
+        std::ptr::null(),
+        recvbuff,
+        count,
+        datatype,
+        qcclSum,
+        peer
     ))
 }
 
@@ -268,7 +318,7 @@ pub unsafe extern "C" fn qcclIAllReduce(
         // SAFETY: `request` per this function's contract.
         unsafe {
             start(comm, request, |h| {
-                let a = AllReduceArgs::new(sendbuff, recvbuff, count, datatype, op)?;
+                let a = AllReduceArgs::new(&h.comm, sendbuff, recvbuff, count, datatype, op)?;
                 match plan::route(h, Mode::NonBlocking, a.send, a.recv, a.dtype, a.op)? {
                     Routed::Plain => Op::all_reduce(&h.comm, a).map(Started::Op),
                     Routed::Request(slot, tensor) => Ok(Started::Fused(slot, tensor)),
@@ -299,7 +349,8 @@ pub unsafe extern "C" fn qcclIReduceScatter(
         // SAFETY: `request` per this function's contract.
         unsafe {
             start(comm, request, |h| {
-                Op::reduce_scatter(&h.comm, sendbuff, recvbuff, recvcount, datatype, op)
+                let c = Coll::ReduceScatter;
+                Op::coll(&h.comm, c, sendbuff, recvbuff, recvcount, datatype, op, 0)
                     .map(Started::Op)
             })
         }
@@ -323,7 +374,11 @@ pub unsafe extern "C" fn qcclIAllGather(
         // SAFETY: `request` per this function's contract.
         unsafe {
             start(comm, request, |h| {
-                Op::all_gather(&h.comm, sendbuff, recvbuff, sendcount, datatype).map(Started::Op)
+                let c = Coll::AllGather;
+                Op::coll(
+                    &h.comm, c, sendbuff, recvbuff, sendcount, datatype, qcclSum, 0,
+                )
+                .map(Started::Op)
             })
         }
     })

@@ -1,13 +1,16 @@
-//! One C call as an operation: its arguments checked, its buffers resolved with NCCL's
+//! One C call as an operation: its arguments checked (`describe`: the core's one validation,
+//! `CollCall::validate`, as for Rust calls), its buffers resolved with NCCL's
 //! in-place rules and its route prepared (`Comm::prepare_all_reduce`) when the call is made;
 //! run on the comm's engine in its turn, the same way whether blocking (`Comm::execute`),
 //! grouped or non-blocking (`Comm::submit`), or as part of a group's point-to-point batch.
 
 use crate::buf::RawBuf;
+use crate::group::in_group;
 use crate::types::*;
 use qccl_core::fused::{FusedAllReduce, Part};
 use qccl_core::internal::{
-    AllReduceCall, CollKind, Engine, OpDesc, PreparedTopK, RecvReq, SendReq,
+    AllReduceCall, Coll, CollCall, CollKind, Engine, OpDesc, PreparedTopK, RecvReq, SendReq, Shape,
+    Side,
 };
 use qccl_core::{Comm, Compression, DType, Error, ReduceOp, Result, TopK, TopKScheme};
 use std::collections::BTreeMap;
@@ -23,52 +26,12 @@ pub(crate) enum Op {
         recv: RawBuf,
         call: Box<AllReduceCall>,
     },
-    Broadcast {
+    /// Every other collective, and each send or receive: its validated description, and
+    /// its buffers with NCCL's in-place layout resolved (`send: None`).
+    Coll {
+        call: CollCall<'static>,
         send: Option<RawBuf>,
         recv: RawBuf,
-        count: usize,
-        dtype: DType,
-        root: usize,
-    },
-    Reduce {
-        send: Option<RawBuf>,
-        recv: RawBuf,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        root: usize,
-    },
-    AllGather {
-        send: Option<RawBuf>,
-        recv: RawBuf,
-        sendcount: usize,
-        dtype: DType,
-    },
-    ReduceScatter {
-        send: Option<RawBuf>,
-        recv: RawBuf,
-        recvcount: usize,
-        dtype: DType,
-        op: ReduceOp,
-    },
-    AllToAll {
-        send: RawBuf,
-        recv: RawBuf,
-        in_place: bool,
-        count: usize,
-        dtype: DType,
-    },
-    Send {
-        buf: RawBuf,
-        count: usize,
-        dtype: DType,
-        peer: usize,
-    },
-    Recv {
-        buf: RawBuf,
-        count: usize,
-        dtype: DType,
-        peer: usize,
     },
     HiTopK {
         send: Option<RawBuf>,
@@ -83,58 +46,78 @@ pub(crate) enum Op {
     },
 }
 
-fn dtype(v: qcclDataType_t) -> Result<DType> {
-    DType::from_i32(v)
-}
-
-fn redop(v: qcclRedOp_t, dtype: DType) -> Result<ReduceOp> {
-    let op = ReduceOp::from_i32(v)?;
-    op.check_dtype(dtype)?;
-    Ok(op)
-}
-
-fn root(v: c_int, size: usize) -> Result<usize> {
-    match usize::try_from(v) {
-        Ok(r) if r < size => Ok(r),
-        _ => Err(Error::invalid(format!(
-            "root {v} is out of range for a comm of {size} ranks (valid: 0..={})",
-            size - 1
-        ))),
-    }
-}
-
-fn peer(v: c_int, size: usize) -> Result<usize> {
-    match usize::try_from(v) {
-        Ok(p) if p < size => Ok(p),
-        _ => Err(Error::invalid(format!(
-            "peer {v} is out of range for a comm of {size} ranks (valid: 0..={})",
-            size - 1
-        ))),
-    }
-}
-
-/// The buffers of an all-reduce-shaped call, checked, with NCCL's in-place rule applied:
-/// `send` None when `sendbuff == recvbuff`; other overlaps are refused.
-fn all_reduce_buffers(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
+/// A C call described and validated: the ABI's enums decoded, then the core's one check
+/// (`CollCall::validate`, as for Rust calls). `rank_arg` is the root or peer (0 if none);
+/// `op` is read only by collectives that reduce.
+fn describe(
+    c: &Comm,
+    coll: Coll,
     count: usize,
     datatype: qcclDataType_t,
     op: qcclRedOp_t,
-) -> Result<(Option<RawBuf>, RawBuf, DType, ReduceOp)> {
-    let dtype = dtype(datatype)?;
-    let op = redop(op, dtype)?;
-    let es = dtype.size();
-    let recv = RawBuf::new("recvbuff", recvbuff, count, es, 1)?;
-    let send = RawBuf::new("sendbuff", sendbuff, count, es, 1)?;
-    let send = if send.starts_at(&recv, 0) {
-        None
-    } else if send.overlaps(&recv) {
-        return Err(overlap_error("sendbuff", "recvbuff"));
+    rank_arg: c_int,
+) -> Result<CollCall<'static>> {
+    let dtype = DType::from_i32(datatype)?;
+    let op = if coll.reduces() {
+        ReduceOp::from_i32(op)?
     } else {
-        Some(send)
+        ReduceOp::Sum
     };
-    Ok((send, recv, dtype, op))
+    let call = CollCall {
+        root: i64::from(rank_arg),
+        // A send to this rank is allowed in a group, which copies it to the matching receive.
+        grouped: in_group(),
+        ..CollCall::new(coll, count, dtype).op(op)
+    };
+    call.validate(Shape {
+        rank: c.rank(),
+        size: c.size(),
+    })?;
+    Ok(call)
+}
+
+/// The buffers of a validated call: checked (NULL with a non-zero size, wrap-around), those
+/// the call does not use on this rank left empty, and NCCL's in-place layout
+/// (`Coll::in_place`) turned into `send: None`; other overlaps are refused.
+fn buffers(
+    c: &Comm,
+    call: &CollCall<'_>,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+) -> Result<(Option<RawBuf>, RawBuf)> {
+    let (rank, size, es) = (c.rank(), c.size(), call.dtype.size());
+    let raw = |side: Side, ptr: *const c_void| match call.coll.parts(side, size) {
+        Some(parts) if call.uses(side, rank) => {
+            let root_only = call.coll.root_only() == Some(side);
+            let name = match (side, root_only) {
+                (Side::Send, false) => "sendbuff",
+                (Side::Send, true) => "sendbuff (on the root)",
+                (Side::Recv, false) => "recvbuff",
+                (Side::Recv, true) => "recvbuff (on the root)",
+            };
+            RawBuf::new(name, ptr, call.count, es, parts).map(Some)
+        }
+        _ => Ok(None),
+    };
+    let recv = raw(Side::Recv, recvbuff)?;
+    let send = raw(Side::Send, sendbuff)?;
+    let (send, recv) = match (send, recv) {
+        (Some(send), Some(recv)) => (send, recv),
+        (send, recv) => return Ok((send, recv.unwrap_or(RawBuf::EMPTY))),
+    };
+    if let Some((whole, offset)) = call.coll.in_place(rank, call.count) {
+        let (part, outer) = match whole {
+            Side::Recv => (send, recv),
+            Side::Send => (recv, send),
+        };
+        if part.starts_at(&outer, offset * es) {
+            return Ok((None, outer));
+        }
+    }
+    if send.overlaps(&recv) {
+        return Err(overlap_error("sendbuff", "recvbuff"));
+    }
+    Ok((Some(send), recv))
 }
 
 fn overlap_error(a: &str, b: &str) -> Error {
@@ -155,19 +138,21 @@ pub(crate) struct AllReduceArgs {
 
 impl AllReduceArgs {
     pub(crate) fn new(
+        c: &Comm,
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
         count: usize,
         datatype: qcclDataType_t,
         op: qcclRedOp_t,
     ) -> Result<AllReduceArgs> {
-        let (send, recv, dtype, op) = all_reduce_buffers(sendbuff, recvbuff, count, datatype, op)?;
+        let call = describe(c, Coll::AllReduce, count, datatype, op, 0)?;
+        let (send, recv) = buffers(c, &call, sendbuff, recvbuff)?;
         Ok(AllReduceArgs {
             send,
             recv,
             count,
-            dtype,
-            op,
+            dtype: call.dtype,
+            op: call.op,
         })
     }
 }
@@ -183,194 +168,22 @@ impl Op {
         })
     }
 
-    pub(crate) fn broadcast(
+    /// Any collective but all-reduce, or a send or receive, described, validated and its
+    /// buffers resolved (`describe`, `buffers`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn coll(
         c: &Comm,
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: qcclDataType_t,
-        root_rank: c_int,
-    ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let root = root(root_rank, c.size())?;
-        let es = dtype.size();
-        let recv = RawBuf::new("recvbuff", recvbuff, count, es, 1)?;
-        // sendbuff is only read on the root.
-        let send = if c.rank() == root {
-            let send = RawBuf::new("sendbuff (on the root)", sendbuff, count, es, 1)?;
-            if send.starts_at(&recv, 0) {
-                None
-            } else if send.overlaps(&recv) {
-                return Err(overlap_error("sendbuff", "recvbuff"));
-            } else {
-                Some(send)
-            }
-        } else {
-            None
-        };
-        Ok(Op::Broadcast {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        })
-    }
-
-    pub(crate) fn reduce(
-        c: &Comm,
+        coll: Coll,
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
         count: usize,
         datatype: qcclDataType_t,
         op: qcclRedOp_t,
-        root_rank: c_int,
+        rank_arg: c_int,
     ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let op = redop(op, dtype)?;
-        let root = root(root_rank, c.size())?;
-        let es = dtype.size();
-        let send = RawBuf::new("sendbuff", sendbuff, count, es, 1)?;
-        let (send, recv) = if c.rank() == root {
-            let recv = RawBuf::new("recvbuff (on the root)", recvbuff, count, es, 1)?;
-            if send.starts_at(&recv, 0) {
-                (None, recv)
-            } else if send.overlaps(&recv) {
-                return Err(overlap_error("sendbuff", "recvbuff"));
-            } else {
-                (Some(send), recv)
-            }
-        } else {
-            // Only the root's recvbuff is written; elsewhere it may be NULL and is ignored
-            // (in place or not, the input is sendbuff).
-            (Some(send), RawBuf::EMPTY)
-        };
-        Ok(Op::Reduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            root,
-        })
-    }
-
-    pub(crate) fn all_gather(
-        c: &Comm,
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        sendcount: usize,
-        datatype: qcclDataType_t,
-    ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let es = dtype.size();
-        let recv = RawBuf::new("recvbuff", recvbuff, sendcount, es, c.size())?;
-        let send = RawBuf::new("sendbuff", sendbuff, sendcount, es, 1)?;
-        // In place: sendbuff == recvbuff + rank·sendcount elements.
-        let send = if send.starts_at(&recv, c.rank() * send.len()) {
-            None
-        } else if send.overlaps(&recv) {
-            return Err(overlap_error("sendbuff", "recvbuff"));
-        } else {
-            Some(send)
-        };
-        Ok(Op::AllGather {
-            send,
-            recv,
-            sendcount,
-            dtype,
-        })
-    }
-
-    pub(crate) fn reduce_scatter(
-        c: &Comm,
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        recvcount: usize,
-        datatype: qcclDataType_t,
-        op: qcclRedOp_t,
-    ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let op = redop(op, dtype)?;
-        let es = dtype.size();
-        let send = RawBuf::new("sendbuff", sendbuff, recvcount, es, c.size())?;
-        let recv = RawBuf::new("recvbuff", recvbuff, recvcount, es, 1)?;
-        // In place: recvbuff == sendbuff + rank·recvcount elements; the whole sendbuff is
-        // then the buffer, and this rank's result lands at its part.
-        let (send, recv) = if recv.starts_at(&send, c.rank() * recv.len()) {
-            (None, send)
-        } else if send.overlaps(&recv) {
-            return Err(overlap_error("sendbuff", "recvbuff"));
-        } else {
-            (Some(send), recv)
-        };
-        Ok(Op::ReduceScatter {
-            send,
-            recv,
-            recvcount,
-            dtype,
-            op,
-        })
-    }
-
-    pub(crate) fn all_to_all(
-        c: &Comm,
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: qcclDataType_t,
-    ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let es = dtype.size();
-        let send = RawBuf::new("sendbuff", sendbuff, count, es, c.size())?;
-        let recv = RawBuf::new("recvbuff", recvbuff, count, es, c.size())?;
-        let in_place = send.starts_at(&recv, 0);
-        if !in_place && send.overlaps(&recv) {
-            return Err(overlap_error("sendbuff", "recvbuff"));
-        }
-        Ok(Op::AllToAll {
-            send,
-            recv,
-            in_place,
-            count,
-            dtype,
-        })
-    }
-
-    pub(crate) fn send(
-        c: &Comm,
-        sendbuff: *const c_void,
-        count: usize,
-        datatype: qcclDataType_t,
-        peer_rank: c_int,
-    ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let peer = peer(peer_rank, c.size())?;
-        let buf = RawBuf::new("sendbuff", sendbuff, count, dtype.size(), 1)?;
-        Ok(Op::Send {
-            buf,
-            count,
-            dtype,
-            peer,
-        })
-    }
-
-    pub(crate) fn recv(
-        c: &Comm,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: qcclDataType_t,
-        peer_rank: c_int,
-    ) -> Result<Op> {
-        let dtype = dtype(datatype)?;
-        let peer = peer(peer_rank, c.size())?;
-        let buf = RawBuf::new("recvbuff", recvbuff, count, dtype.size(), 1)?;
-        Ok(Op::Recv {
-            buf,
-            count,
-            dtype,
-            peer,
-        })
+        let call = describe(c, coll, count, datatype, op, rank_arg)?;
+        let (send, recv) = buffers(c, &call, sendbuff, recvbuff)?;
+        Ok(Op::Coll { call, send, recv })
     }
 
     /// A compressed all-reduce: checked like `qcclAllReduce` (and by the codec's rules) and
@@ -385,8 +198,9 @@ impl Op {
         op: qcclRedOp_t,
         compression: &Compression,
     ) -> Result<Op> {
-        let (send, recv, dtype, op) = all_reduce_buffers(sendbuff, recvbuff, count, datatype, op)?;
-        let call = c.prepare_all_reduce_compressed(count, dtype, op, compression)?;
+        let a = AllReduceArgs::new(c, sendbuff, recvbuff, count, datatype, op)?;
+        let (send, recv) = (a.send, a.recv);
+        let call = c.prepare_all_reduce_compressed(count, a.dtype, a.op, compression)?;
         let call = Box::new(c.compressed_call(call));
         Ok(Op::AllReduce { send, recv, call })
     }
@@ -402,23 +216,16 @@ impl Op {
         density: f64,
         tensor_key: u64,
     ) -> Result<Op> {
-        let (send, recv, dtype, _) =
-            all_reduce_buffers(sendbuff, recvbuff, count, datatype, qcclSum)?;
+        let AllReduceArgs {
+            send, recv, dtype, ..
+        } = AllReduceArgs::new(c, sendbuff, recvbuff, count, datatype, qcclSum)?;
         let o = TopK::new(density).key(tensor_key);
         let call = Arc::new(c.prepare_topk(count, dtype, TopKScheme::HiTopK, &o)?);
         Ok(Op::HiTopK { send, recv, call })
     }
 
     pub(crate) fn is_p2p(&self) -> bool {
-        matches!(self, Op::Send { .. } | Op::Recv { .. })
-    }
-
-    /// The peer of a send or receive.
-    pub(crate) fn p2p_peer(&self) -> Option<usize> {
-        match self {
-            Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(*peer),
-            _ => None,
-        }
+        matches!(self, Op::Coll { call, .. } if call.coll.is_p2p())
     }
 
     /// Runs the operation now, in the comm's turn on the caller's thread: the same path as a
@@ -439,60 +246,11 @@ impl Op {
                 let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
                 call.run(e, s, r).map(drop)
             }
-            Op::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => {
+            // Alone (outside a group), a send or receive is the engine's own, whose frames
+            // match a grouped peer's (see P2pPlan).
+            Op::Coll { call, send, recv } => {
                 let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                e.broadcast(s, r, count, dtype, root)
-            }
-            Op::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                e.reduce(s, r, count, dtype, op, root)
-            }
-            Op::AllGather {
-                send,
-                recv,
-                sendcount,
-                dtype,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                e.all_gather(s, r, sendcount, dtype)
-            }
-            Op::ReduceScatter {
-                send,
-                recv,
-                recvcount,
-                dtype,
-                op,
-            } => {
-                let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
-                e.reduce_scatter(s, r, recvcount, dtype, op)
-            }
-            Op::AllToAll {
-                send,
-                recv,
-                in_place,
-                count,
-                dtype,
-            } => {
-                if in_place {
-                    let copy = unsafe { send.slice() }.to_vec();
-                    e.all_to_all(&copy, unsafe { recv.slice_mut() }, count, dtype)
-                } else {
-                    let (s, r) = unsafe { (send.slice(), recv.slice_mut()) };
-                    e.all_to_all(s, r, count, dtype)
-                }
+                e.run_call(&call, s, r)
             }
             Op::HiTopK { send, recv, call } => {
                 let (s, r) = unsafe { (send.map(|b| b.slice()), recv.slice_mut()) };
@@ -510,20 +268,6 @@ impl Op {
                     .collect();
                 call.run(e, &mut views)
             }
-            // Alone (outside a group): the engine's own send and receive, whose frames match
-            // a grouped peer's (see P2pPlan).
-            Op::Send {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => e.send(unsafe { buf.slice() }, count, dtype, peer),
-            Op::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => e.recv(unsafe { buf.slice_mut() }, count, dtype, peer),
         }
     }
 }
@@ -559,29 +303,24 @@ impl P2pPlan {
         let mut phases: BTreeMap<(usize, u8, u64), Phase> = BTreeMap::new();
         for op in ops {
             match op {
-                Op::Send { buf, peer, .. } if peer == me => self_sends.push(buf),
-                Op::Recv { buf, peer, .. } if peer == me => self_recvs.push(buf),
-                Op::Send {
-                    buf,
-                    count,
-                    dtype,
-                    peer,
-                } => {
-                    let k = nsend[peer];
-                    nsend[peer] += 1;
-                    let key = (k, dtype as u8, count as u64);
-                    phases.entry(key).or_default().0.push((peer, buf));
-                }
-                Op::Recv {
-                    buf,
-                    count,
-                    dtype,
-                    peer,
-                } => {
-                    let k = nrecv[peer];
-                    nrecv[peer] += 1;
-                    let key = (k, dtype as u8, count as u64);
-                    phases.entry(key).or_default().1.push((peer, buf));
+                Op::Coll { call, send, recv } if call.coll.is_p2p() => {
+                    let peer = call.rank_arg();
+                    let key = |k| (k, call.dtype as u8, call.count as u64);
+                    match (call.coll, send) {
+                        (Coll::Send, Some(buf)) if peer == me => self_sends.push(buf),
+                        (Coll::Send, Some(buf)) => {
+                            let k = nsend[peer];
+                            nsend[peer] += 1;
+                            phases.entry(key(k)).or_default().0.push((peer, buf));
+                        }
+                        (Coll::Recv, _) if peer == me => self_recvs.push(recv),
+                        (Coll::Recv, _) => {
+                            let k = nrecv[peer];
+                            nrecv[peer] += 1;
+                            phases.entry(key(k)).or_default().1.push((peer, recv));
+                        }
+                        _ => return Err(Error::Internal("a send without a buffer".into())),
+                    }
                 }
                 _ => return Err(Error::Internal("a collective in the p2p batch".into())),
             }

@@ -1,6 +1,7 @@
 //! Collectives over bytes: choose the algorithm, build the operation descriptor, run.
-//! Arguments were validated by the caller (`check`) before any byte moves.
+//! Arguments were validated by the caller (`call::CollCall::validate`) before any byte moves.
 
+pub mod call;
 pub mod check;
 pub mod compressed;
 
@@ -12,6 +13,7 @@ use crate::transport::frame::{CollKind, OpDesc};
 use crate::transport::{RecvReq, SendReq, Transport};
 use crate::types::{DType, ReduceOp};
 use crate::Result;
+use call::{Coll, CollCall};
 
 /// What executes collectives for one comm: its transport and scratch, used by one operation
 /// at a time.
@@ -384,6 +386,52 @@ impl Engine {
     pub fn recv(&mut self, data: &mut [u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
         let mut ctx = self.ctx(CollKind::SendRecv, count, dtype, ReduceOp::Sum, 0, 0);
         ctx.exchange(&[], &mut [RecvReq::new(peer, data)])
+    }
+
+    /// Runs a validated call: the one dispatch from a call's description to its schedule.
+    /// `send` None is in place (NCCL's layouts, `Coll::in_place`), or the input is unused on
+    /// this rank (a root-only one elsewhere, a receive). An all-reduce here is flat, with the
+    /// comm's default algorithm: its other routes are `comm::route`'s.
+    pub fn run_call(
+        &mut self,
+        call: &CollCall<'_>,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+    ) -> Result<()> {
+        let (count, dtype, op) = (call.count, call.dtype, call.op);
+        let root = call.rank_arg();
+        let is_root = self.rank == root;
+        let missing = || crate::Error::Internal(format!("{}: no send buffer", call.coll.name()));
+        match call.coll {
+            Coll::AllReduce => self
+                .all_reduce(send, recv, count, dtype, op, None)
+                .map(drop),
+            Coll::ReduceScatter => self.reduce_scatter(send, recv, count, dtype, op),
+            Coll::AllGather => self.all_gather(send, recv, count, dtype),
+            Coll::Broadcast => self.broadcast(send.filter(|_| is_root), recv, count, dtype, root),
+            Coll::Reduce => self.reduce(send, recv, count, dtype, op, root),
+            Coll::AllToAll => match send {
+                Some(s) => self.all_to_all(s, recv, count, dtype),
+                // In place: each part of the buffer is received over while others still go out.
+                None => {
+                    let copy = recv.to_vec();
+                    self.all_to_all(&copy, recv, count, dtype)
+                }
+            },
+            Coll::Gather => {
+                let s = send.ok_or_else(missing)?;
+                self.gather(s, is_root.then_some(recv), count, dtype, root)
+            }
+            Coll::Scatter => {
+                let s = send.filter(|_| is_root);
+                if is_root && s.is_none() {
+                    return Err(missing());
+                }
+                self.scatter(s, recv, count, dtype, root)
+            }
+            Coll::Send => self.send(send.ok_or_else(missing)?, count, dtype, root),
+            Coll::Recv => self.recv(recv, count, dtype, root),
+        }
     }
 
     /// Blocks until every rank has called barrier.

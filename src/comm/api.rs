@@ -1,10 +1,11 @@
 //! The collective calls: typed (`&[T]` for any [`Element`]) and raw (bytes + count + dtype,
-//! for the C ABI). Arguments are checked here, before the operation is queued.
+//! for the C ABI). Each describes itself as a `CollCall`, validated before it is queued.
 
 use super::{Comm, Request};
 use crate::algo::Algo;
+use crate::coll::call::{Buf, Coll, CollCall, Shape};
 use crate::coll::{check, Engine};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::types::{DType, Element, ReduceOp};
 
 fn bytes<T: Element>(s: &[T]) -> &[u8] {
@@ -15,20 +16,26 @@ fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     bytemuck::cast_slice_mut(s)
 }
 
-/// `buf` (in bytes) must hold exactly `count` elements of `dtype`.
-pub(super) fn need(coll: &str, buf: &str, len: usize, count: usize, dtype: DType) -> Result<()> {
-    let es = dtype.size();
-    if len % es != 0 {
-        return Err(Error::invalid(format!(
-            "{coll}: {buf} is {len} bytes, not a whole number of {dtype} elements"
-        )));
-    }
-    check::len(coll, buf, len / es, count)
-}
-
 impl Comm {
-    fn check_root(&self, coll: &str, root: usize) -> Result<()> {
-        check::root(coll, root, self.size)
+    /// Where this comm's calls are made, for `CollCall::validate`.
+    pub(crate) fn shape(&self) -> Shape {
+        Shape {
+            rank: self.rank,
+            size: self.size,
+        }
+    }
+
+    /// Validates `call` on this comm (the one check every Rust path runs before anything is
+    /// queued; the C ABI runs `validate` itself); the error names the collective.
+    pub(crate) fn check(&self, call: &CollCall<'_>) -> Result<()> {
+        call.validate(self.shape())
+            .map_err(|e| e.prefixed(&format!("{}: ", call.coll.name())))
+    }
+
+    /// Validates `call` and runs it in this comm's turn on the caller's thread.
+    fn run_call(&self, call: CollCall<'_>, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        self.check(&call)?;
+        self.queue.run(|e| e.run_call(&call, send, recv))
     }
 
     // ---- raw (bytes) API -----------------------------------------------------------------
@@ -44,11 +51,11 @@ impl Comm {
         op: ReduceOp,
         algo: Option<Algo>,
     ) -> Result<Algo> {
-        const C: &str = "all_reduce";
-        need(C, "recvbuff", recv.len(), count, dtype)?;
-        if let Some(s) = send {
-            need(C, "sendbuff", s.len(), count, dtype)?;
-        }
+        self.check(
+            &CollCall::new(Coll::AllReduce, count, dtype)
+                .op(op)
+                .bufs(Buf::of(send), Buf::Bytes(recv.len())),
+        )?;
         let call = self.prepare_all_reduce(count, dtype, op, algo)?;
         self.queue.run(|e| call.run(e, send, recv))
     }
@@ -64,20 +71,10 @@ impl Comm {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        const C: &str = "reduce_scatter";
-        let total = recvcount
-            .checked_mul(self.size)
-            .ok_or_else(|| Error::invalid(format!("{C}: recvcount {recvcount} overflows")))?;
-        match send {
-            Some(s) => {
-                need(C, "sendbuff", s.len(), total, dtype)?;
-                need(C, "recvbuff", recv.len(), recvcount, dtype)?;
-            }
-            None => need(C, "buffer", recv.len(), total, dtype)?,
-        }
-        check::op(C, op, dtype)?;
-        self.queue
-            .run(|e| e.reduce_scatter(send, recv, recvcount, dtype, op))
+        let call = CollCall::new(Coll::ReduceScatter, recvcount, dtype)
+            .op(op)
+            .bufs(Buf::of(send), Buf::Bytes(recv.len()));
+        self.run_call(call, send, recv)
     }
 
     /// All-gather of `sendcount` elements per rank into `recv` (size·sendcount). In place
@@ -89,13 +86,9 @@ impl Comm {
         sendcount: usize,
         dtype: DType,
     ) -> Result<()> {
-        const C: &str = "all_gather";
-        if let Some(s) = send {
-            need(C, "sendbuff", s.len(), sendcount, dtype)?;
-        }
-        need(C, "recvbuff", recv.len(), sendcount * self.size, dtype)?;
-        self.queue
-            .run(|e| e.all_gather(send, recv, sendcount, dtype))
+        let call = CollCall::new(Coll::AllGather, sendcount, dtype)
+            .bufs(Buf::of(send), Buf::Bytes(recv.len()));
+        self.run_call(call, send, recv)
     }
 
     /// Broadcast of `count` elements from `root`. Root's data is `send` (or `recv` itself
@@ -108,20 +101,15 @@ impl Comm {
         dtype: DType,
         root: usize,
     ) -> Result<()> {
-        const C: &str = "broadcast";
-        self.check_root(C, root)?;
-        need(C, "recvbuff", recv.len(), count, dtype)?;
-        let send = if self.rank == root { send } else { None };
-        if let Some(s) = send {
-            need(C, "sendbuff", s.len(), count, dtype)?;
-        }
-        self.queue
-            .run(|e| e.broadcast(send, recv, count, dtype, root))
+        let call = CollCall::new(Coll::Broadcast, count, dtype)
+            .root(root)
+            .bufs(Buf::of(send), Buf::Bytes(recv.len()));
+        self.run_call(call, send, recv)
     }
 
     /// Reduce of `count` elements onto `root`. Input is `send`, or `recv` when `send` is
-    /// None (in place). Root's result lands in `recv`; elsewhere `recv` may be empty when
-    /// `send` is given.
+    /// None (in place). Root's result lands in `recv`; elsewhere `recv` is ignored (may be
+    /// empty) when `send` is given.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_raw(
         &self,
@@ -132,20 +120,11 @@ impl Comm {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        const C: &str = "reduce";
-        self.check_root(C, root)?;
-        check::op(C, op, dtype)?;
-        match send {
-            Some(s) => {
-                need(C, "sendbuff", s.len(), count, dtype)?;
-                if self.rank == root || !recv.is_empty() {
-                    need(C, "recvbuff", recv.len(), count, dtype)?;
-                }
-            }
-            None => need(C, "buffer", recv.len(), count, dtype)?,
-        }
-        self.queue
-            .run(|e| e.reduce(send, recv, count, dtype, op, root))
+        let call = CollCall::new(Coll::Reduce, count, dtype)
+            .op(op)
+            .root(root)
+            .bufs(Buf::of(send), Buf::Bytes(recv.len()));
+        self.run_call(call, send, recv)
     }
 
     /// All-to-all: part p (`count` elements) of `send` goes to rank p; part q of `recv`
@@ -157,10 +136,9 @@ impl Comm {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        const C: &str = "all_to_all";
-        need(C, "sendbuff", send.len(), count * self.size, dtype)?;
-        need(C, "recvbuff", recv.len(), count * self.size, dtype)?;
-        self.queue.run(|e| e.all_to_all(send, recv, count, dtype))
+        let call = CollCall::new(Coll::AllToAll, count, dtype)
+            .bufs(Buf::Bytes(send.len()), Buf::Bytes(recv.len()));
+        self.run_call(call, Some(send), recv)
     }
 
     /// Gather of `count` elements per rank onto root's `recv` (size·count, rank order);
@@ -173,15 +151,10 @@ impl Comm {
         dtype: DType,
         root: usize,
     ) -> Result<()> {
-        const C: &str = "gather";
-        self.check_root(C, root)?;
-        need(C, "sendbuff", send.len(), count, dtype)?;
-        let is_root = self.rank == root;
-        if is_root {
-            need(C, "recvbuff", recv.len(), count * self.size, dtype)?;
-        }
-        self.queue
-            .run(|e| e.gather(send, is_root.then_some(recv), count, dtype, root))
+        let call = CollCall::new(Coll::Gather, count, dtype)
+            .root(root)
+            .bufs(Buf::Bytes(send.len()), Buf::Bytes(recv.len()));
+        self.run_call(call, Some(send), recv)
     }
 
     /// Scatter from root's `send` (size·count, rank order) into every rank's `recv`;
@@ -194,29 +167,26 @@ impl Comm {
         dtype: DType,
         root: usize,
     ) -> Result<()> {
-        const C: &str = "scatter";
-        self.check_root(C, root)?;
-        need(C, "recvbuff", recv.len(), count, dtype)?;
-        let is_root = self.rank == root;
-        if is_root {
-            need(C, "sendbuff", send.len(), count * self.size, dtype)?;
-        }
-        self.queue
-            .run(|e| e.scatter(is_root.then_some(send), recv, count, dtype, root))
+        let call = CollCall::new(Coll::Scatter, count, dtype)
+            .root(root)
+            .bufs(Buf::Bytes(send.len()), Buf::Bytes(recv.len()));
+        self.run_call(call, Some(send), recv)
     }
 
     /// Sends `count` elements to `peer`, which must call a matching receive.
     pub fn send_raw(&self, data: &[u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
-        check::peer("send", peer, self.rank, self.size)?;
-        need("send", "sendbuff", data.len(), count, dtype)?;
-        self.queue.run(|e| e.send(data, count, dtype, peer))
+        let call = CollCall::new(Coll::Send, count, dtype)
+            .root(peer)
+            .bufs(Buf::Bytes(data.len()), Buf::None);
+        self.run_call(call, Some(data), &mut [])
     }
 
     /// Receives `count` elements from `peer`, which must call a matching send.
     pub fn recv_raw(&self, data: &mut [u8], count: usize, dtype: DType, peer: usize) -> Result<()> {
-        check::peer("recv", peer, self.rank, self.size)?;
-        need("recv", "recvbuff", data.len(), count, dtype)?;
-        self.queue.run(|e| e.recv(data, count, dtype, peer))
+        let call = CollCall::new(Coll::Recv, count, dtype)
+            .root(peer)
+            .bufs(Buf::None, Buf::Bytes(data.len()));
+        self.run_call(call, None, data)
     }
 
     /// Returns when every rank has called `barrier`.
@@ -361,7 +331,7 @@ impl Comm {
     /// Runs `f` on this comm's engine on the caller's thread, in its turn after every earlier
     /// operation, like a blocking collective (an error fails the comm, as a failed collective
     /// does). For callers that compose operations from `Engine` calls, such as the C ABI's
-    /// grouped calls; they check arguments first, as the `*_raw` calls do.
+    /// grouped calls; they validate a `CollCall` first, as the `*_raw` calls do.
     pub fn execute<R>(&self, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
         self.queue.run(f)
     }
@@ -401,21 +371,25 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<Request<Vec<T>>> {
         let k = check::divisible("reduce_scatter", "sendbuff", send.len(), self.size)?;
-        check::op("reduce_scatter", op, T::DTYPE)?;
+        let call = CollCall::new(Coll::ReduceScatter, k, T::DTYPE)
+            .op(op)
+            .bufs(Buf::Bytes(bytes(&send).len()), Buf::Counted);
+        self.check(&call)?;
         self.queue.submit(move |e| {
             let mut out = vec![T::zeroed(); k];
-            e.reduce_scatter(Some(bytes(&send)), bytes_mut(&mut out), k, T::DTYPE, op)?;
+            e.run_call(&call, Some(bytes(&send)), bytes_mut(&mut out))?;
             Ok(out)
         })
     }
 
     /// Starts an all-gather of `send` (k elements); the request returns size·k elements.
     pub fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Result<Request<Vec<T>>> {
-        let size = self.size;
+        let (k, size) = (send.len(), self.size);
+        let call = CollCall::new(Coll::AllGather, k, T::DTYPE);
+        self.check(&call)?;
         self.queue.submit(move |e| {
-            let k = send.len();
             let mut out = vec![T::zeroed(); k * size];
-            e.all_gather(Some(bytes(&send)), bytes_mut(&mut out), k, T::DTYPE)?;
+            e.run_call(&call, Some(bytes(&send)), bytes_mut(&mut out))?;
             Ok(out)
         })
     }
@@ -426,10 +400,12 @@ impl Comm {
         mut buf: Vec<T>,
         root: usize,
     ) -> Result<Request<Vec<T>>> {
-        self.check_root("broadcast", root)?;
+        let call = CollCall::new(Coll::Broadcast, buf.len(), T::DTYPE)
+            .root(root)
+            .bufs(Buf::None, Buf::Counted);
+        self.check(&call)?;
         self.queue.submit(move |e| {
-            let n = buf.len();
-            e.broadcast(None, bytes_mut(&mut buf), n, T::DTYPE, root)?;
+            e.run_call(&call, None, bytes_mut(&mut buf))?;
             Ok(buf)
         })
     }

@@ -9,6 +9,7 @@ use crate::algo::Wire;
 use crate::codec::ef::{self, TensorKey};
 use crate::codec::layout::{CodecMap, Layout};
 use crate::codec::{CodecSpec, Site};
+use crate::coll::call::{Buf, Coll, CollCall};
 use crate::coll::compressed::Coded;
 use crate::coll::Engine;
 use crate::error::{Error, Result};
@@ -87,24 +88,6 @@ impl Report {
             algo,
             wire,
             inter: None,
-        }
-    }
-}
-
-/// Which compressed collective (for messages).
-#[derive(Clone, Copy)]
-enum Kind {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::AllReduce => "all_reduce",
-            Kind::ReduceScatter => "reduce_scatter",
-            Kind::AllGather => "all_gather",
         }
     }
 }
@@ -217,11 +200,12 @@ impl Comm {
         op: ReduceOp,
         c: &Compression,
     ) -> Result<Report> {
-        let k = Kind::AllReduce;
-        super::api::need(k.name(), "recvbuff", recv.len(), count, dtype)?;
-        if let Some(s) = send {
-            super::api::need(k.name(), "sendbuff", s.len(), count, dtype)?;
-        }
+        self.check(
+            &CollCall::new(Coll::AllReduce, count, dtype)
+                .op(op)
+                .bufs(Buf::of(send), Buf::Bytes(recv.len()))
+                .codec(&c.codec, c.key.is_some()),
+        )?;
         let call = self.prepare_all_reduce_compressed(count, dtype, op, c)?;
         self.queue.run(|e| call.run(e, send, recv))
     }
@@ -253,7 +237,12 @@ impl Comm {
         op: ReduceOp,
         c: &Compression,
     ) -> Result<PreparedAllReduce> {
-        let plan = self.plan(Kind::AllReduce, count, dtype, op, c)?;
+        self.check(
+            &CollCall::new(Coll::AllReduce, count, dtype)
+                .op(op)
+                .codec(&c.codec, c.key.is_some()),
+        )?;
+        let plan = self.plan(Coll::AllReduce, count, c)?;
         let hier = if self.wants_hier(c.algo)? {
             Some(self.hierarchy()?)
         } else {
@@ -284,11 +273,14 @@ impl Comm {
         op: ReduceOp,
         c: &Compression,
     ) -> Result<Report> {
-        let k = Kind::ReduceScatter;
         let dtype = T::DTYPE;
-        let total = self.total(k, recvcount)?;
-        super::api::need(k.name(), "buffer", buf.len() * dtype.size(), total, dtype)?;
-        let plan = self.plan(k, total, dtype, op, c)?;
+        self.check(
+            &CollCall::new(Coll::ReduceScatter, recvcount, dtype)
+                .op(op)
+                .bufs(Buf::None, Buf::Bytes(std::mem::size_of_val(buf)))
+                .codec(&c.codec, c.key.is_some()),
+        )?;
+        let plan = self.plan(Coll::ReduceScatter, buf.len(), c)?;
         let (seed, rank, size) = (self.config.seed, self.rank, self.size);
         with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |_, work| {
             self.queue.run(|e| {
@@ -320,11 +312,13 @@ impl Comm {
         sendcount: usize,
         c: &Compression,
     ) -> Result<Report> {
-        let k = Kind::AllGather;
         let dtype = T::DTYPE;
-        let total = self.total(k, sendcount)?;
-        super::api::need(k.name(), "buffer", buf.len() * dtype.size(), total, dtype)?;
-        let plan = self.plan(k, total, dtype, ReduceOp::Sum, c)?;
+        self.check(
+            &CollCall::new(Coll::AllGather, sendcount, dtype)
+                .bufs(Buf::None, Buf::Bytes(std::mem::size_of_val(buf)))
+                .codec(&c.codec, c.key.is_some()),
+        )?;
+        let plan = self.plan(Coll::AllGather, buf.len(), c)?;
         let (seed, rank) = (self.config.seed, self.rank);
         with_f32(None, bytemuck::cast_slice_mut(buf), dtype, |_, work| {
             self.queue.run(|e| {
@@ -344,40 +338,9 @@ impl Comm {
         })
     }
 
-    fn total(&self, k: Kind, per_rank: usize) -> Result<usize> {
-        per_rank.checked_mul(self.size).ok_or_else(|| {
-            Error::invalid(format!("{}: count {per_rank} per rank overflows", k.name()))
-        })
-    }
-
-    /// Checks a compressed call's arguments and resolves its plan (before any byte moves).
-    fn plan(
-        &self,
-        k: Kind,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        c: &Compression,
-    ) -> Result<CodecMap> {
+    /// Resolves a validated compressed call's plan of `count` elements (its whole buffer).
+    fn plan(&self, k: Coll, count: usize, c: &Compression) -> Result<CodecMap> {
         let name = k.name();
-        if !dtype.is_float() {
-            return Err(Error::invalid(format!(
-                "{name}: codec {} compresses floating-point data, not {dtype}",
-                c.codec
-            )));
-        }
-        if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-            return Err(Error::invalid(format!(
-                "{name}: codec {} supports only sum and avg, not {op}",
-                c.codec
-            )));
-        }
-        if c.codec.error_feedback() && c.key.is_none() {
-            return Err(Error::invalid(format!(
-                "{name}: codec {} uses error feedback, which needs a tensor key with the call",
-                c.codec
-            )));
-        }
         let keyed = c.key.as_ref().and_then(|key| {
             self.layouts
                 .lock()

@@ -22,6 +22,7 @@ use crate::codec::ef::TensorKey;
 use crate::codec::mstopk::mstopk_select;
 use crate::codec::sparse::{check_len, k_of};
 use crate::codec::{CodecSpec, Rng, Site};
+use crate::coll::call::{Coll, CollCall};
 use crate::error::{Error, Result};
 use crate::types::{DType, Element, ReduceOp};
 use std::sync::Arc;
@@ -176,6 +177,8 @@ impl Comm {
         o: &TopK,
     ) -> Result<PreparedTopK> {
         const C: &str = "topk_all_reduce";
+        // An all-reduce first (sizes); then what top-k adds.
+        self.check(&CollCall::new(Coll::AllReduce, count, dtype))?;
         if !dtype.is_float() {
             return Err(Error::invalid(format!(
                 "{C}: top-k compresses floating-point data, not {dtype}"

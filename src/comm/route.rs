@@ -7,7 +7,8 @@ use super::compress::{Compression, PreparedAllReduce};
 use super::hier::{self, Hier};
 use super::Comm;
 use crate::algo::Algo;
-use crate::coll::{check, Engine};
+use crate::coll::call::{Coll, CollCall};
+use crate::coll::Engine;
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
 use std::sync::Arc;
@@ -45,7 +46,7 @@ impl Comm {
         op: ReduceOp,
         algo: Option<Algo>,
     ) -> Result<AllReduceCall> {
-        check::op("all_reduce", op, dtype)?;
+        // Validated by the route taken (dense, or compressed with its codec's rules).
         if let Some(spec) = &self.config.compression {
             if dtype.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
                 let c = Compression {
@@ -69,7 +70,7 @@ impl Comm {
         op: ReduceOp,
         algo: Option<Algo>,
     ) -> Result<AllReduceCall> {
-        check::op("all_reduce", op, dtype)?;
+        self.check(&CollCall::new(Coll::AllReduce, count, dtype).op(op))?;
         let route = if self.wants_hier(algo)? {
             Route::Hier(self.hierarchy()?)
         } else {

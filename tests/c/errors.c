@@ -178,7 +178,9 @@ static void argument_errors(qcclComm_t* pair) {
     ERR(qcclReduce(s, r, 4, qcclFloat32, qcclSum, 7, c2, NULL), qcclInvalidArgument, c2, "root 7 is out of range");
     ERR(qcclSend(s, 4, qcclFloat32, 2, c2, NULL), qcclInvalidArgument, c2, "peer 2 is out of range");
     ERR(qcclRecv(r, 4, qcclFloat32, -1, c2, NULL), qcclInvalidArgument, c2, "peer -1 is out of range");
-    ERR(qcclSend(s, 4, qcclFloat32, 0, c2, NULL), qcclInvalidArgument, c2, "itself");
+    /* A peer that is this rank: refused outside a group, on either side (the core's rule). */
+    ERR(qcclSend(s, 4, qcclFloat32, 0, c2, NULL), qcclInvalidArgument, c2, "cannot send to or from itself outside a group");
+    ERR(qcclRecv(r, 4, qcclFloat32, 0, c2, NULL), qcclInvalidArgument, c2, "qcclRecv: invalid argument: peer 0 is this rank");
 
     /* Overlapping buffers that are not NCCL's in-place layout. */
     ERR(qcclAllReduce(a, a + 1, 4, qcclFloat32, qcclSum, c2, NULL), qcclInvalidArgument, c2, "overlap");
@@ -206,6 +208,9 @@ static void argument_errors(qcclComm_t* pair) {
     ERR(qcclIReduceScatter(s, r, 4, qcclFloat32, (qcclRedOp_t)9, c2, &req), qcclInvalidArgument, c2, "unknown reduction op 9");
     ERR(qcclIAllGather(s, r, huge, qcclFloat32, c2, &req), qcclInvalidArgument, c2, "overflows");
     ERR(qcclIAllGather(s, r, 4, qcclFloat32, NULL, &req), qcclInvalidArgument, NULL, "comm is NULL");
+    ERR(qcclIReduceScatter(s, r, 4, qcclInt32, qcclAvg, c2, &req), qcclInvalidArgument, c2, "avg needs a floating-point datatype");
+    ERR(qcclIAllReduce(s, r, huge, qcclFloat32, qcclSum, c2, &req), qcclInvalidArgument, c2, "overflows");
+    if (req != NULL) FAIL("a refused non-blocking call left *request set");
     ERR(qcclWait(NULL), qcclInvalidArgument, NULL, "request is NULL");
     ERR(qcclWait((qcclRequest_t)(uintptr_t)0x51430000abc0), qcclInvalidUsage, NULL, "not live");
     int done = 0;
@@ -226,6 +231,12 @@ static void argument_errors(qcclComm_t* pair) {
     qcclComm_t child = NULL;
     ERR(qcclCommSplit(c2, 0, 0, &child), qcclUnsupported, c2, "between qcclGroupStart and qcclGroupEnd");
     CHECK(qcclGroupEnd());
+    /* Grouped calls go through the same checks; one refused call spoils its group. */
+    CHECK(qcclGroupStart());
+    CHECK(qcclAllReduce(s, r, 4, qcclFloat32, qcclSum, c2, NULL));
+    ERR(qcclBroadcast(s, r, 4, qcclFloat32, 5, c2, NULL), qcclInvalidArgument, c2, "root 5 is out of range");
+    ERR(qcclSend(s, 4, qcclFloat32, -3, c2, NULL), qcclInvalidArgument, c2, "peer -3 is out of range");
+    ERR(qcclGroupEnd(), qcclInvalidArgument, NULL, "none of the 1 queued operations ran");
     g_pair = pair;
     good_call(pair);
 
@@ -363,6 +374,34 @@ static void single_rank(qcclComm_t c1) {
     CHECK(qcclAllReduce(a, b, 8, qcclFloat32, qcclSum, c1, NULL));
 }
 
+/* What a call does not use on this rank is not checked there (NCCL's rules, the same in
+ * the core): a non-root's NULL recvbuff of qcclReduce and sendbuff of qcclBroadcast; and in a
+ * group a rank of a larger comm may send to itself, matched by a receive from itself. */
+static void unused_buffers_and_grouped_self(qcclComm_t* pair) {
+    float in[2][4], out[2][4], mine[4], back[4];
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 4; i++) in[r][i] = (float)(10 * r + i);
+    CHECK(qcclGroupStart());
+    CHECK(qcclReduce(in[0], out[0], 4, qcclFloat32, qcclSum, 0, pair[0], NULL));
+    CHECK(qcclReduce(in[1], NULL, 4, qcclFloat32, qcclSum, 0, pair[1], NULL));
+    CHECK(qcclGroupEnd());
+    for (int i = 0; i < 4; i++)
+        if (out[0][i] != (float)(10 + 2 * i)) FAIL("reduce with a NULL recvbuff elsewhere: [%d] = %g", i, (double)out[0][i]);
+    CHECK(qcclGroupStart());
+    CHECK(qcclBroadcast(in[0], out[0], 4, qcclFloat32, 0, pair[0], NULL));
+    CHECK(qcclBroadcast(NULL, out[1], 4, qcclFloat32, 0, pair[1], NULL));
+    CHECK(qcclGroupEnd());
+    for (int i = 0; i < 4; i++)
+        if (out[1][i] != (float)i) FAIL("broadcast with a NULL sendbuff elsewhere: [%d] = %g", i, (double)out[1][i]);
+    for (int i = 0; i < 4; i++) mine[i] = (float)(i + 7);
+    CHECK(qcclGroupStart());
+    CHECK(qcclSend(mine, 4, qcclFloat32, 0, pair[0], NULL));
+    CHECK(qcclRecv(back, 4, qcclFloat32, 0, pair[0], NULL));
+    CHECK(qcclGroupEnd());
+    if (memcmp(mine, back, sizeof mine) != 0) FAIL("grouped send to itself on a comm of 2");
+    good_call(pair);
+}
+
 /* Receive buffers that overlap another buffer of the same grouped exchange. */
 static void grouped_overlap(qcclComm_t c2) {
     float buf[16];
@@ -385,6 +424,7 @@ int main(void) {
     CHECK(qcclCommInitAll(c2, 2, NULL));
     handle_errors(c2[0]);
     argument_errors(c2);
+    unused_buffers_and_grouped_self(c2);
     key_changes_length(c2);
     last_errors(c1, c2[0]);
     single_rank(c1);
