@@ -487,7 +487,10 @@ impl Arena {
             futex::wait(self.segs[0].word32(OFF_BELL), seen, d);
             sleepers.fetch_sub(1, Ordering::SeqCst);
             for p in self.others() {
-                if !super::alive(self.pids[p]) {
+                // A peer that published its last step and then exited is not a failure:
+                // when the bell rang since `seen`, the caller looks again first (the exit
+                // came after the ring, so the next pass sees everything it published).
+                if !super::alive(self.pids[p]) && self.bell() == seen {
                     self.blame(Some(p));
                     return Err(self.remote(
                         p,
