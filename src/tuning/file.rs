@@ -87,7 +87,12 @@ fn row(fields: &[&str]) -> std::result::Result<Row, String> {
             .filter(|&v| v > 0 && v < usize::MAX)
             .ok_or_else(|| format!("max_bytes '{b}' is not a size above 0 (4096, 64K, 1M) or *"))?,
     };
-    let pick = Pick::of(Algo::parse(algo).map_err(|e| e.to_string())?).ok_or_else(|| {
+    // Algo::parse's own message, without its "invalid argument: " (the whole error has one).
+    let parsed = Algo::parse(algo).map_err(|e| match e {
+        Error::InvalidArgument(m) => m,
+        e => e.to_string(),
+    })?;
+    let pick = Pick::of(parsed).ok_or_else(|| {
         format!("algorithm '{algo}': a row must choose one of ring, tree, sra, allgather, hier")
     })?;
     Ok(Row {

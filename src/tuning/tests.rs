@@ -197,6 +197,7 @@ fn bad_files_are_refused_by_line() {
         let e = e.to_string();
         assert!(e.contains("QCCL_TUNING_FILE=t.txt: line "), "{e}");
         assert!(e.contains(needle), "{needle}: {e}");
+        assert_eq!(e.matches("invalid argument").count(), 1, "{e}");
     };
     bad(
         "",
