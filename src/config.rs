@@ -38,6 +38,9 @@ pub struct Config {
     pub shm_arena_chunk: Option<usize>,
     /// Default all-reduce algorithm (QCCL_ALGO).
     pub algo: Algo,
+    /// Rules for `auto` measured on this cluster (QCCL_TUNING_FILE, `qccl-perf --calibrate
+    /// --tuning-out`): read and checked at comm init, its rows ahead of the built-in table.
+    pub tuning_file: Option<std::path::PathBuf>,
     /// Interface selection for the TCP transport, NCCL_SOCKET_IFNAME syntax (QCCL_SOCKET_IFNAME).
     pub socket_ifname: Option<String>,
     /// TCP sockets per peer pair (QCCL_NSOCKS_PERPEER, default 1).
@@ -65,6 +68,7 @@ impl Default for Config {
             chunksize: 4 << 20,
             shm_arena_chunk: None,
             algo: Algo::Auto,
+            tuning_file: None,
             socket_ifname: None,
             nsocks_per_peer: 1,
             transport: TransportChoice::Auto,
@@ -190,6 +194,9 @@ impl Config {
         if let Some(a) = env_var("QCCL_ALGO") {
             c.algo = Algo::parse(&a).map_err(|e| Error::invalid(format!("QCCL_ALGO: {e}")))?;
         }
+        c.tuning_file = env_var("QCCL_TUNING_FILE")
+            .filter(|s| !s.trim().is_empty())
+            .map(std::path::PathBuf::from);
         c.socket_ifname = env_var("QCCL_SOCKET_IFNAME").filter(|s| !s.is_empty());
         if let Some(n) = env_num("QCCL_NSOCKS_PERPEER")? {
             c.nsocks_per_peer = size(n);

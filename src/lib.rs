@@ -49,6 +49,7 @@ pub mod launch;
 mod reduce;
 mod sys;
 mod transport;
+mod tuning;
 mod types;
 
 #[cfg(test)]
@@ -81,4 +82,5 @@ pub mod internal {
     pub use crate::reduce::{reduce3, reduce_into};
     pub use crate::transport::frame::{CollKind, OpDesc};
     pub use crate::transport::{RecvReq, SendReq};
+    pub use crate::tuning::{Links, Pick, Row, Tuning, Workload, HEADER as TUNING_HEADER};
 }

@@ -120,6 +120,9 @@ pub struct Args {
     pub calibrate: bool,
     /// `--calibrate-out`: where `--calibrate` writes the cost model (rank 0).
     pub calibrate_out: PathBuf,
+    /// `--tuning-out`: where `--calibrate` also writes the fastest all-reduce schedule per
+    /// size as a tuning file (QCCL_TUNING_FILE), rank 0; None: no tuning file.
+    pub tuning_out: Option<PathBuf>,
     /// `-k`, `--density`: density ρ of the top-k collectives (`--coll hitopk`, `naiveag`,
     /// `treear`, `2dtar`), [`DEFAULT_DENSITY`] for them when not given; None for every other
     /// collective.
@@ -144,6 +147,9 @@ pub struct Args {
 
 /// `--calibrate-out` when not given.
 pub const DEFAULT_CALIBRATE_OUT: &str = "qccl-cost.json";
+/// What `--calibrate --tuning-out` measures besides `auto` when no `-A` is given: every flat
+/// schedule (the hierarchical one only when asked for, since it needs equal hosts).
+pub const TUNING_ALGOS: [Algo; 4] = [Algo::Ring, Algo::Tree, Algo::Sra, Algo::AllGather];
 /// `--calibrate`'s smallest size without `-b`: where the fixed cost dominates.
 pub const CALIBRATE_MIN_BYTES: u64 = 4 << 10;
 /// `--calibrate`'s largest size without `-e`: well into the bandwidth-bound regime.
@@ -383,6 +389,12 @@ struct Cli {
     /// Where --calibrate writes (rank 0) [default: qccl-cost.json]
     #[arg(long = "calibrate-out", alias = "calibrate_out", value_name = "FILE", help_heading = QCCL)]
     calibrate_out: Option<PathBuf>,
+    /// With --calibrate: also write the fastest schedule per size as a
+    /// tuning file for QCCL_TUNING_FILE (rank 0; -A defaults to auto,
+    /// ring, tree, sra, allgather)
+    #[arg(long = "tuning-out", alias = "tuning_out", value_name = "FILE", help_heading = QCCL,
+          verbatim_doc_comment)]
+    tuning_out: Option<PathBuf>,
     /// Write the results as CSV (rank 0): a line per table line
     #[arg(long, value_name = "FILE", help_heading = QCCL)]
     csv: Option<PathBuf>,
@@ -612,6 +624,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
             .calibrate_out
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CALIBRATE_OUT)),
+        tuning_out: c.tuning_out.clone(),
         density: c.density,
         time_stat: match c.average {
             0 => TimeStat::Rank0,
@@ -631,9 +644,15 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         Some(p) if p.extension().is_some_and(|x| x.eq_ignore_ascii_case("csv")) => a.csv.push(p),
         p => a.json = p,
     }
-    for p in a.csv.iter().chain(&a.json).chain(&a.plot) {
+    for p in a
+        .csv
+        .iter()
+        .chain(&a.json)
+        .chain(&a.plot)
+        .chain(&a.tuning_out)
+    {
         if p.as_os_str().is_empty() {
-            return Err("-J, --csv, --plot: need a file name".into());
+            return Err("-J, --csv, --plot, --tuning-out: need a file name".into());
         }
     }
     if c.np == Some(0) {
@@ -761,6 +780,9 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         if c.calibrate_out.is_some() {
             return Err("--calibrate-out: only with --calibrate".into());
         }
+        if c.tuning_out.is_some() {
+            return Err("--tuning-out: only with --calibrate".into());
+        }
         // One schedule and one codec per table; a second flag silently winning would mislead.
         if a.algos.len() > 1 {
             return Err("-A given more than once: only --calibrate takes several".into());
@@ -803,6 +825,11 @@ fn check_calibrate(a: &mut Args) -> Result<(), String> {
     }
     if a.algos.is_empty() {
         a.algos.push(Algo::Auto);
+        // A tuning file picks among schedules, so it needs them all measured; auto stays
+        // first, the cost model's default link.
+        if a.tuning_out.is_some() {
+            a.algos.extend(TUNING_ALGOS);
+        }
     }
     a.algo = a.algos[0];
     if a.codecs.is_empty() {
@@ -1216,6 +1243,22 @@ mod tests {
         let specs: Vec<String> = a.codecs.iter().map(|c| c.to_string()).collect();
         assert_eq!(specs, ["fp16", "efsign"]);
         assert_eq!(a.calibrate_out, PathBuf::from("c.json"));
+        assert_eq!(a.tuning_out, None);
+        // --tuning-out measures every flat schedule unless -A says which.
+        let a = args("--calibrate --tuning-out t.txt");
+        assert_eq!(a.tuning_out, Some(PathBuf::from("t.txt")));
+        assert_eq!(a.algos[0], Algo::Auto);
+        assert_eq!(a.algos[1..], TUNING_ALGOS);
+        let a = args("--calibrate --tuning-out=t.txt -A sra -A tree");
+        assert_eq!(a.algos, vec![Algo::Sra, Algo::Tree]);
+        assert!(err("--tuning-out t.txt")
+            .msg
+            .contains("only with --calibrate"));
+        let e = err("--calibrate --tuning-out=");
+        assert!(
+            e.msg.contains("a value is required for '--tuning-out"),
+            "{e}"
+        );
         // Without --calibrate, one -A and one -Z as before.
         let a = args("-A tree -Z bf16");
         assert_eq!(a.algo, Algo::Tree);

@@ -7,6 +7,10 @@
 //!   is). The points are grouped by the schedule the call resolved to (`auto` may pick
 //!   different ones at different sizes) and fitted with `α + β·bytes`, each group becoming a
 //!   link named `<transport>/<algorithm>`.
+//! - **Tuning** (`--tuning-out`). From the same points, the fastest schedule at each size (the
+//!   schedule a call resolved to, whichever `-A` asked), runs of equal winners merged, written
+//!   as a tuning file for QCCL_TUNING_FILE: rows for this comm's links and world size, which
+//!   the library puts ahead of its built-in table.
 //! - **Codecs.** Rank 0 alone, on one core (the others wait in a barrier), times
 //!   `Codec::encode` (with the error-feedback update around it when the spec has `ef`) and
 //!   `Codec::decode_add` at the same sizes on synthetic gradients, fits each the same way, and
@@ -15,6 +19,7 @@
 
 use crate::args::Args;
 use qccl::codec::{Rng, Site};
+use qccl::internal::{Pick, Row, Tuning, Workload, TUNING_HEADER};
 use qccl::{Algo, CodecSpec, Comm, ReduceOp, Result};
 use qccl_planner::JsonFile;
 use qccl_planner::{CodecCost, CostModel, Linear};
@@ -129,6 +134,25 @@ impl Fitted {
     }
 }
 
+/// One timed size of one schedule: bytes, the schedule the calls resolved to, seconds per
+/// call (median, slowest rank).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Bytes per call.
+    pub bytes: usize,
+    /// What ran.
+    pub algo: Algo,
+    /// Seconds per call.
+    pub secs: f64,
+}
+
+/// What the link measurements give: the fitted links, the default one, and every timed size.
+struct Measured {
+    links: Vec<(String, Fitted)>,
+    default_link: String,
+    samples: Vec<Sample>,
+}
+
 /// The measured model and what the summary prints.
 struct Calibration {
     /// Links by name, in first-measured order.
@@ -149,17 +173,14 @@ fn sizes(a: &Args) -> Vec<usize> {
 }
 
 /// Times the all-reduce at every size with every `-A` schedule (all ranks).
-fn measure_links(
-    comm: &Comm,
-    a: &Args,
-    counts: &[usize],
-) -> Result<(Vec<(String, Fitted)>, String)> {
+fn measure_links(comm: &Comm, a: &Args, counts: &[usize]) -> Result<Measured> {
     let transport = transport_key(comm);
     let max = counts.iter().copied().max().unwrap_or(0);
     // Zeros stay zeros under a sum, so no number of in-place iterations overflows.
     let mut buf = vec![0f32; max];
     let mut points: Vec<(String, Vec<Point>)> = Vec::new();
     let mut default_link = None;
+    let mut samples = Vec::new();
     for &algo in &a.algos {
         for &count in counts {
             let b = &mut buf[..count];
@@ -179,6 +200,11 @@ fn measure_links(
             // when the collective is done.
             let mut secs = [median(&mut times)];
             comm.all_reduce_in_place(&mut secs, ReduceOp::Max)?;
+            samples.push(Sample {
+                bytes: 4 * count,
+                algo: resolved,
+                secs: secs[0],
+            });
             let key = format!("{transport}/{}", resolved.name());
             let point = Point {
                 bytes: (4 * count) as f64,
@@ -197,7 +223,66 @@ fn measure_links(
         .into_iter()
         .map(|(k, p)| (k, Fitted::new(p)))
         .collect();
-    Ok((links, default_link.unwrap_or_default()))
+    Ok(Measured {
+        links,
+        default_link: default_link.unwrap_or_default(),
+        samples,
+    })
+}
+
+/// The tuning rows of `samples`: at each size the fastest schedule (the first measured on a
+/// tie), consecutive sizes with the same winner merged into one row that covers calls below
+/// the next winner's first size; the last row covers every larger call. Rows name `links` and
+/// exactly `ranks`, so the file leaves other comms to the built-in table.
+pub fn tuning_rows(samples: &[Sample], links: qccl::internal::Links, ranks: usize) -> Vec<Row> {
+    let mut sizes: Vec<usize> = samples.iter().map(|s| s.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let winners: Vec<(usize, Pick)> = sizes
+        .iter()
+        .filter_map(|&b| {
+            samples
+                .iter()
+                .filter(|s| s.bytes == b)
+                .filter_map(|s| Pick::of(s.algo).map(|p| (s.secs, p)))
+                .reduce(|best, s| if s.0 < best.0 { s } else { best })
+                .map(|(_, p)| (b, p))
+        })
+        .collect();
+    let mut rows: Vec<Row> = Vec::new();
+    for (i, &(_, pick)) in winners.iter().enumerate() {
+        let next = winners[i + 1..].iter().find(|w| w.1 != pick);
+        if rows.last().is_some_and(|r| r.pick == pick) {
+            continue;
+        }
+        rows.push(Row {
+            coll: Some(Workload::AllReduce),
+            links: Some(links),
+            min_ranks: ranks,
+            max_ranks: ranks,
+            max_bytes: next.map_or(usize::MAX, |w| w.0),
+            pick,
+        });
+    }
+    rows
+}
+
+/// Writes `rows` as a tuning file at `path` with `note` as its comment, and reads it back as
+/// the library will (QCCL_TUNING_FILE), so a file this writes is one a comm accepts.
+fn write_tuning(path: &std::path::Path, note: &str, rows: &[Row]) -> Result<()> {
+    let mut text = format!(
+        "{TUNING_HEADER}
+# {note}
+# collective links ranks max_bytes algorithm
+"
+    );
+    for r in rows {
+        let _ = writeln!(text, "{r}");
+    }
+    std::fs::write(path, text)
+        .map_err(|e| qccl::Error::invalid(format!("--tuning-out {}: {e}", path.display())))?;
+    Tuning::load(Some(path))?;
+    Ok(())
 }
 
 /// Synthetic gradients: roughly normal (sum of four uniforms, centred), a few large values,
@@ -436,7 +521,11 @@ pub fn run(comm: &Comm, a: &Args, host: &str) -> Result<()> {
             a.iters
         );
     }
-    let (links, default_link) = measure_links(comm, a, &counts)?;
+    let Measured {
+        links,
+        default_link,
+        samples,
+    } = measure_links(comm, a, &counts)?;
     let codecs = if rank == 0 {
         measure_codecs(a, &counts)?
     } else {
@@ -473,6 +562,23 @@ pub fn run(comm: &Comm, a: &Args, host: &str) -> Result<()> {
         a.calibrate_out.display(),
         model.default_link
     );
+    if let Some(path) = &a.tuning_out {
+        let rows = tuning_rows(&samples, comm.links(), n);
+        let note =
+            format!(
+            "qccl-perf --calibrate on {host}: {n} ranks on {} host(s), links {}, fastest of -A {} \
+             per size (median call, max over ranks, {} iterations)",
+            comm.num_nodes(),
+            comm.links().name(),
+            a.algos.iter().map(|x| x.name()).collect::<Vec<_>>().join(","),
+            a.iters
+        );
+        write_tuning(path, &note, &rows)?;
+        for r in &rows {
+            println!("# tuning: {r}");
+        }
+        println!("# wrote {} ({} rows)", path.display(), rows.len());
+    }
     Ok(())
 }
 
@@ -510,6 +616,34 @@ mod tests {
         }]);
         assert_eq!(l, Linear::new(0.0, 0.01));
         assert_eq!(fit(&[]), Linear::ZERO);
+    }
+
+    #[test]
+    fn tuning_rows_merge_runs_of_winners() {
+        let s = |bytes, algo, secs| Sample { bytes, algo, secs };
+        let samples = [
+            // auto's points count for the schedule they resolved to.
+            s(4096, Algo::Tree, 3.0),
+            s(4096, Algo::Ring, 5.0),
+            s(4096, Algo::Sra, 2.0),
+            s(16384, Algo::Sra, 2.0),
+            s(16384, Algo::Ring, 4.0),
+            s(65536, Algo::Ring, 4.0),
+            s(65536, Algo::Sra, 6.0),
+            s(262144, Algo::Tree, 1.0),
+            s(262144, Algo::Ring, 1.0),
+        ];
+        let rows = tuning_rows(&samples, qccl::internal::Links::Arena, 3);
+        let text: Vec<String> = rows.iter().map(Row::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "allreduce arena 3 64K sra",
+                "allreduce arena 3 256K ring",
+                "allreduce arena 3 * tree",
+            ]
+        );
+        assert!(tuning_rows(&[], qccl::internal::Links::Arena, 3).is_empty());
     }
 
     #[test]

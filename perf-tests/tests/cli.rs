@@ -1403,6 +1403,79 @@ fn calibrate_schedules_and_codecs_given() {
     }
 }
 
+#[test]
+fn calibrate_writes_a_tuning_file_the_library_reads() {
+    let cost = temp_file("tuning-cost.json");
+    let tuning = temp_file("tuning.txt");
+    let t = tuning.to_str().unwrap();
+    let o = run(&[
+        "-np",
+        "2",
+        "--bind-to",
+        "none",
+        "--calibrate",
+        "-b",
+        "4K",
+        "-e",
+        "256K",
+        "-n",
+        "2",
+        "-Z",
+        "fp16",
+        "-T",
+        "120",
+        &format!("--calibrate-out={}", cost.display()),
+        "--tuning-out",
+        t,
+    ]);
+    let (out, err) = text(&o);
+    let _ = std::fs::remove_file(&cost);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    // No -A: auto and every flat schedule measured.
+    assert!(out.contains("-A auto,ring,tree,sra,allgather"), "{out}");
+    assert!(out.contains(&format!("# wrote {t} (")), "{out}");
+    let file = std::fs::read_to_string(&tuning).unwrap();
+    assert!(file.starts_with("# qccl tuning v1\n"), "{file}");
+    // The library reads it back: rows for 2 ranks over the shared-memory arena, the last one
+    // covering every larger call.
+    let rows = qccl::internal::Tuning::load(Some(&tuning))
+        .unwrap_or_else(|e| panic!("{e}\n{file}"))
+        .rows()
+        .to_vec();
+    assert!(!rows.is_empty(), "{file}");
+    for r in &rows {
+        let line = r.to_string();
+        assert!(line.starts_with("allreduce arena 2 "), "{line}\n{file}");
+        assert!(out.contains(&format!("# tuning: {line}")), "{out}");
+    }
+    assert_eq!(rows.last().unwrap().max_bytes, usize::MAX, "{file}");
+    // And a run under it passes its checks.
+    let o = Command::new(BIN)
+        .args(["-np", "2", "--bind-to", "none"])
+        .args(QUICK)
+        .env("QCCL_TUNING_FILE", &tuning)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    // A damaged file fails init by line, before any byte moves.
+    std::fs::write(&tuning, format!("{file}allreduce arena 2 4K fastest\n")).unwrap();
+    let o = Command::new(BIN)
+        .args(["-np", "2", "--bind-to", "none"])
+        .args(QUICK)
+        .env("QCCL_TUNING_FILE", &tuning)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    let _ = std::fs::remove_file(&tuning);
+    assert_eq!(o.status.code(), Some(2), "{out}\n{err}");
+    let line = file.lines().count() + 1;
+    assert!(
+        err.contains(&format!("{t}: line {line}: unknown algorithm 'fastest'")),
+        "{err}"
+    );
+}
+
 /// A cost model written here, so the planner's output does not depend on this machine: a
 /// 10 Gb/s link with 50 µs per call, a cheap 2x codec and an expensive 32x one.
 fn synthetic_cost(tag: &str) -> std::path::PathBuf {

@@ -1,4 +1,4 @@
-//! Compressed collectives over an f32 work buffer: pick the schedule, build the descriptor
+//! Compressed collectives over an f32 work buffer: build the descriptor
 //! (which carries the codec plan's fingerprint, so ranks using different codecs are named),
 //! run. Sums only; the caller divides for Avg and converts other float types.
 
@@ -9,19 +9,9 @@ use crate::algo::Ctx;
 use crate::codec::layout::CodecMap;
 use crate::codec::Site;
 use crate::transport::frame::CollKind;
+use crate::tuning::Flat;
 use crate::types::{DType, ReduceOp};
 use crate::Result;
-
-/// The schedule `auto` picks for a compressed all-reduce: the all-gather scheme for sparse
-/// codecs (a sum of sparse vectors is not sparse), SRA otherwise (two quantizations per element
-/// whatever the world size, CGX's choice).
-pub fn resolve_algo(algo: Algo, plan: &CodecMap) -> Algo {
-    match algo {
-        Algo::Auto if plan.is_sparse() => Algo::AllGather,
-        Algo::Auto => Algo::Sra,
-        a => a,
-    }
-}
 
 /// One compressed call's context: the plan, where its random streams start, which element of
 /// the plan `work[0]` is, and the error-feedback residual (aligned with `work`).
@@ -82,31 +72,28 @@ impl Engine {
         ctx
     }
 
-    /// Compressed all-reduce (sum) of `work` in place with schedule `algo` (not Hier).
-    pub fn all_reduce_coded(&mut self, work: &mut [f32], c: Coded<'_>, algo: Algo) -> Result<Algo> {
-        let algo = resolve_algo(algo, c.plan);
+    /// Compressed all-reduce (sum) of `work` in place with schedule `algo` (chosen by
+    /// `tuning`).
+    pub fn all_reduce_coded(&mut self, work: &mut [f32], c: Coded<'_>, algo: Flat) -> Result<()> {
         if work.is_empty() {
-            return Ok(algo);
+            return Ok(());
         }
         let input = c.input;
-        if algo != Algo::Sra {
+        if algo != Flat::Sra {
             fill(work, input);
         }
         let scratch = std::mem::take(&mut self.scratch.decoded);
-        let mut ctx = self.coded_ctx(CollKind::AllReduce, work.len(), &c, algo);
+        let mut ctx = self.coded_ctx(CollKind::AllReduce, work.len(), &c, algo.algo());
         let mut cd = Coder::new(c.plan, c.site, c.base, c.residual, scratch);
         let done = match algo {
-            Algo::Ring => coded::ring::all_reduce(&mut ctx, &mut cd, work),
-            Algo::Tree => coded::tree::all_reduce(&mut ctx, &mut cd, work),
-            Algo::AllGather => coded::gather::all_reduce(&mut ctx, &mut cd, work),
+            Flat::Ring => coded::ring::all_reduce(&mut ctx, &mut cd, work),
+            Flat::Tree => coded::tree::all_reduce(&mut ctx, &mut cd, work),
+            Flat::AllGather => coded::gather::all_reduce(&mut ctx, &mut cd, work),
             // Reads the input where it encodes it, and copies only its own chunk.
-            Algo::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, input, work),
-            Algo::Hier | Algo::Auto => Err(crate::Error::Internal(
-                "the hierarchical compressed all-reduce runs above the engine".into(),
-            )),
+            Flat::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, input, work),
         };
         self.scratch.decoded = cd.into_scratch();
-        done.map(|()| algo)
+        done
     }
 
     /// Compressed reduce-scatter (sum): afterwards part `rank` of `work`

@@ -1,4 +1,5 @@
-//! Collectives over bytes: choose the algorithm, build the operation descriptor, run.
+//! Collectives over bytes: build the operation descriptor, run the schedule (all-reduce's
+//! chosen by `tuning` before the call gets here).
 //! Arguments were validated by the caller (`call::CollCall::validate`) before any byte moves.
 
 pub mod call;
@@ -11,6 +12,7 @@ use crate::algo::{self, part, Ctx, Scratch, Wire};
 use crate::codec::ef::Residuals;
 use crate::transport::frame::{CollKind, OpDesc};
 use crate::transport::{RecvReq, SendReq, Transport};
+use crate::tuning::Flat;
 use crate::types::{DType, ReduceOp};
 use crate::Result;
 use call::{Coll, CollCall};
@@ -30,85 +32,12 @@ pub struct Engine {
     pub(crate) slice: usize,
     /// Slice size of the pairwise SRA all-reduce (`Config::sra_slice_bytes`).
     pub(crate) sra_slice: usize,
-    /// How the ranks reach each other: `auto` picks by it.
-    pub(crate) links: Links,
-    /// Default all-reduce algorithm (QCCL_ALGO).
-    pub(crate) algo: Algo,
     /// Bytes moved by every collective so far (the counters API).
     pub(crate) wire: Wire,
     /// Error-feedback residuals of compressed calls, by tensor key.
     pub(crate) residuals: Residuals,
     /// Compressed calls executed so far: the `step` of their random streams.
     pub(crate) coded_calls: u64,
-}
-
-/// How a comm's ranks reach each other, as far as choosing an algorithm goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Links {
-    /// Some peer over TCP, every rank on one host: loopback, where the CPUs' copies, not the
-    /// wire, set the pace (a job run with QCCL_TRANSPORT=tcp on one machine).
-    Sockets,
-    /// Some peer over TCP on another host: a network link, where the bytes each link
-    /// carries set the pace.
-    Network,
-    /// Every peer over shared memory: the comm-wide arena (`transport::shm::arena`) serves SRA.
-    Arena,
-    /// Threads of one process (frames over channels).
-    Threads,
-}
-
-/// Threads: byte size below which `auto` uses the tree (fewest hops) on more than 2 ranks.
-pub const TREE_MAX_BYTES: usize = 64 * 1024;
-/// Threads: byte size from which `auto` prefers SRA to the ring on 3..=`SRA_MAX_RANKS` ranks.
-pub const SRA_MIN_BYTES: usize = 1 << 20;
-/// Sockets: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
-pub const TCP_TREE_MAX_BYTES: usize = 1 << 20;
-/// Network: byte size below which `auto` uses the tree on more than 2 ranks (SRA above).
-pub const NET_TREE_MAX_BYTES: usize = 16 * 1024;
-/// World size up to which `auto` prefers SRA over pairwise links to the ring.
-pub const SRA_MAX_RANKS: usize = 8;
-/// Byte size below which `auto` uses the one-exchange all-gather scheme on 2 ranks.
-pub const ALLGATHER_MAX_BYTES: usize = 64 * 1024;
-/// Arena, 2 ranks: byte size from which `auto` uses SRA through the arena (the ring below).
-pub const ARENA_SRA_MIN_BYTES_2: usize = 1 << 20;
-
-/// The algorithm `auto` resolves to for `bytes` bytes on `size` ranks linked by `links`.
-///
-/// Measured with qccl-perf on 2 to 8 processes on 2 cores (docs/perf-history.md). On 2 ranks
-/// one exchange of the whole buffers (all-gather scheme) is best below 64 KiB (TCP 4 KiB:
-/// 7 µs against the ring's 13; shared memory on par). Through the shared-memory arena SRA
-/// has two synchronisation points per round and one copy in, one reduction, one copy out per
-/// element: it beats the tree and the ring at every size on 3 to 8 processes (4 ranks, 4 KiB
-/// 6–13 µs against the tree's 12–30; 64 MiB 32–38 ms against 42–45), and the ring from 1 MiB
-/// on 2. Over TCP each of the ring's dependent steps costs a socket round trip: the tree wins
-/// below 1 MiB and SRA above (4 ranks, µs per call, 512 KiB slices: 256 KiB tree 177–205
-/// against SRA 245–255, 512 KiB 325–357 against 365–380, 1 MiB on par, 4 MiB SRA 3.5–4.2 ms
-/// against 4.2–6.0; 3 ranks on par at 256–512 KiB; ring behind SRA from 256 KiB). Between
-/// hosts the wire sets the pace, and SRA, which sends 2(n−1)/n of the buffer per rank over
-/// both directions of every link at once, overtakes the tree (whose root link carries the
-/// buffer twice each way, up then down) from 16 KiB (emulated cluster, one rank per host,
-/// 1 Gbit/s: 4 hosts 16 KiB 187–238 µs against 275, 64 KiB 829 against 1097, 1 MiB 13.3 ms
-/// against 23.3; 3 hosts 16 KiB 151–186 against 269–276; the tree ahead to 8 KiB).
-/// Threads keep the rules measured for pairwise shared memory: tree below 64 KiB, ring to
-/// 1 MiB, SRA above. A measured cost model (`qccl-perf --calibrate`) is to replace these.
-pub fn resolve_algo(algo: Algo, bytes: usize, size: usize, links: Links) -> Algo {
-    if algo != Algo::Auto {
-        return algo;
-    }
-    if size == 2 && bytes < ALLGATHER_MAX_BYTES {
-        return Algo::AllGather;
-    }
-    match links {
-        Links::Arena if size > 2 || bytes >= ARENA_SRA_MIN_BYTES_2 => Algo::Sra,
-        Links::Arena => Algo::Ring,
-        _ if size == 2 => Algo::Ring,
-        Links::Sockets if bytes < TCP_TREE_MAX_BYTES => Algo::Tree,
-        Links::Network if bytes < NET_TREE_MAX_BYTES => Algo::Tree,
-        Links::Threads if bytes < TREE_MAX_BYTES => Algo::Tree,
-        Links::Threads if bytes < SRA_MIN_BYTES => Algo::Ring,
-        _ if size <= SRA_MAX_RANKS => Algo::Sra,
-        _ => Algo::Ring,
-    }
 }
 
 impl Engine {
@@ -152,7 +81,8 @@ impl Engine {
         }
     }
 
-    /// All-reduce of `count` elements; in place when `send` is None.
+    /// All-reduce of `count` elements with schedule `algo` (chosen by `tuning`); in place
+    /// when `send` is None.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &mut self,
@@ -161,29 +91,22 @@ impl Engine {
         count: usize,
         dtype: DType,
         op: ReduceOp,
-        algo: Option<Algo>,
-    ) -> Result<Algo> {
-        let algo = resolve_algo(algo.unwrap_or(self.algo), recv.len(), self.size, self.links);
+        algo: Flat,
+    ) -> Result<()> {
         if count == 0 {
-            return Ok(algo);
+            return Ok(());
         }
         let sra_slice = self.sra_slice;
-        let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo as u8);
-        if algo == Algo::Sra {
-            ctx.slice = sra_slice;
-        }
+        let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo.algo() as u8);
         match algo {
-            Algo::Hier => {
-                return Err(crate::Error::Internal(
-                    "the hierarchical all-reduce runs above the engine (Comm)".into(),
-                ))
+            Flat::AllGather => algo::allgather::all_reduce(&mut ctx, send, recv),
+            Flat::Tree => algo::tree::all_reduce(&mut ctx, send, recv),
+            Flat::Sra => {
+                ctx.slice = sra_slice;
+                algo::sra::all_reduce(&mut ctx, send, recv, count)
             }
-            Algo::AllGather => algo::allgather::all_reduce(&mut ctx, send, recv)?,
-            Algo::Tree => algo::tree::all_reduce(&mut ctx, send, recv)?,
-            Algo::Sra => algo::sra::all_reduce(&mut ctx, send, recv, count)?,
-            _ => algo::ring::all_reduce(&mut ctx, send, recv, count)?,
+            Flat::Ring => algo::ring::all_reduce(&mut ctx, send, recv, count),
         }
-        Ok(algo)
     }
 
     /// Reduce-scatter: `recvcount` elements per rank; in place (result at `buf[rank]`) when
@@ -390,8 +313,8 @@ impl Engine {
 
     /// Runs a validated call: the one dispatch from a call's description to its schedule.
     /// `send` None is in place (NCCL's layouts, `Coll::in_place`), or the input is unused on
-    /// this rank (a root-only one elsewhere, a receive). An all-reduce here is flat, with the
-    /// comm's default algorithm: its other routes are `comm::route`'s.
+    /// this rank (a root-only one elsewhere, a receive). All-reduce is not run here: it runs
+    /// through the route `comm::route` prepared for it.
     pub fn run_call(
         &mut self,
         call: &CollCall<'_>,
@@ -403,9 +326,10 @@ impl Engine {
         let is_root = self.rank == root;
         let missing = || crate::Error::Internal(format!("{}: no send buffer", call.coll.name()));
         match call.coll {
-            Coll::AllReduce => self
-                .all_reduce(send, recv, count, dtype, op, None)
-                .map(drop),
+            // Its schedule is chosen by `tuning` as the call is prepared (`comm::route`).
+            Coll::AllReduce => Err(crate::Error::Internal(
+                "all_reduce runs through its prepared route, not run_call".into(),
+            )),
             Coll::ReduceScatter => self.reduce_scatter(send, recv, count, dtype, op),
             Coll::AllGather => self.all_gather(send, recv, count, dtype),
             Coll::Broadcast => self.broadcast(send.filter(|_| is_root), recv, count, dtype, root),
@@ -438,35 +362,5 @@ impl Engine {
     pub fn barrier(&mut self) -> Result<()> {
         let mut ctx = self.ctx(CollKind::Barrier, 0, DType::Uint8, ReduceOp::Sum, 0, 0);
         algo::direct::barrier(&mut ctx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn auto_picks_by_size_ranks_and_links() {
-        use Algo::*;
-        let pick = |bytes, size, links| resolve_algo(Auto, bytes, size, links);
-        assert_eq!(pick(4096, 2, Links::Arena), AllGather);
-        assert_eq!(pick(256 << 10, 2, Links::Arena), Ring);
-        assert_eq!(pick(1 << 20, 2, Links::Arena), Sra);
-        assert_eq!(pick(4096, 4, Links::Arena), Sra);
-        assert_eq!(pick(4096, 16, Links::Arena), Sra);
-        assert_eq!(pick(4096, 4, Links::Sockets), Tree);
-        assert_eq!(pick(512 << 10, 4, Links::Sockets), Tree);
-        assert_eq!(pick(1 << 20, 4, Links::Sockets), Sra);
-        assert_eq!(pick(1 << 20, 16, Links::Sockets), Ring);
-        assert_eq!(pick(8 << 10, 4, Links::Network), Tree);
-        assert_eq!(pick(16 << 10, 4, Links::Network), Sra);
-        assert_eq!(pick(16 << 10, 3, Links::Network), Sra);
-        assert_eq!(pick(16 << 10, 16, Links::Network), Ring);
-        assert_eq!(pick(4096, 2, Links::Network), AllGather);
-        assert_eq!(pick(64 << 10, 2, Links::Network), Ring);
-        assert_eq!(pick(4096, 4, Links::Threads), Tree);
-        assert_eq!(pick(256 << 10, 4, Links::Threads), Ring);
-        assert_eq!(pick(4 << 20, 4, Links::Threads), Sra);
-        assert_eq!(resolve_algo(Tree, 64 << 20, 4, Links::Arena), Tree);
     }
 }

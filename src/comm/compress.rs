@@ -14,6 +14,7 @@ use crate::coll::compressed::Coded;
 use crate::coll::Engine;
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::tuning::{Flat, Resolved, Workload};
 use crate::types::{DType, Element, ReduceOp};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -243,16 +244,19 @@ impl Comm {
                 .codec(&c.codec, c.key.is_some()),
         )?;
         let plan = self.plan(Coll::AllReduce, count, c)?;
-        let hier = if self.wants_hier(c.algo)? {
-            Some(self.hierarchy()?)
+        let workload = if plan.is_sparse() {
+            Workload::Sparse
         } else {
-            None
+            Workload::Compressed
+        };
+        let schedule = match self.choose(workload, count.saturating_mul(dtype.size()), c.algo)? {
+            Resolved::Hier => Schedule::Hier(self.hierarchy()?),
+            Resolved::Flat(f) => Schedule::Flat(f),
         };
         Ok(PreparedAllReduce {
             plan,
-            hier,
+            schedule,
             key: c.key.clone(),
-            algo: c.algo.unwrap_or(self.config.algo),
             intra_host: c.intra_host,
             count,
             dtype,
@@ -412,12 +416,19 @@ fn coded_turn<R>(
     out
 }
 
+/// Where a compressed all-reduce runs.
+enum Schedule {
+    /// On the comm's engine with this schedule.
+    Flat(Flat),
+    /// On the hierarchy's sub-comms.
+    Hier(Arc<Hier>),
+}
+
 /// A checked compressed all-reduce, ready to run on its comm's engine.
 pub struct PreparedAllReduce {
     plan: CodecMap,
-    hier: Option<Arc<Hier>>,
+    schedule: Schedule,
     key: Option<TensorKey>,
-    algo: Algo,
     intra_host: bool,
     count: usize,
     dtype: DType,
@@ -435,7 +446,7 @@ impl PreparedAllReduce {
 
     /// True when the call runs the hierarchical schedule.
     pub(super) fn is_hier(&self) -> bool {
-        self.hier.is_some()
+        matches!(self.schedule, Schedule::Hier(_))
     }
 
     /// Runs the call on `e` (the engine of the comm that prepared it, inside its turn):
@@ -460,19 +471,19 @@ impl PreparedAllReduce {
                 plan,
                 (input, work),
                 who,
-                |e, input, work, site, res| match &self.hier {
-                    Some(h) => h
+                |e, input, work, site, res| match &self.schedule {
+                    Schedule::Hier(h) => h
                         .all_reduce_coded(input, work, plan, site, res, self.intra_host, dtype)
                         .map(|(wire, inter)| Report {
                             algo: Algo::Hier,
                             wire,
                             inter: Some(inter),
                         }),
-                    None => {
+                    Schedule::Flat(f) => {
                         let w0 = e.wire;
                         let coded = Coded::new(plan, site, 0, res, dtype).input(input);
-                        e.all_reduce_coded(work, coded, self.algo)
-                            .map(|algo| Report::flat(algo, e.wire - w0))
+                        e.all_reduce_coded(work, coded, *f)
+                            .map(|()| Report::flat(f.algo(), e.wire - w0))
                     }
                 },
             )?;

@@ -4,13 +4,13 @@
 //! 1/local_size of the data crosses the network per rank.
 
 use super::{pipeline, Comm};
-use crate::algo::Algo;
 use crate::algo::{part, split_parts, Wire};
 use crate::codec::layout::CodecMap;
 use crate::codec::Site;
 use crate::coll::compressed::Coded;
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::tuning::Workload;
 use crate::types::{DType, ReduceOp};
 use std::sync::Arc;
 
@@ -27,25 +27,6 @@ pub struct Hier {
 }
 
 impl Comm {
-    /// True when `algo` (after QCCL_ALGO) means the hierarchical path here.
-    pub(super) fn wants_hier(&self, algo: Option<Algo>) -> Result<bool> {
-        let uniform = self
-            .topo
-            .ranks_of_node
-            .iter()
-            .all(|r| r.len() == self.topo.local_size);
-        match algo.unwrap_or(self.config.algo) {
-            Algo::Hier if !uniform => Err(Error::Unsupported(format!(
-                "hierarchical all_reduce needs the same number of ranks on every host; hosts have {:?}",
-                self.topo.ranks_of_node.iter().map(Vec::len).collect::<Vec<_>>()
-            ))),
-            Algo::Hier => Ok(true),
-            // Several hosts with several ranks each: the two levels pay.
-            Algo::Auto => Ok(uniform && self.topo.nnodes > 1 && self.topo.local_size > 1),
-            _ => Ok(false),
-        }
-    }
-
     /// The sub-communicators, split off the first time (a collective: every rank reaches its
     /// first hierarchical all-reduce at the same point of its operation sequence).
     pub(super) fn hierarchy(&self) -> Result<Arc<Hier>> {
@@ -197,6 +178,11 @@ impl Hier {
             })
             .collect();
         let (local, me) = (self.intra.size(), self.intra.rank());
+        let coll = if plan.is_sparse() {
+            Workload::Sparse
+        } else {
+            Workload::Compressed
+        };
         // After the inter-host level, the ranks with this local rank on every host hold the
         // same bits of their part; the intra-host all-gather must encode them identically on
         // every host, so its random draws are keyed by the local rank, not the global one.
@@ -228,13 +214,16 @@ impl Hier {
             },
             |p| {
                 let mine = part(p.work.len(), local, me, 1);
+                // The inter-host comm's own `auto` for this piece: every rank of it holds a
+                // part of the same size (they share the local rank).
+                let outer = self.inter.choose_flat(coll, mine.len() * dtype.size());
                 let wire = self.inter.execute(|e| {
                     let w0 = e.wire;
                     let res = p.residual.as_deref_mut().map(|r| &mut r[mine.clone()]);
                     e.all_reduce_coded(
                         &mut p.work[mine.clone()],
                         Coded::new(plan, site, p.base + mine.start, res, dtype),
-                        Algo::Auto,
+                        outer,
                     )?;
                     Ok(e.wire - w0)
                 })?;

@@ -24,6 +24,7 @@ use crate::codec::sparse::{check_len, k_of};
 use crate::codec::{CodecSpec, Rng, Site};
 use crate::coll::call::{Coll, CollCall};
 use crate::error::{Error, Result};
+use crate::tuning::Flat;
 use crate::types::{DType, Element, ReduceOp};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -214,8 +215,8 @@ impl Comm {
                 c.key = o.key.clone();
                 Kind::Coded(self.prepare_all_reduce_compressed(count, dtype, ReduceOp::Sum, &c)?)
             }
-            TopKScheme::TreeAr => Kind::Dense(Algo::Tree, None),
-            TopKScheme::TwoDTar => Kind::Dense(Algo::Hier, Some(self.hierarchy_for(C)?)),
+            TopKScheme::TreeAr => Kind::Tree,
+            TopKScheme::TwoDTar => Kind::TwoLevel(self.hierarchy_for(C)?),
         };
         Ok(PreparedTopK {
             kind,
@@ -254,7 +255,10 @@ impl Comm {
 enum Kind {
     HiTopK(Arc<Hier>),
     Coded(super::PreparedAllReduce),
-    Dense(Algo, Option<Arc<Hier>>),
+    /// TreeAR: the dense all-reduce on the binary tree.
+    Tree,
+    /// 2DTAR: the dense hierarchical all-reduce.
+    TwoLevel(Arc<Hier>),
 }
 
 /// A checked top-k all-reduce, ready to run on its comm's engine.
@@ -289,24 +293,14 @@ impl PreparedTopK {
             )));
         }
         match &self.kind {
-            Kind::Dense(algo, hier) => {
+            Kind::TwoLevel(h) => {
+                report.wire = h.all_reduce_dense(buf, self.count, self.dtype)?;
+            }
+            Kind::Tree => {
                 let w0 = e.wire;
-                match hier {
-                    Some(h) => {
-                        report.wire = h.all_reduce_dense(buf, self.count, self.dtype)?;
-                    }
-                    None => {
-                        e.all_reduce(
-                            None,
-                            buf,
-                            self.count,
-                            self.dtype,
-                            ReduceOp::Sum,
-                            Some(*algo),
-                        )?;
-                        report.wire = e.wire - w0;
-                    }
-                }
+                let (count, dtype) = (self.count, self.dtype);
+                e.all_reduce(None, buf, count, dtype, ReduceOp::Sum, Flat::Tree)?;
+                report.wire = e.wire - w0;
             }
             Kind::Coded(call) => {
                 let r = call.run(e, None, buf)?;

@@ -18,12 +18,13 @@ pub use route::AllReduceCall;
 use crate::bootstrap::{
     self, host_id, join, machine_id, select_interface, PeerInfo, Topology, UniqueId,
 };
-use crate::coll::{Engine, Links};
+use crate::coll::Engine;
 use crate::config::{Config, TransportChoice};
 use crate::error::{Error, Result};
 use crate::transport::inproc::InProcTransport;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::{LinkConfig, Transport};
+use crate::tuning::{Hosts, Links, Tuning};
 use queue::Queue;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::AtomicBool;
@@ -64,6 +65,12 @@ pub struct Comm {
     comm_id: u64,
     secret: [u8; 16],
     config: Config,
+    /// The all-reduce rules (QCCL_TUNING_FILE's rows ahead of the built-in table), shared
+    /// with the comms split off this one.
+    tuning: Arc<Tuning>,
+    /// How the ranks reach each other and where they run: what the rules look at.
+    links: Links,
+    hosts: Hosts,
     fabric: Fabric,
     queue: Arc<Queue>,
     worker: Option<JoinHandle<()>>,
@@ -161,6 +168,8 @@ impl Comm {
     pub fn init(id: &UniqueId, rank: usize, size: usize, config: Config) -> Result<Comm> {
         check_rank(rank, size)?;
         config.validate()?;
+        // Before the rendezvous: a bad tuning file fails this rank alone, before any byte moves.
+        let tuning = Arc::new(Tuning::load(config.tuning_file.as_deref())?);
         let (ifname, ip) =
             select_interface(config.socket_ifname.as_deref(), Some(id.root_addr().ip()))?;
         let listener = TcpListener::bind((ip, 0))
@@ -194,6 +203,7 @@ impl Comm {
             world.comm_id,
             id.secret(),
             config,
+            tuning,
             Fabric::Tcp { ip, peers },
             Some(listener),
         )
@@ -231,6 +241,7 @@ impl Comm {
             return Err(Error::invalid("a comm needs at least one rank (got 0)"));
         }
         config.validate()?;
+        let tuning = Arc::new(Tuning::load(config.tuning_file.as_deref())?);
         let comm_id: u64 = rand::random();
         let secret: [u8; 16] = rand::random();
         (0..host_ids.len())
@@ -249,6 +260,7 @@ impl Comm {
                     comm_id,
                     secret,
                     config.clone(),
+                    tuning.clone(),
                     Fabric::InProc,
                     None,
                 )
@@ -256,12 +268,14 @@ impl Comm {
             .collect()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         rank: usize,
         place: Placement,
         comm_id: u64,
         secret: [u8; 16],
         config: Config,
+        tuning: Arc<Tuning>,
         fabric: Fabric,
         listener: Option<TcpListener>,
     ) -> Result<Comm> {
@@ -317,6 +331,16 @@ impl Comm {
         );
         let transport_name = transport.name();
         let inspector = transport.inspector();
+        let links = match (&fabric, over_sockets) {
+            (_, true) if topo.nnodes > 1 => Links::Network,
+            (_, true) => Links::Sockets,
+            (Fabric::Tcp { .. }, false) => Links::Arena,
+            (Fabric::InProc, false) => Links::Threads,
+        };
+        let hosts = Hosts::new(
+            topo.ranks_of_node.iter().map(Vec::len).collect(),
+            topo.local_size,
+        );
         let engine = Engine {
             t: transport,
             scratch: Default::default(),
@@ -324,13 +348,6 @@ impl Comm {
             size,
             slice: config.slice_bytes(),
             sra_slice: config.sra_slice_bytes(size),
-            links: match (&fabric, over_sockets) {
-                (_, true) if topo.nnodes > 1 => Links::Network,
-                (_, true) => Links::Sockets,
-                (Fabric::Tcp { .. }, false) => Links::Arena,
-                (Fabric::InProc, false) => Links::Threads,
-            },
-            algo: config.algo,
             wire: Default::default(),
             residuals: Default::default(),
             coded_calls: 0,
@@ -354,6 +371,9 @@ impl Comm {
             comm_id,
             secret,
             config,
+            tuning,
+            links,
+            hosts,
             fabric,
             queue,
             worker: Some(worker),
@@ -407,6 +427,12 @@ impl Comm {
     /// What carries this comm's traffic: "tcp", "tcp+shm" or "inproc".
     pub fn transport_name(&self) -> &'static str {
         self.transport
+    }
+
+    #[doc(hidden)]
+    /// How the ranks reach each other, as the all-reduce rules (and a tuning file) name it.
+    pub fn links(&self) -> Links {
+        self.links
     }
 
     /// The comm's random 64-bit id (same on every rank).

@@ -1,6 +1,6 @@
 //! What an all-reduce call does, resolved once on the Comm when the call is made: compressed
-//! (QCCL_COMPRESSION, or an explicit codec), hierarchical (several hosts, or QCCL_ALGO=hier),
-//! or flat on the engine. The result runs inside the comm's turn, so the same value serves a
+//! (QCCL_COMPRESSION, or an explicit codec), hierarchical or flat with which schedule (by
+//! `tuning`, from QCCL_ALGO or the call's algorithm, the bytes, the links and the hosts). The result runs inside the comm's turn, so the same value serves a
 //! blocking call (`Comm::all_reduce_raw`), a queued one (`Comm::submit`) and a grouped one.
 
 use super::compress::{Compression, PreparedAllReduce};
@@ -10,13 +10,14 @@ use crate::algo::Algo;
 use crate::coll::call::{Coll, CollCall};
 use crate::coll::Engine;
 use crate::error::{Error, Result};
+use crate::tuning::{CallShape, Flat, Resolved, Workload};
 use crate::types::{DType, ReduceOp};
 use std::sync::Arc;
 
 /// Where an all-reduce goes.
 enum Route {
-    /// On this comm's engine with `algo` (None: the comm's default, resolved at run time).
-    Flat(Option<Algo>),
+    /// On this comm's engine with this schedule.
+    Flat(Flat),
     /// Above the engine, on the hierarchy's sub-comms.
     Hier(Arc<Hier>),
     /// A compressed all-reduce (which makes its own flat/hierarchical choice).
@@ -71,12 +72,39 @@ impl Comm {
         algo: Option<Algo>,
     ) -> Result<AllReduceCall> {
         self.check(&CollCall::new(Coll::AllReduce, count, dtype).op(op))?;
-        let route = if self.wants_hier(algo)? {
-            Route::Hier(self.hierarchy()?)
-        } else {
-            Route::Flat(algo)
+        let bytes = count.saturating_mul(dtype.size());
+        let route = match self.choose(Workload::AllReduce, bytes, algo)? {
+            Resolved::Hier => Route::Hier(self.hierarchy()?),
+            Resolved::Flat(f) => Route::Flat(f),
         };
         Ok(self.call(route, count, dtype, op))
+    }
+
+    /// The schedule of an all-reduce of `bytes` asked to run `algo` (None: QCCL_ALGO) on this
+    /// comm: the one place calls ask `tuning`.
+    pub(super) fn choose(
+        &self,
+        coll: Workload,
+        bytes: usize,
+        algo: Option<Algo>,
+    ) -> Result<Resolved> {
+        let request = algo.unwrap_or(self.config.algo);
+        self.tuning.choose(&self.call_shape(coll, bytes), request)
+    }
+
+    /// `auto`'s flat schedule for a call on this comm as one level of a hierarchy.
+    pub(super) fn choose_flat(&self, coll: Workload, bytes: usize) -> Flat {
+        self.tuning.flat(&self.call_shape(coll, bytes))
+    }
+
+    fn call_shape(&self, coll: Workload, bytes: usize) -> CallShape<'_> {
+        CallShape {
+            coll,
+            bytes,
+            ranks: self.size,
+            links: self.links,
+            hosts: &self.hosts,
+        }
     }
 
     #[doc(hidden)]
@@ -126,7 +154,9 @@ impl AllReduceCall {
         );
         let (count, dtype, op) = (self.count, self.dtype, self.op);
         match &self.route {
-            Route::Flat(algo) => e.all_reduce(send, recv, count, dtype, op, *algo),
+            Route::Flat(f) => e
+                .all_reduce(send, recv, count, dtype, op, *f)
+                .map(|()| f.algo()),
             Route::Hier(h) => {
                 hier::all_reduce(h, send, recv, count, dtype, op).map(|()| Algo::Hier)
             }

@@ -154,6 +154,7 @@ impl Comm {
             child_id,
             self.secret,
             config,
+            self.tuning.clone(),
             fabric,
             listener,
         )
