@@ -17,7 +17,7 @@ use crate::Result;
 /// at a time.
 pub struct Engine {
     /// The transport to the comm's peers.
-    pub(crate) t: Box<dyn Transport>,
+    pub(crate) t: Transport,
     /// Reused scratch buffers.
     pub(crate) scratch: Scratch,
     /// This rank.
@@ -131,7 +131,7 @@ impl Engine {
         algo: u8,
     ) -> Ctx<'_> {
         Ctx {
-            t: &mut *self.t,
+            t: &mut self.t,
             rank: self.rank,
             size: self.size,
             slice: self.slice,
