@@ -171,7 +171,9 @@ pub const TABLE: &[(&str, Tag)] = &[
     ("codec", Tag::of(Subsys::Codec)),
     ("fused", Tag::of(Subsys::Plan)),
     ("transport::stall", Tag::of(Subsys::Ras)),
-    ("transport::tcp", Tag::setup(Subsys::Net)),
+    ("transport::endpoint", Tag::setup(Subsys::Net)),
+    ("transport::net", Tag::setup(Subsys::Net)),
+    ("transport::socket", Tag::setup(Subsys::Net)),
     ("transport::shm", Tag::setup(Subsys::Shm)),
     ("transport::inproc", Tag::setup(Subsys::P2p)),
     ("transport", Tag::of(Subsys::Net)),
@@ -478,15 +480,18 @@ mod tests {
             ("qccl::coll", ("COLL", false)),
             ("qccl::codec::ef", ("CODEC", false)),
             ("qccl::fused::buckets", ("PLAN", false)),
-            ("qccl::transport::tcp", ("NET", true)),
-            ("qccl::transport::tcp::acceptor", ("NET", true)),
+            ("qccl::transport::net", ("NET", true)),
+            ("qccl::transport::net::acceptor", ("NET", true)),
+            ("qccl::transport::socket", ("NET", true)),
+            ("qccl::transport::endpoint", ("NET", true)),
+            ("qccl::transport::engine", ("NET", false)),
             ("qccl::transport::shm::segment", ("SHM", true)),
             ("qccl::transport::inproc", ("P2P", true)),
             ("qccl::transport::stall", ("RAS", false)),
             ("qccl::transport::wait", ("NET", false)),
             // Whole names only, the crate root, other crates: INIT.
             ("qccl::logger", ("INIT", false)),
-            ("qccl::transport::tcpx", ("NET", false)),
+            ("qccl::transport::netx", ("NET", false)),
             ("qccl", ("INIT", false)),
             ("qcclx::config", ("INIT", false)),
             ("qccl_ffi::config", ("INIT", false)),
@@ -547,7 +552,7 @@ mod tests {
             file: None,
             prefix: String::new(),
         };
-        let net = tag_of("qccl::transport::tcp");
+        let net = tag_of("qccl::transport::net");
         let coll = tag_of("qccl::comm::route");
         let s = sink(Level::Info, DEFAULT_MASK);
         assert!(s.wants(Level::Warn, coll));

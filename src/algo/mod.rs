@@ -54,7 +54,7 @@ impl Buf {
 /// Everything an algorithm needs: the transport, who we are, and how to reduce.
 pub struct Ctx<'a> {
     /// The comm's transport.
-    pub t: &'a mut dyn Transport,
+    pub t: &'a mut Transport,
     /// This rank.
     pub rank: usize,
     /// Ranks in the comm.

@@ -21,7 +21,7 @@ use call::{Coll, CollCall};
 /// at a time.
 pub struct Engine {
     /// The transport to the comm's peers.
-    pub(crate) t: Box<dyn Transport>,
+    pub(crate) t: Transport,
     /// Reused scratch buffers.
     pub(crate) scratch: Scratch,
     /// This rank.
@@ -62,7 +62,7 @@ impl Engine {
         algo: u8,
     ) -> Ctx<'_> {
         Ctx {
-            t: &mut *self.t,
+            t: &mut self.t,
             rank: self.rank,
             size: self.size,
             slice: self.slice,

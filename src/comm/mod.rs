@@ -19,10 +19,12 @@ use crate::bootstrap::{
     self, host_id, join, machine_id, select_interface, PeerInfo, Topology, UniqueId,
 };
 use crate::coll::Engine;
-use crate::config::{Config, TransportChoice};
+use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::transport::inproc::InProcTransport;
-use crate::transport::tcp::TcpTransport;
+use crate::transport::inproc::InProcConnector;
+use crate::transport::link::Connector;
+use crate::transport::net::select::{self, Kind};
+use crate::transport::net::NetConnector;
 use crate::transport::{LinkConfig, Transport};
 use crate::tuning::{Hosts, Links, Tuning};
 use queue::Queue;
@@ -283,7 +285,7 @@ impl Comm {
         let size = host_ids.len();
         let topo = Topology::new(host_ids, rank);
         let abort = Arc::new(AtomicBool::new(false));
-        let link = link_config(rank, size, &place, &config, abort.clone());
+        let mut link = link_config(rank, size, &place, &config, abort.clone());
         let mut over_sockets = false;
         let rescue = match &listener {
             Some(l) => Some(
@@ -292,34 +294,34 @@ impl Comm {
             ),
             None => None,
         };
-        let transport: Box<dyn Transport> = match (&fabric, listener) {
+        let connector: Box<dyn Connector> = match (&fabric, listener) {
             (Fabric::Tcp { peers, .. }, Some(l)) => {
-                let shm_peers: Vec<bool> = (0..size)
+                // Each pair's link kind, as NCCL picks a transport per pair.
+                let kinds: Vec<Kind> = (0..size)
                     .map(|p| {
-                        p != rank
-                            && match config.transport {
-                                TransportChoice::Tcp => false,
-                                TransportChoice::Shm => true,
-                                TransportChoice::Auto => host_ids[p] == host_ids[rank],
-                            }
+                        select::choose(&select::Pair {
+                            choice: config.transport,
+                            same_host: host_ids[p] == host_ids[rank],
+                        })
                     })
                     .collect();
-                over_sockets = (0..size).any(|p| p != rank && !shm_peers[p]);
-                Box::new(TcpTransport::new(
+                over_sockets = (0..size).any(|p| p != rank && kinds[p] == Kind::Socket);
+                Box::new(NetConnector::new(
                     l,
                     peers.clone(),
                     comm_id,
                     secret,
                     config.nsocks_per_peer,
-                    shm_peers,
-                    link,
+                    kinds,
+                    &mut link,
                 )?)
             }
-            (Fabric::InProc, _) => Box::new(InProcTransport::connect(comm_id, link)?),
+            (Fabric::InProc, _) => Box::new(InProcConnector::join(comm_id, &link)?),
             (Fabric::Tcp { .. }, None) => {
                 return Err(Error::Internal("tcp comm without a listener".into()))
             }
         };
+        let transport = Transport::new(link, connector);
         crate::qlog!(
             Info,
             "rank {rank}/{size}: comm {comm_id:#018x} on {} (node {} of {}, local rank {} of {})",

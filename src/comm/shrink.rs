@@ -19,8 +19,8 @@
 
 use super::{Comm, Fabric};
 use crate::error::{Error, Result};
+use crate::transport::net::handshake;
 use crate::transport::stall::Inspector;
-use crate::transport::tcp::handshake;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use nix::poll::{poll, PollFd, PollFlags};
 use std::io::{ErrorKind, Read, Write};

@@ -1,19 +1,25 @@
 //! Transports: byte movement between ranks, framed and checked (see `frame`).
 //!
-//! An algorithm step is one [`Transport::exchange`]: send one frame to each of some peers while
-//! receiving one frame from each of some others, all progressed together, so a ring never
-//! deadlocks. Every wait is bounded by the comm's timeout (measured from the last progress)
-//! and by its abort flag.
+//! The unit is the per-peer *link* (`link.rs`: a socket set, a shared-memory ring pair, an
+//! in-process channel pair; each kind in its own folder), opened lazily by the comm's
+//! connector (`net/` chooses the kind per peer pair; `inproc/`). An algorithm step is one
+//! [`Transport::exchange`]: send one frame to each of some peers while receiving one frame
+//! from each of some others, all progressed together by the one engine (`engine.rs`), so a
+//! ring never deadlocks. Every wait is bounded by the comm's timeout (measured from the last
+//! progress) and by its abort flag.
 
+mod endpoint;
+pub mod engine;
 pub mod frame;
 pub mod inproc;
+pub mod link;
+pub mod net;
 pub mod shm;
+pub mod socket;
 pub mod stall;
-pub mod tcp;
 pub mod wait;
 
-use crate::error::Result;
-use frame::OpDesc;
+pub use endpoint::Transport;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +42,7 @@ pub struct RecvReq<'a> {
     /// Where the payload lands (or is reduced into).
     pub data: &'a mut [u8],
     /// None: copy the payload into `data`. Some: reduce it into `data` instead (see
-    /// `Transport::reduces_on_receive`).
+    /// `Link::reduces_on_receive`).
     pub reduce: Option<RecvReduce<'a>>,
 }
 
@@ -104,46 +110,4 @@ pub struct LinkConfig {
     pub arena_chunk: Option<usize>,
     /// The stall inspector of a comm over TCP (set by the transport); None for threads.
     pub inspector: Option<Arc<stall::Inspector>>,
-}
-
-/// A way to move frames between the ranks of one comm.
-pub trait Transport: Send {
-    /// Sends each of `sends` as one frame and receives one frame into each of `recvs`, all
-    /// under the operation descriptor `desc`, which every received frame must match.
-    /// At most one send and one receive per peer; never to or from this rank.
-    fn exchange(
-        &mut self,
-        desc: &OpDesc,
-        sends: &[SendReq<'_>],
-        recvs: &mut [RecvReq<'_>],
-    ) -> Result<()>;
-
-    /// True when a receive from `peer` can reduce straight out of the transport's memory
-    /// (`RecvReq::reducing`), saving the copy into a landing buffer. May connect to `peer`.
-    fn reduces_on_receive(&mut self, peer: usize) -> Result<bool> {
-        let _ = peer;
-        Ok(false)
-    }
-
-    /// The comm-wide shared-memory arena (`shm::arena`) when every peer shares this host over
-    /// shared memory, else None. Set up on first use: every rank must call this at the same
-    /// point of the same collective.
-    fn arena(&mut self) -> Result<Option<&mut shm::arena::Arena>> {
-        Ok(None)
-    }
-
-    /// Tells every connected peer that this rank failed (best effort, bounded to about a
-    /// second) and closes the connections. Later exchanges fail.
-    fn abort(&mut self, reason: &str);
-
-    /// The comm's stall inspector (over TCP), for a server that takes the listener over.
-    fn inspector(&self) -> Option<Arc<stall::Inspector>> {
-        None
-    }
-
-    /// Human-readable name of `peer` for error messages (its address).
-    fn peer_name(&self, peer: usize) -> String;
-
-    /// "tcp" or "inproc".
-    fn name(&self) -> &'static str;
 }

@@ -21,7 +21,7 @@
 
 use crate::error::Error;
 use crate::transport::frame::{Header, OpDesc, HEADER_LEN};
-use crate::transport::tcp::handshake::{self, Hello, PROBE_SOCK};
+use crate::transport::net::handshake::{self, Hello, PROBE_SOCK};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};

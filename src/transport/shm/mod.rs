@@ -1,6 +1,7 @@
-//! Shared-memory links between ranks on the same host: one ring per direction (`ring.rs`).
+//! Shared-memory links between ranks on the same host: one ring per direction (`ring.rs`),
+//! driven as a `Link` by `link.rs`; and the comm-wide arena (`arena.rs`).
 //!
-//! Both ranks of a pair set the link up over their already verified TCP connection: each
+//! Both ranks of a pair set the rings up over their already verified TCP connection: each
 //! creates its outgoing ring under a random name (mode 0600), sends the name and its pid,
 //! maps the peer's ring, and unlinks its own name once the peer confirms it mapped it. From
 //! then on nothing is left in /dev/shm, even if a process is killed with SIGKILL. A peer that
@@ -8,6 +9,7 @@
 
 pub mod arena;
 pub mod futex;
+pub mod link;
 pub mod ring;
 pub mod segment;
 
@@ -16,11 +18,22 @@ use ring::Ring;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
+/// Whether a peer pair may talk over shared memory (`net::select`): on one host, unless
+/// QCCL_TRANSPORT says tcp; always when it says shm.
+pub fn can_connect(pair: &crate::transport::net::select::Pair) -> bool {
+    use crate::config::TransportChoice;
+    match pair.choice {
+        TransportChoice::Tcp => false,
+        TransportChoice::Shm => true,
+        TransportChoice::Auto => pair.same_host,
+    }
+}
+
 /// Data bytes of each ring.
 pub const RING_BYTES: usize = 4 << 20;
 
 /// The two rings to one peer, and the peer's pid for liveness checks.
-pub struct ShmLink {
+pub struct Rings {
     /// This rank writes, the peer reads.
     pub tx: Ring,
     /// The peer writes, this rank reads.
@@ -29,9 +42,9 @@ pub struct ShmLink {
     pub peer_pid: i32,
 }
 
-/// Sets up the link to `peer` over `sock` (blocking, with a read timeout); both ranks call it
+/// Sets up the rings to `peer` over `sock` (blocking, with a read timeout); both ranks call it
 /// at the same point.
-pub fn setup(sock: &mut TcpStream, comm_id: u64, me: usize, peer: usize) -> Result<ShmLink> {
+pub fn setup(sock: &mut TcpStream, comm_id: u64, me: usize, peer: usize) -> Result<Rings> {
     let name = segment::new_name(comm_id, &format!("{me}-{peer}"));
     let tx = Ring::create(&name, RING_BYTES)?;
     let result = exchange_names(sock, &name).and_then(|(pid, peer_name)| {
@@ -44,7 +57,7 @@ pub fn setup(sock: &mut TcpStream, comm_id: u64, me: usize, peer: usize) -> Resu
     });
     Ring::unlink(&name);
     let (peer_pid, rx) = result?;
-    Ok(ShmLink { tx, rx, peer_pid })
+    Ok(Rings { tx, rx, peer_pid })
 }
 
 fn exchange_names(sock: &mut TcpStream, name: &str) -> Result<(i32, String)> {

@@ -18,7 +18,7 @@
 use super::handshake::{self, HELLO_LEN};
 use crate::error::{Error, Result};
 use crate::log::Level;
-use crate::transport::shm::{self, ShmLink};
+use crate::transport::shm::{self, Rings};
 use crate::transport::stall::Inspector;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use nix::poll::{poll, PollFd, PollFlags};
@@ -41,8 +41,8 @@ pub const MAX_UNVERIFIED: usize = 64;
 const SHM_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A verified incoming connection: peer rank, socket index, stream, and the shared-memory
-/// link when the peer is on this host (set up on its first socket).
-pub type Incoming = (usize, usize, TcpStream, Option<ShmLink>);
+/// rings when the pair talks over shared memory (set up on its first socket).
+pub type Incoming = (usize, usize, TcpStream, Option<Rings>);
 
 /// The accept thread; stops (and closes the listener) when dropped.
 pub struct Acceptor {

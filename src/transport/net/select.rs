@@ -1,0 +1,55 @@
+//! Which link kind serves a peer pair, chosen the way NCCL's `canConnect` chain chooses: each
+//! kind, in order of preference, says whether it can connect the pair, and the first that can
+//! wins. Both ranks decide from what both know (host ids, the configuration), so they agree
+//! without a message. A new kind adds its `can_connect` and a row in [`ORDER`].
+
+use crate::config::TransportChoice;
+
+/// The link kinds a network comm opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Rings in shared memory (`transport::shm`).
+    Shm,
+    /// TCP sockets (`transport::socket`).
+    Socket,
+}
+
+/// What a kind may know of a peer pair.
+#[derive(Debug, Clone, Copy)]
+pub struct Pair {
+    /// QCCL_TRANSPORT.
+    pub choice: TransportChoice,
+    /// Both ranks share a host id.
+    pub same_host: bool,
+}
+
+/// A kind's test: can it connect this pair?
+type CanConnect = fn(&Pair) -> bool;
+
+/// The kinds by preference, each with its test.
+const ORDER: &[(Kind, CanConnect)] = &[
+    (Kind::Shm, crate::transport::shm::can_connect),
+    (Kind::Socket, crate::transport::socket::can_connect),
+];
+
+/// The first kind that can connect `pair`.
+pub fn choose(pair: &Pair) -> Kind {
+    ORDER
+        .iter()
+        .find(|(_, can)| can(pair))
+        .map_or(Kind::Socket, |&(k, _)| k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_on_one_host_unless_told_otherwise() {
+        let pick = |choice, same_host| choose(&Pair { choice, same_host });
+        assert_eq!(pick(TransportChoice::Auto, true), Kind::Shm);
+        assert_eq!(pick(TransportChoice::Auto, false), Kind::Socket);
+        assert_eq!(pick(TransportChoice::Tcp, true), Kind::Socket);
+        assert_eq!(pick(TransportChoice::Shm, false), Kind::Shm);
+    }
+}
