@@ -1,9 +1,10 @@
 //! Collective and point-to-point entry points, blocking and non-blocking, and
 //! `qcclTest` / `qcclWait`.
 
-use crate::group::{guard_op, hold, in_group, launch};
+use crate::group::{guard_op, hold, launch};
 use crate::handle::{self, CommHandle, ReqState};
 use crate::last_error::{guard, no_panic};
+use crate::nesting::in_group;
 use crate::op::{AllReduceArgs, Op};
 use crate::plan::{self, GroupSlot, Mode, Routed};
 use crate::types::*;

@@ -1,8 +1,8 @@
 //! Version, unique id, comm creation, split, destroy, abort and queries.
 
-use crate::group::in_group;
 use crate::handle;
 use crate::last_error::guard;
+use crate::nesting::in_group;
 use crate::plan;
 use crate::types::*;
 use qccl_core::{Comm, Config, Error, Result, UniqueId};

@@ -16,6 +16,7 @@
 
 use crate::handle::CommHandle;
 use crate::last_error::{guard, no_panic, record};
+use crate::nesting::{self, in_group};
 use crate::op::{Op, P2pPlan};
 use crate::plan;
 use crate::types::*;
@@ -28,18 +29,12 @@ type Batch = (usize, Arc<CommHandle>, Vec<Op>);
 
 #[derive(Default)]
 struct Group {
-    depth: usize,
     batches: Vec<Batch>,
     first_error: Option<Error>,
 }
 
 thread_local! {
     static GROUP: RefCell<Group> = RefCell::new(Group::default());
-}
-
-/// True between `qcclGroupStart` and the matching outermost `qcclGroupEnd` on this thread.
-pub(crate) fn in_group() -> bool {
-    GROUP.with(|g| g.borrow().depth > 0)
 }
 
 /// The body of an entry point that starts an operation: like `guard`, and a failure inside
@@ -54,7 +49,7 @@ pub(crate) fn guard_op(
         if let Err(e) = &r {
             GROUP.with(|g| {
                 let mut g = g.borrow_mut();
-                if g.depth > 0 && g.first_error.is_none() {
+                if in_group() && g.first_error.is_none() {
                     g.first_error = Some(e.clone());
                 }
             });
@@ -67,7 +62,7 @@ pub(crate) fn guard_op(
 pub(crate) fn launch(token: qcclComm_t, h: Arc<CommHandle>, op: Op) -> Result<()> {
     let op = GROUP.with(|g| {
         let mut g = g.borrow_mut();
-        if g.depth == 0 {
+        if !in_group() {
             return Some(op);
         }
         let key = token as usize;
@@ -181,7 +176,7 @@ fn run_batches(prepared: Vec<(usize, Arc<CommHandle>, Prepared)>) -> Result<()> 
 #[no_mangle]
 pub extern "C" fn qcclGroupStart() -> qcclResult_t {
     guard("qcclGroupStart", std::ptr::null_mut(), || {
-        GROUP.with(|g| g.borrow_mut().depth += 1);
+        nesting::enter();
         Ok(())
     })
 }
@@ -192,13 +187,12 @@ pub extern "C" fn qcclGroupEnd() -> qcclResult_t {
     guard("qcclGroupEnd", std::ptr::null_mut(), || {
         let taken = GROUP.with(|g| {
             let mut g = g.borrow_mut();
-            if g.depth == 0 {
+            if nesting::depth() == 0 {
                 return Err(Error::InvalidUsage(
                     "qcclGroupEnd without a matching qcclGroupStart".into(),
                 ));
             }
-            g.depth -= 1;
-            if g.depth > 0 {
+            if nesting::leave() > 0 {
                 return Ok(None);
             }
             Ok(Some((std::mem::take(&mut g.batches), g.first_error.take())))

@@ -23,6 +23,7 @@ mod comm;
 mod group;
 mod handle;
 mod last_error;
+mod nesting;
 mod op;
 mod plan;
 pub mod types;

@@ -5,7 +5,7 @@
 //! grouped or non-blocking (`Comm::submit`), or as part of a group's point-to-point batch.
 
 use crate::buf::RawBuf;
-use crate::group::in_group;
+use crate::nesting::in_group;
 use crate::types::*;
 use qccl_core::fused::{FusedAllReduce, Part};
 use qccl_core::internal::{

@@ -17,6 +17,16 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What a link kind may know of a peer pair when asked whether it can connect it
+/// (`net::select`).
+#[derive(Debug, Clone, Copy)]
+pub struct Pair {
+    /// QCCL_TRANSPORT.
+    pub choice: crate::config::TransportChoice,
+    /// Both ranks share a host id.
+    pub same_host: bool,
+}
+
 /// Which way a pending job moves bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dir {

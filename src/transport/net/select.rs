@@ -3,7 +3,9 @@
 //! wins. Both ranks decide from what both know (host ids, the configuration), so they agree
 //! without a message. A new kind adds its `can_connect` and a row in [`ORDER`].
 
+#[cfg(test)]
 use crate::config::TransportChoice;
+pub use crate::transport::link::Pair;
 
 /// The link kinds a network comm opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,15 +14,6 @@ pub enum Kind {
     Shm,
     /// TCP sockets (`transport::socket`).
     Socket,
-}
-
-/// What a kind may know of a peer pair.
-#[derive(Debug, Clone, Copy)]
-pub struct Pair {
-    /// QCCL_TRANSPORT.
-    pub choice: TransportChoice,
-    /// Both ranks share a host id.
-    pub same_host: bool,
 }
 
 /// A kind's test: can it connect this pair?

@@ -20,7 +20,7 @@ use std::net::TcpStream;
 
 /// Whether a peer pair may talk over shared memory (`net::select`): on one host, unless
 /// QCCL_TRANSPORT says tcp; always when it says shm.
-pub fn can_connect(pair: &crate::transport::net::select::Pair) -> bool {
+pub fn can_connect(pair: &crate::transport::link::Pair) -> bool {
     use crate::config::TransportChoice;
     match pair.choice {
         TransportChoice::Tcp => false,

@@ -34,7 +34,7 @@ fn streams(len: usize, nsocks: usize) -> usize {
 }
 
 /// Whether a peer pair may talk over sockets (`net::select`): always, the kind of last resort.
-pub fn can_connect(_pair: &crate::transport::net::select::Pair) -> bool {
+pub fn can_connect(_pair: &crate::transport::link::Pair) -> bool {
     true
 }
 
