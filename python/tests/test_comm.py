@@ -259,3 +259,25 @@ def _abort(rank, size, uid):
 def test_abort_unblocks_a_waiting_call():
     res = run_ranks(_abort, 2, qccl.unique_id())
     assert res[0] < 10
+
+
+def test_readme_example_runs():
+    """The README's Python example (python/examples/all_reduce.py) on 3 processes: every rank
+    prints the expected average, and the torch line when torch is installed."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(here, "..", "examples", "all_reduce.py")
+    out = subprocess.run(
+        [sys.executable, example, "3"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for r in range(3):
+        assert f"rank {r}: avg 1.00 (expected 1.00)" in out.stdout, out.stdout + out.stderr
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    assert out.stdout.count("torch max 3") == 3, out.stdout
