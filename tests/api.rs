@@ -241,6 +241,84 @@ fn split_by_parity_reverse_keys() {
 }
 
 #[test]
+fn create_group_is_made_by_its_members_alone() {
+    threads(5, Config::default(), |c| {
+        // Ranks 1, 3, 4 make a group; 0 and 2 never call create_group and go on with the
+        // parent meanwhile (a point-to-point exchange of their own).
+        let members = [1usize, 3, 4];
+        if let Some(me) = members.iter().position(|&r| r == c.rank()) {
+            let g = c.create_group(&members, 7).unwrap();
+            assert_eq!((g.rank(), g.size()), (me, 3));
+            let mut v = vec![c.rank() as f64; 1009];
+            g.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            assert!(v.iter().all(|&x| x == 8.0));
+            // The same members again, another tag: a second, independent comm.
+            let h = c.create_group(&members, 8).unwrap();
+            h.barrier().unwrap();
+            // A rank outside the list is refused before anything moves.
+            let err = c.create_group(&[0, 2], 9).err().unwrap().to_string();
+            assert!(err.contains("is not in the member list"), "{err}");
+        } else {
+            let peer = if c.rank() == 0 { 2 } else { 0 };
+            let mut got = [0u32; 1];
+            if c.rank() == 0 {
+                c.send(&[42u32], peer).unwrap();
+            } else {
+                c.recv(&mut got, peer).unwrap();
+                assert_eq!(got[0], 42);
+            }
+        }
+        // The parent is untouched: every rank meets in it again.
+        let mut v = vec![1u32; 3];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v, vec![5, 5, 5]);
+    });
+}
+
+#[test]
+fn create_group_over_tcp_and_a_disagreeing_member() {
+    let id = UniqueId::new().unwrap();
+    let hs: Vec<_> = (0..3)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let cfg = Config {
+                    timeout: Duration::from_millis(5000),
+                    ..Config::default()
+                };
+                let c = Comm::init(&id, r, 3, cfg).unwrap();
+                let g = c.create_group(&[0, 2], 1);
+                if r == 1 {
+                    assert!(g.is_err());
+                } else {
+                    let g = g.unwrap();
+                    let mut v = vec![r as f32 + 1.0; 4099];
+                    g.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    assert!(v.iter().all(|&x| x == 4.0));
+                }
+                // Members that disagree (another tag here): both fail on the first frame,
+                // naming the call, rather than waiting for the timeout.
+                if r == 2 {
+                    return None;
+                }
+                let t = std::time::Instant::now();
+                let err = c
+                    .create_group(&[0, 1], 2 + r as u64)
+                    .err()
+                    .unwrap()
+                    .to_string();
+                assert!(t.elapsed() < Duration::from_secs(4), "{err}");
+                Some(err)
+            })
+        })
+        .collect();
+    for (r, h) in hs.into_iter().enumerate() {
+        if let Some(err) = h.join().unwrap() {
+            assert!(err.contains("split"), "rank {r}: {err}");
+        }
+    }
+}
+
+#[test]
 fn init_from_a_unique_id_over_tcp_with_host_topology() {
     let id = UniqueId::new().unwrap();
     let hs: Vec<_> = (0..3)

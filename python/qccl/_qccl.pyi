@@ -105,6 +105,10 @@ class Comm:
     def split(self, color: int, key: int = 0) -> Optional["Comm"]:
         """Collective: ranks with one `color` form a new comm ordered by `key`; a negative
         color gets None."""
+    def create_group(self, members: Sequence[int], tag: int = 0) -> "Comm":
+        """A comm of `members` (ascending ranks of this comm) made by the members alone, as
+        MPI_Comm_create_group; ranks outside the list do not call it. `tag` tells apart
+        groups of the same members."""
     def async_error(self) -> Optional[str]:
         """The message of the error that failed this comm, or None."""
     def abort(self) -> None:

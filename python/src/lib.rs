@@ -781,6 +781,16 @@ impl PyComm {
         Ok(sub.map(PyComm::wrap))
     }
 
+    /// A comm of `members` (ascending ranks of this comm) made by the members alone (MPI's
+    /// `MPI_Comm_create_group`); ranks outside the list do not call it. `tag` tells apart
+    /// groups of the same members (every member passes the same).
+    #[pyo3(signature = (members, tag=0))]
+    fn create_group(&self, py: Python<'_>, members: Vec<usize>, tag: u64) -> PyResult<PyComm> {
+        let c = self.comm()?;
+        let sub = py.allow_threads(|| c.create_group(&members, tag)).py()?;
+        Ok(PyComm::wrap(sub))
+    }
+
     /// The message of the error that failed this comm, or None.
     fn async_error(&self) -> PyResult<Option<String>> {
         Ok(self.comm()?.async_error().map(|e| e.to_string()))

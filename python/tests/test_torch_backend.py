@@ -164,6 +164,15 @@ def _suite(rank, size, init):
         dist.all_reduce(t, group=g)
         eq("new_group", t, torch.tensor([float(sum(m + 1 for m in members))]))
         dist.barrier(group=g)
+    # A second group that leaves rank 0 out, made while rank 0 talks to nobody: torch calls the
+    # backend only on members, and qccl makes the comm from the world comm by them alone.
+    if size >= 3:
+        rest = list(range(1, size))
+        h = dist.new_group(rest, backend="qccl")
+        if rank in rest:
+            t = torch.full((1009,), float(rank))
+            dist.all_reduce(t, group=h, op=dist.ReduceOp.MAX)
+            eq("new_group without rank 0", t, torch.full((1009,), float(size - 1)))
     dist.barrier()
     dist.destroy_process_group()
     return bad

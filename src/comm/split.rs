@@ -2,6 +2,9 @@
 
 use super::{Comm, Fabric, Placement};
 use crate::error::{Error, Result};
+use crate::transport::frame::{CollKind, OpDesc};
+use crate::transport::{RecvReq, SendReq};
+use crate::types::DType;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::atomic::Ordering;
@@ -38,6 +41,65 @@ impl Comm {
     /// (NCCL_SPLIT_NOCOLOR) takes no part and gets `None`.
     pub fn split(&self, color: i32, key: i32) -> Result<Option<Comm>> {
         self.split_as(color, key, self.config.clone())
+    }
+
+    /// A comm of `members` (ranks of this comm, ascending; a member's new rank is its place in
+    /// the list) made by the members alone, as MPI's `MPI_Comm_create_group`: ranks outside
+    /// the list do not call it, and this comm goes on unchanged (torch's `new_group`, where only
+    /// members reach the backend). `tag` tells apart groups of the same members: every member
+    /// passes the same. Members that disagree on the list fail with both calls named.
+    pub fn create_group(&self, members: &[usize], tag: u64) -> Result<Comm> {
+        let me = check_members(members, self.size, self.rank)?;
+        let listener =
+            match &self.fabric {
+                Fabric::Tcp { ip, .. } => Some(TcpListener::bind((*ip, 0)).map_err(|e| {
+                    Error::io(format!("create_group: binding a listener on {ip}"), e)
+                })?),
+                Fabric::InProc => None,
+            };
+        let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+        let mine = encode(0, me as i32, addr);
+        let mut all = vec![0u8; RECORD * members.len()];
+        all[me * RECORD..][..RECORD].copy_from_slice(&mine);
+        let mut h = std::hash::DefaultHasher::new();
+        (self.comm_id, "create_group", tag, members).hash(&mut h);
+        let child_id = h.finish();
+        if members.len() > 1 {
+            // The list's hash rides in the descriptor, so members given different lists of the
+            // same length meet a descriptor mismatch on the first frame instead of a timeout.
+            let desc = OpDesc {
+                coll: CollKind::Split,
+                dtype: DType::Uint8 as u8,
+                op: 0,
+                algo: 0,
+                root: child_id as u32,
+                count: (RECORD * members.len()) as u64,
+            };
+            let rank = self.rank;
+            self.execute(|engine| {
+                let sends: Vec<SendReq<'_>> = members
+                    .iter()
+                    .filter(|&&r| r != rank)
+                    .map(|&peer| SendReq { peer, data: &mine })
+                    .collect();
+                let mut recvs: Vec<RecvReq<'_>> = all
+                    .chunks_mut(RECORD)
+                    .zip(members)
+                    .filter(|&(_, &r)| r != rank)
+                    .map(|(rec, &peer)| RecvReq::new(peer, rec))
+                    .collect();
+                engine.exchange(&desc, &sends, &mut recvs)
+            })?;
+        }
+        let list = all
+            .chunks(RECORD)
+            .zip(members)
+            .map(|(rec, &r)| {
+                let (_, key, a) = decode(rec);
+                (key, r, a)
+            })
+            .collect();
+        self.child(child_id, list, listener, self.config.clone())
     }
 
     /// A level of this comm's hierarchy (`split` with the levels' config): a level is never
@@ -158,5 +220,42 @@ impl Comm {
             fabric,
             listener,
         )
+    }
+}
+
+/// This rank's place in `members`, after checking the list: not empty, ascending without
+/// repeats, every rank below `size`, `rank` among them.
+fn check_members(members: &[usize], size: usize, rank: usize) -> Result<usize> {
+    if let Some(&r) = members.iter().find(|&&r| r >= size) {
+        return Err(Error::invalid(format!(
+            "create_group: rank {r} is out of range for a comm of {size} ranks"
+        )));
+    }
+    if members.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(Error::invalid(format!(
+            "create_group: the member list {members:?} must be ascending without repeats"
+        )));
+    }
+    members.iter().position(|&r| r == rank).ok_or_else(|| {
+        Error::invalid(format!(
+            "create_group: rank {rank} is not in the member list {members:?} (only members call it)"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_members;
+
+    #[test]
+    fn member_lists_are_checked_before_anything_moves() {
+        assert_eq!(check_members(&[0, 2, 3], 4, 2).unwrap(), 1);
+        assert_eq!(check_members(&[1], 2, 1).unwrap(), 0);
+        let msg = |m: &[usize], size, rank| check_members(m, size, rank).unwrap_err().to_string();
+        assert!(msg(&[0, 4], 4, 0).contains("rank 4 is out of range"));
+        assert!(msg(&[2, 1], 4, 1).contains("ascending without repeats"));
+        assert!(msg(&[1, 1], 4, 1).contains("ascending without repeats"));
+        assert!(msg(&[0, 1], 4, 3).contains("rank 3 is not in the member list"));
+        assert!(msg(&[], 4, 0).contains("not in the member list"));
     }
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import collections
 import datetime
+import hashlib
 import queue
 import threading
 import weakref
@@ -202,24 +203,57 @@ class _Worker:
 
 _live: "weakref.WeakSet[ProcessGroupQCCL]" = weakref.WeakSet()
 
+# The qccl default (world) group, whose comm new_group's subgroups are made from.
+_WORLD: Optional["weakref.ref[ProcessGroupQCCL]"] = None
+
+
+def _world() -> Optional["ProcessGroupQCCL"]:
+    pg = _WORLD() if _WORLD is not None else None
+    return pg if pg is not None and not pg._closed else None
+
+
+def _store_unique_id(store, rank: int, size: int) -> bytes:
+    """The group's qccl unique id, made by rank 0 and read by the others from the c10d store."""
+    # One id per creation, even where a store outlives a group (a file:// store used
+    # again): every rank counts itself in once before it joins, and no rank of the next
+    # creation can count before all of this one did (they wait in the rendezvous).
+    generation = (store.add("qccl/joined", 1) - 1) // size
+    key = f"qccl/unique_id/{generation}"
+    if rank == 0:
+        uid = _unique_id()
+        store.set(key, uid)
+        return uid
+    return bytes(store.get(key))
+
 
 class ProcessGroupQCCL(dist.ProcessGroup):
     """A torch.distributed process group over a qccl comm (see the module's doc)."""
 
-    def __init__(self, store, rank: int, size: int, timeout: Optional[datetime.timedelta] = None):
+    def __init__(
+        self,
+        store,
+        rank: int,
+        size: int,
+        timeout: Optional[datetime.timedelta] = None,
+        global_ranks: Sequence[int] = (),
+        group_name: str = "",
+    ):
         super().__init__(rank, size)
         secs = timeout.total_seconds() if timeout is not None else None
-        # One id per creation, even where a store outlives a group (a file:// store used
-        # again): every rank counts itself in once before it joins, and no rank of the next
-        # creation can count before all of this one did (they wait in the rendezvous).
-        generation = (store.add("qccl/joined", 1) - 1) // size
-        key = f"qccl/unique_id/{generation}"
-        if rank == 0:
-            uid = _unique_id()
-            store.set(key, uid)
+        world = _world()
+        if global_ranks and world is not None:
+            # A subgroup of the qccl default group (torch's new_group): made from the world
+            # comm by its members alone, in the world group's issue order.
+            members = sorted(global_ranks)
+            tag = int.from_bytes(hashlib.sha256(group_name.encode()).digest()[:8], "little")
+            fut = world._submit(lambda: world._comm.create_group(members, tag)).get_future()
+            fut.wait()
+            self._comm = fut.value()
         else:
-            uid = bytes(store.get(key))
-        self._comm = Comm.init(uid, rank, size, timeout=secs)
+            self._comm = Comm.init(_store_unique_id(store, rank, size), rank, size, timeout=secs)
+        if not global_ranks:
+            global _WORLD
+            _WORLD = weakref.ref(self)
         self._rank = rank
         self._size = size
         self._worker = _Worker(f"qccl-pg-r{rank}")
@@ -585,8 +619,17 @@ class ProcessGroupQCCL(dist.ProcessGroup):
         return self._submit(run)
 
 
-def _create(store, rank, size, timeout):
-    return ProcessGroupQCCL(store, rank, size, timeout)
+def _create(opts, backend_options=None):
+    """torch's extended creator API: `opts` carries the store, the group's rank and size, its
+    timeout, name and global ranks (empty for the default group)."""
+    return ProcessGroupQCCL(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        global_ranks=list(getattr(opts, "global_ranks_in_group", []) or []),
+        group_name=str(getattr(opts, "group_id", "")),
+    )
 
 
 def register() -> None:
@@ -595,9 +638,9 @@ def register() -> None:
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     try:
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     except TypeError:  # torch without `devices`
-        dist.Backend.register_backend(BACKEND, _create)
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True)
 
 
 @atexit.register
