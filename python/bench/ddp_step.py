@@ -6,7 +6,11 @@ e.g. the emulated cluster:
     perf-tests/emucluster -H 2 -R 1 --rate 1gbit -- python python/bench/ddp_step.py --backend qccl --hook qsgd
 
 Rank 0 prints the mean time of the measured steps (after warm-up steps that include the
-hook's uncompressed start_iter steps).
+hook's uncompressed start_iter steps), split into forward, backward (with the communication
+DDP waits for) and optimizer step, and the process's CPU time per step. `--hook noop` returns
+each bucket untouched, with no communication at all: the step's floor (compute and DDP's own
+copies), against which the others' communication cost reads. `--threads` sets torch's
+intra-op threads (torchrun sets OMP_NUM_THREADS=1 when it starts several ranks on a machine).
 """
 
 import argparse
@@ -21,13 +25,23 @@ import qccl.torch  # noqa: F401
 from qccl.torch import hooks
 
 
+def _noop_hook(_state, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="qccl")
-    ap.add_argument("--hook", default="none", choices=["none", "qsgd"])
+    ap.add_argument("--hook", default="none", choices=["none", "qsgd", "noop"])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=300))
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -40,22 +54,31 @@ def main():
     if a.hook == "qsgd":
         state = hooks.CompressionState(None, spec="qsgd:bits=4,bucket=128", start_iter=2, model=model)
         ddp.register_comm_hook(state, hooks.compressed_allreduce_hook)
+    elif a.hook == "noop":
+        ddp.register_comm_hook(None, _noop_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x, y = torch.randn(32, 1024), torch.randn(32, 1024)
+    x, y = torch.randn(a.batch, 1024), torch.randn(a.batch, 1024)
     times = []
     for step in range(a.warmup + a.steps):
         dist.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        t3, c3 = time.perf_counter(), time.process_time()
         if step >= a.warmup:
-            times.append(time.perf_counter() - t0)
+            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2, c3 - c0))
     if dist.get_rank() == 0:
-        hook = "qsgd:bits=4,bucket=128 hook" if state else "no hook"
+        hook = {"qsgd": "qsgd:bits=4,bucket=128 hook", "noop": "noop hook (no communication)"}.get(a.hook, "no hook")
+        mean = [1e3 * sum(t[i] for t in times) / len(times) for i in range(5)]
         print(
             f"ddp_step backend={a.backend} {hook} ranks={dist.get_world_size()} params={params / 1e6:.1f}M "
-            f"step_ms={1e3 * sum(times) / len(times):.0f} (min {1e3 * min(times):.0f})"
+            f"batch={a.batch} threads={torch.get_num_threads()} step_ms={mean[0]:.0f} "
+            f"(min {1e3 * min(t[0] for t in times):.0f}; forward {mean[1]:.0f}, backward {mean[2]:.0f}, "
+            f"optimizer {mean[3]:.0f}; cpu {mean[4]:.0f})"
         )
     if state is not None:
         state.close()
