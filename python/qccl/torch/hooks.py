@@ -14,8 +14,6 @@ buckets are final); before, buckets are averaged uncompressed. Error feedback is
 bucket (its index), and a bucket whose length changes starts a fresh residual.
 """
 
-import queue
-import threading
 import weakref
 from typing import Callable, Dict, Optional
 
@@ -23,43 +21,12 @@ import torch
 import torch.distributed as dist
 
 from .. import Comm, unique_id
+from . import _Worker
 
 __all__ = ["CompressionState", "compressed_allreduce_hook", "hitopk_hook"]
 
 
-class _Runner:
-    """One thread running a state's qccl calls in order (DDP calls hooks from autograd)."""
-
-    def __init__(self) -> None:
-        self._q = queue.SimpleQueue()
-        self._t = threading.Thread(target=self._run, name="qccl-hook", daemon=True)
-        self._t.start()
-
-    def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future:
-        fut = torch.futures.Future()
-        self._q.put((fn, fut))
-        return fut
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            fn, fut = item
-            try:
-                r = fn()
-            except BaseException as e:  # DDP raises it from backward
-                fut.set_exception(e)
-                continue
-            fut.set_result(r)
-
-    def close(self) -> None:
-        if self._t.is_alive():
-            self._q.put(None)
-            self._t.join()
-
-
-def _close(runner: _Runner, comm: Comm) -> None:
+def _close(runner: _Worker, comm: Comm) -> None:
     runner.close()
     comm.close()
 
@@ -108,7 +75,8 @@ class CompressionState:
         if model is not None:
             self._names = {id(p): n for n, p in model.named_parameters()}
         self._lengths: Dict[int, int] = {}
-        self._runner = _Runner()
+        # One thread runs the state's qccl calls in order (DDP calls hooks from autograd).
+        self._runner = _Worker("qccl-hook")
         self._finalizer = weakref.finalize(self, _close, self._runner, self.comm)
 
     def close(self) -> None:
