@@ -211,8 +211,9 @@ def _lifecycle(rank, size, init):
 
     torch.ones(1 << 16).add_(1).sum()  # torch's own pools start here, not in the backend
     before = _resources()
-    for _ in range(2):
-        _init(rank, size, init)
+    for i in range(2):
+        # A rendezvous file each time: torch before 2.1 cannot init twice from one file.
+        _init(rank, size, f"{init}-{i}")
         t = torch.ones(1 << 16)
         dist.all_reduce(t)
         assert t[0].item() == size

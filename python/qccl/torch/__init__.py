@@ -20,6 +20,7 @@ import atexit
 import collections
 import datetime
 import hashlib
+import inspect
 import queue
 import threading
 import weakref
@@ -643,6 +644,32 @@ def register() -> None:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True)
 
 
+def _shut_down_on_destroy() -> None:
+    """Torch before 2.3 drops a group in `destroy_process_group` without shutting its backend
+    down, which would leave this backend's thread and comm running: there, wrap the function
+    to shut down the qccl groups it destroys (all of them for the default group)."""
+    c10d = dist.distributed_c10d
+    destroy = c10d.destroy_process_group
+    try:
+        if "shutdown" in inspect.getsource(destroy) or getattr(destroy, "_qccl", False):
+            return
+    except (OSError, TypeError):  # no source: go by the version
+        if _TORCH >= (2, 3):
+            return
+
+    def destroy_process_group(group=None):
+        everything = group is None or group is dist.group.WORLD
+        doomed = [pg for pg in list(_live) if everything or pg is group]
+        destroy(group)
+        for pg in doomed:
+            pg.shutdown()
+
+    destroy_process_group.__doc__ = destroy.__doc__
+    destroy_process_group._qccl = True
+    c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
+
+
 @atexit.register
 def _at_exit() -> None:
     # A worker thread still running at exit would outlive the interpreter: join them all.
@@ -654,3 +681,4 @@ def _at_exit() -> None:
 
 
 register()
+_shut_down_on_destroy()
