@@ -1,0 +1,26 @@
+/* topk: the k elements of largest magnitude, exactly those of src/codec/topk.rs (ties at the
+ * k-th magnitude go to the lower indices; NaN above every number). The k-th largest key t comes
+ * from a four-pass radix select (sparse.cuh); the payload is then everything above t plus the
+ * first ties, written by the shared compaction.
+ *
+ * Launch sequence for n elements, k = k_of(density, n) > 0 (k = 0: the payload is empty, launch
+ * nothing), st = SPARSE_STATE words, hist = 256 u32, counts = 2 * ceil(n / 4096) u64:
+ *   qccl_topk_init<<<1,1>>>(k, st, hist)
+ *   for pass 0..3: qccl_topk_hist(x, n, pass, st, hist) (any grid); qccl_topk_digit<<<1,1>>>
+ *   qccl_sparse_count, qccl_sparse_scan<<<1,1>>>, qccl_sparse_write (sparse.cu)
+ * All sequential-mode safe. With error feedback, x is the w of qccl_sparse_compensate. */
+#include "sparse.cuh"
+
+extern "C" __global__ void qccl_topk_init(sp_u64 k, sp_u64 *st, unsigned *hist) {
+    if (qccl_tid() == 0)
+        sp_radix_init(st, k, 1, hist);
+}
+
+extern "C" __global__ void qccl_topk_hist(const float *x, sp_u64 n, int pass, const sp_u64 *st,
+                                          unsigned *hist) {
+    sp_radix_hist(x, n, pass, st, hist);
+}
+
+extern "C" __global__ void qccl_topk_digit(int pass, sp_u64 *st, unsigned *hist) {
+    sp_radix_digit(pass, st, hist);
+}
