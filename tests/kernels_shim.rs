@@ -146,3 +146,173 @@ fn finish_avg_matches_rust() {
         }
     }
 }
+
+// ---- the shim's fiber mode (kernels/shim/selftest.cu) ---------------------------------------
+
+fn u32s(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn u32_bytes(x: &[u32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn fibers_block_sum() {
+    let Some(drv) = driver("selftest") else {
+        return;
+    };
+    let mut g = Gen::new(3);
+    for n in [0usize, 1, 7, 4099, 100_003] {
+        for block in [32u32, 256, 1024] {
+            let x: Vec<u32> = (0..n).map(|_| g.u64() as u32).collect();
+            let xb = u32_bytes(&x);
+            let out = Job::new("block_sum")
+                .arg("block", block)
+                .input("x", &xb)
+                .output("out")
+                .run(&drv);
+            let blocks = (n.div_ceil(block as usize)).clamp(1, 16);
+            let stride = blocks * block as usize;
+            let want: Vec<u32> = (0..blocks)
+                .map(|b| {
+                    (0..n)
+                        .filter(|i| (i % stride) / block as usize == b)
+                        .fold(0u32, |s, i| s.wrapping_add(x[i]))
+                })
+                .collect();
+            assert_eq!(u32s(&out["out"]), want, "n {n} block {block}");
+        }
+    }
+}
+
+#[test]
+fn fibers_votes_on_partial_warps() {
+    let Some(drv) = driver("selftest") else {
+        return;
+    };
+    let mut g = Gen::new(4);
+    for n in [1usize, 7, 4099] {
+        for block in [32usize, 100, 33] {
+            // Mostly odd values, so that __all_sync is sometimes true.
+            let x: Vec<u32> = (0..n)
+                .map(|_| g.u64() as u32 | (g.u64() % 8 != 0) as u32)
+                .collect();
+            let xb = u32_bytes(&x);
+            let out = Job::new("votes")
+                .arg("block", block)
+                .input("x", &xb)
+                .output("ballot")
+                .output("all")
+                .output("any")
+                .run(&drv);
+            let warps_per_block = block.div_ceil(32);
+            let (mut ballot, mut all, mut any) = (vec![], vec![], vec![]);
+            for b in 0..n.div_ceil(block) {
+                for w in 0..warps_per_block {
+                    let lanes = (block - 32 * w).min(32);
+                    let mut bits = 0u32;
+                    for l in 0..lanes {
+                        let i = b * block + 32 * w + l;
+                        if i < n && x[i] & 1 == 1 {
+                            bits |= 1 << l;
+                        }
+                    }
+                    let mask = if lanes == 32 { !0 } else { (1u32 << lanes) - 1 };
+                    ballot.push(bits);
+                    all.push((bits == mask) as u32);
+                    any.push((bits != 0) as u32);
+                }
+            }
+            assert_eq!(u32s(&out["ballot"]), ballot, "n {n} block {block}");
+            assert_eq!(u32s(&out["all"]), all, "n {n} block {block}");
+            assert_eq!(u32s(&out["any"]), any, "n {n} block {block}");
+        }
+    }
+}
+
+#[test]
+fn fibers_segmented_scan() {
+    let Some(drv) = driver("selftest") else {
+        return;
+    };
+    let mut g = Gen::new(5);
+    for n in [0usize, 1, 7, 4099] {
+        for width in [1u32, 8, 32] {
+            let x: Vec<u32> = (0..n).map(|_| g.u64() as u32).collect();
+            let xb = u32_bytes(&x);
+            let out = Job::new("scan")
+                .arg("width", width)
+                .input("x", &xb)
+                .output("out")
+                .run(&drv);
+            let w = width as usize;
+            let want: Vec<u32> = (0..n)
+                .map(|i| (i - i % w..=i).fold(0u32, |s, j| s.wrapping_add(x[j])))
+                .collect();
+            assert_eq!(u32s(&out["out"]), want, "n {n} width {width}");
+        }
+    }
+}
+
+#[test]
+fn atomics_in_both_modes() {
+    let Some(drv) = driver("selftest") else {
+        return;
+    };
+    let mut g = Gen::new(6);
+    for n in [0usize, 1, 7, 4099] {
+        let x: Vec<u32> = (0..n).map(|_| g.u64() as u32).collect();
+        let xb = u32_bytes(&x);
+        for fibers in [0, 1] {
+            let out = Job::new("atomics")
+                .arg("fibers", fibers)
+                .input("x", &xb)
+                .output("acc")
+                .output("facc")
+                .run(&drv);
+            let want = vec![
+                x.iter().fold(0u32, |s, &v| s.wrapping_add(v)),
+                x.iter().copied().max().unwrap_or(0),
+                x.iter().copied().min().unwrap_or(u32::MAX),
+                x.iter().fold(0, |s, &v| s | v),
+            ];
+            assert_eq!(u32s(&out["acc"]), want, "n {n} fibers {fibers}");
+            // Sums of small integers are exact in f32 in any order.
+            let fsum: u32 = x.iter().map(|v| v & 255).sum();
+            let got = f32::from_le_bytes(out["facc"][..4].try_into().unwrap());
+            assert_eq!(got, fsum as f32, "n {n} fibers {fibers}");
+        }
+    }
+}
+
+#[test]
+fn shared_memory_per_block() {
+    let Some(drv) = driver("selftest") else {
+        return;
+    };
+    for (blocks, block) in [(1u32, 1u32), (3, 64), (5, 1024)] {
+        let out = Job::new("shared")
+            .arg("blocks", blocks)
+            .arg("block", block)
+            .output("out")
+            .run(&drv);
+        let want: Vec<u32> = (0..blocks)
+            .flat_map(|b| (0..block).map(move |t| b * 1000 + (t + 1) % block))
+            .collect();
+        assert_eq!(u32s(&out["out"]), want, "{blocks} blocks of {block}");
+    }
+}
+
+#[test]
+fn shim_refuses_misuse() {
+    let Some(drv) = driver("selftest") else {
+        return;
+    };
+    let err = Job::new("bad_barrier").run_failing(&drv);
+    assert!(err.contains("deadlock"), "{err}");
+    let err = Job::new("sync_in_sequential").run_failing(&drv);
+    assert!(err.contains("needs fiber mode"), "{err}");
+}

@@ -127,6 +127,21 @@ impl<'a> Job<'a> {
     /// Runs the job; returns each output's bytes by key. Panics with the driver's stderr if it
     /// fails (a shim abort names the block and thread).
     pub fn run(self, d: &Driver) -> HashMap<String, Vec<u8>> {
+        match self.exec(d) {
+            Ok(res) => res,
+            Err(msg) => panic!("{msg}"),
+        }
+    }
+
+    /// Runs a job that must fail; returns the driver's stderr.
+    pub fn run_failing(self, d: &Driver) -> String {
+        match self.exec(d) {
+            Ok(_) => panic!("{} succeeded; it should have failed", self.entry),
+            Err(msg) => msg,
+        }
+    }
+
+    fn exec(&self, d: &Driver) -> Result<HashMap<String, Vec<u8>>, String> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = work_dir().join(format!(
             "job-{}-{}",
@@ -148,14 +163,16 @@ impl<'a> Job<'a> {
             cmd.arg(format!("{k}={}", file(k)));
         }
         let out = cmd.output().expect("run the shim driver");
-        assert!(
-            out.status.success(),
-            "{} {} failed ({}):\n{}",
-            d.exe.display(),
-            self.entry,
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(format!(
+                "{} {} failed ({}):\n{}",
+                d.exe.display(),
+                self.entry,
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
         let res = self
             .outputs
             .iter()
@@ -165,7 +182,7 @@ impl<'a> Job<'a> {
             })
             .collect();
         let _ = std::fs::remove_dir_all(&dir);
-        res
+        Ok(res)
     }
 }
 
