@@ -13,12 +13,14 @@
  * st = SPARSE_STATE words, part = 16 * ceil(n / 16384) floats twice, hist = 256 u32:
  *   qccl_mstopk_partials(x, n, psum, pmax) (any grid, a thread per part lane)
  *   qccl_mstopk_init<<<1,1>>>(n, k, psum, pmax, st, hist)
- *   samplings times: qccl_mstopk_count(x, n, st) (any grid); qccl_mstopk_step<<<1,1>>>(st)
- *   for pass 0..3: qccl_mstopk_hist(x, n, pass, st, hist); qccl_mstopk_digit<<<1,1>>>
+ *   samplings times: qccl_mstopk_count(x, n, st) (FIBER mode, whole warps);
+ *     qccl_mstopk_step<<<1,1>>>(st)
+ *   for pass 0..3: qccl_mstopk_hist(x, n, pass, st, hist) (FIBER mode);
+ *     qccl_mstopk_digit<<<1,1>>>
  *     (no-ops unless the input fell back to top-k)
  *   qccl_mstopk_finish<<<1,1>>>(key, st)
  *   qccl_sparse_count, qccl_sparse_scan<<<1,1>>>, qccl_sparse_write (sparse.cu)
- * All sequential-mode safe. With error feedback, x is the w of qccl_sparse_compensate. */
+ * The rest run in sequential mode. With error feedback, x is the w of qccl_sparse_compensate. */
 #include "sparse.cuh"
 #include "draw.cuh"
 
@@ -110,12 +112,17 @@ extern "C" __global__ void qccl_mstopk_init(sp_u64 n, sp_u64 k, const float *psu
     mstopk_next(st);
 }
 
+/* FIBER mode (warp shuffles): each warp sums its threads' counts, and its lane 0 adds the sum
+ * to the state's counter: one atomic per warp. Launch with whole warps (blockDim a multiple
+ * of 32). */
 extern "C" __global__ void qccl_mstopk_count(const float *x, sp_u64 n, sp_u64 *st) {
     if (st[SP_DONE])
-        return;
+        return; /* uniform over the grid */
     sp_u64 t = st[SP_THRES], c = 0;
     QCCL_GRID_STRIDE(i, n) { c += sp_key(x[i]) >= t; }
-    if (c)
+    for (int d = 16; d > 0; d >>= 1)
+        c += __shfl_xor_sync(0xffffffffu, c, d);
+    if ((threadIdx.x & 31) == 0 && c)
         atomicAdd(&st[SP_COUNT], c);
 }
 

@@ -12,7 +12,10 @@
  * The compaction is three launches over segments of SPARSE_SEG elements, a thread per segment
  * (sequential-mode safe): qccl_sparse_count (per-segment class counts), qccl_sparse_scan (one
  * thread: exclusive prefix sums), qccl_sparse_write (each segment writes its pairs at their
- * final positions). The payload pointer needs no alignment (bytewise stores). */
+ * final positions). The payload pointer needs no alignment (bytewise stores).
+ *
+ * Every kernel here runs in sequential mode except the radix histogram (FIBER mode: a block's
+ * threads share a histogram in __shared__ memory). */
 #pragma once
 #include "common.cuh"
 
@@ -82,17 +85,28 @@ QCCL_DEVICE void sp_radix_init(sp_u64 *st, sp_u64 k, int on, unsigned *hist) {
         hist[b] = 0;
 }
 
+/* FIBER mode (__syncthreads): each block counts into a shared histogram, then adds its
+ * non-zero bins to the global one, so the global atomics are 256 per block at most rather than
+ * one per element (the top digits of float keys crowd into a few bins). */
 QCCL_DEVICE void sp_radix_hist(const float *x, sp_u64 n, int pass, const sp_u64 *st,
                                unsigned *hist) {
+    __shared__ unsigned local[256];
     if (!st[SP_RADIX])
-        return;
+        return; /* uniform over the grid: no thread reaches a barrier */
+    for (unsigned b = threadIdx.x; b < 256; b += blockDim.x)
+        local[b] = 0;
+    __syncthreads();
     unsigned shift = 24 - 8 * (unsigned)pass;
     sp_u64 prefix = st[SP_PREFIX];
     QCCL_GRID_STRIDE(i, n) {
         sp_u64 key = sp_key(x[i]);
         if ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-            atomicAdd(&hist[(key >> shift) & 255u], 1u);
+            atomicAdd(&local[(key >> shift) & 255u], 1u);
     }
+    __syncthreads();
+    for (unsigned b = threadIdx.x; b < 256; b += blockDim.x)
+        if (local[b])
+            atomicAdd(&hist[b], local[b]);
 }
 
 QCCL_DEVICE void sp_radix_digit(int pass, sp_u64 *st, unsigned *hist) {

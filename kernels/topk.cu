@@ -6,9 +6,10 @@
  * Launch sequence for n elements, k = k_of(density, n) > 0 (k = 0: the payload is empty, launch
  * nothing), st = SPARSE_STATE words, hist = 256 u32, counts = 2 * ceil(n / 4096) u64:
  *   qccl_topk_init<<<1,1>>>(k, st, hist)
- *   for pass 0..3: qccl_topk_hist(x, n, pass, st, hist) (any grid); qccl_topk_digit<<<1,1>>>
+ *   for pass 0..3: qccl_topk_hist(x, n, pass, st, hist) (FIBER mode: a shared
+ *     histogram per block, any grid); qccl_topk_digit<<<1,1>>>
  *   qccl_sparse_count, qccl_sparse_scan<<<1,1>>>, qccl_sparse_write (sparse.cu)
- * All sequential-mode safe. With error feedback, x is the w of qccl_sparse_compensate. */
+ * The others run in sequential mode. With error feedback, x is the w of qccl_sparse_compensate. */
 #include "sparse.cuh"
 
 extern "C" __global__ void qccl_topk_init(sp_u64 k, sp_u64 *st, unsigned *hist) {

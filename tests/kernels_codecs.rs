@@ -31,7 +31,7 @@ fn harness() -> Option<&'static Path> {
             return None;
         }
         let st = Command::new(&gxx)
-            .args(["-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I"])
+            .args(["-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-I"])
             .arg(root.join("kernels"))
             .arg("-I")
             .arg(root.join("kernels/shim"))

@@ -40,6 +40,8 @@ void put_vec(const std::vector<T>& v) {
 
 // Odd grid shapes, so every grid-stride loop wraps and no kernel relies on a shape.
 const dim3 GRID(7), BLOCK(37), ONE(1);
+// Whole warps, for the kernels that shuffle.
+const dim3 WARPS(64);
 
 uint64_t qsgd_payload_len(uint64_t n, unsigned bits, unsigned bucket, unsigned maxabs) {
     return (n + bucket - 1) / bucket * (maxabs ? 4 : 8) + (n * bits + 7) / 8;
@@ -120,7 +122,7 @@ void sparse_encode() {
         qccl_shim::launch(qccl_topk_init, ONE, ONE, (unsigned long long)k, st.data(),
                           hist.data());
         for (int pass = 0; pass < 4; pass++) {
-            qccl_shim::launch(qccl_topk_hist, GRID, BLOCK, xs, n, pass,
+            qccl_shim::launch_fibers(qccl_topk_hist, GRID, BLOCK, xs, n, pass,
                               (const unsigned long long*)st.data(), hist.data());
             qccl_shim::launch(qccl_topk_digit, ONE, ONE, pass, st.data(), hist.data());
         }
@@ -133,11 +135,11 @@ void sparse_encode() {
                           (const float*)psum.data(), (const float*)pmax.data(), st.data(),
                           hist.data());
         for (uint32_t s = 0; s < samplings; s++) {
-            qccl_shim::launch(qccl_mstopk_count, GRID, BLOCK, xs, n, st.data());
+            qccl_shim::launch_fibers(qccl_mstopk_count, GRID, WARPS, xs, n, st.data());
             qccl_shim::launch(qccl_mstopk_step, ONE, ONE, st.data());
         }
         for (int pass = 0; pass < 4; pass++) {
-            qccl_shim::launch(qccl_mstopk_hist, GRID, BLOCK, xs, n, pass,
+            qccl_shim::launch_fibers(qccl_mstopk_hist, GRID, BLOCK, xs, n, pass,
                               (const unsigned long long*)st.data(), hist.data());
             qccl_shim::launch(qccl_mstopk_digit, ONE, ONE, pass, st.data(), hist.data());
         }
