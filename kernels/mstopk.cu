@@ -19,7 +19,7 @@
  *     qccl_mstopk_digit<<<1,1>>>
  *     (no-ops unless the input fell back to top-k)
  *   qccl_mstopk_finish<<<1,1>>>(key, st)
- *   qccl_sparse_count, qccl_sparse_scan<<<1,1>>>, qccl_sparse_write (sparse.cu)
+ *   qccl_sparse_count, qccl_sparse_scan<<<1,256>>>, qccl_sparse_write (sparse.cu)
  * The rest run in sequential mode. With error feedback, x is the w of qccl_sparse_compensate. */
 #include "sparse.cuh"
 #include "draw.cuh"

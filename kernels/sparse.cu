@@ -1,6 +1,8 @@
 /* The sparse payload's shared kernels (src/codec/sparse.rs): the ordered compaction that writes
  * a selection (see sparse.cuh), decode-add (scatter-add), the decoder's index check, and the two
- * halves of error feedback around a selection. All sequential-mode safe, any grid.
+ * halves of error feedback around a selection. The compaction kernels are FIBER mode (warps:
+ * blockDim a multiple of 32; qccl_sparse_scan exactly one block of SPARSE_SCAN threads); the
+ * others sequential-mode safe, any grid.
  *
  * Error feedback for a sparsifier, bit for bit the Rust EF wrapper (compensate, then
  * residual += w, then residual -= the k sent values):

@@ -9,13 +9,13 @@
  * rank WLO <= rank < WHI. topk: A = key > t, B = key == t, window [0, ties wanted). mstopk:
  * A = key >= thres1, B = thres2 <= key < thres1, window [offset, offset + k - k1).
  *
- * The compaction is three launches over segments of SPARSE_SEG elements, a thread per segment
- * (sequential-mode safe): qccl_sparse_count (per-segment class counts), qccl_sparse_scan (one
- * thread: exclusive prefix sums), qccl_sparse_write (each segment writes its pairs at their
+ * The compaction is three launches over segments of SPARSE_SEG elements, a warp per segment:
+ * qccl_sparse_count (per-segment class counts), qccl_sparse_scan (one block of SPARSE_SCAN
+ * threads: exclusive prefix sums), qccl_sparse_write (each segment writes its pairs at their
  * final positions). The payload pointer needs no alignment (bytewise stores).
  *
- * Every kernel here runs in sequential mode except the radix histogram (FIBER mode: a block's
- * threads share a histogram in __shared__ memory). */
+ * The compaction and the radix histogram (a block's threads share it in __shared__ memory) run
+ * in the shim's FIBER mode; the rest in sequential mode. */
 #pragma once
 #include "common.cuh"
 
@@ -133,31 +133,87 @@ QCCL_DEVICE void sp_radix_digit(int pass, sp_u64 *st, unsigned *hist) {
     }
 }
 
-/* ---- the compaction --------------------------------------------------------------------- */
+/* ---- the compaction ---------------------------------------------------------------------
+ * A warp per segment of SPARSE_SEG elements, lane j owning the run of SPARSE_RUN elements at
+ * j * SPARSE_RUN: lanes count their runs alone and meet only to combine counts (shuffles), so
+ * a segment costs ten warp exchanges whatever its contents. The three kernels are FIBER mode
+ * and need whole warps (blockDim a multiple of 32). */
+
+#define SPARSE_RUN 128ull
 
 QCCL_DEVICE sp_u64 sp_segments(sp_u64 n) { return (n + SPARSE_SEG - 1) / SPARSE_SEG; }
+
+/* This thread's warp in the grid, and the grid's warp count. */
+QCCL_DEVICE sp_u64 sp_warp() { return qccl_tid() / 32; }
+QCCL_DEVICE sp_u64 sp_warps() { return qccl_nthreads() / 32; }
+
+/* This lane's run of segment s: [*lo, *hi). */
+QCCL_DEVICE void sp_run(sp_u64 s, sp_u64 n, sp_u64 *lo, sp_u64 *hi) {
+    sp_u64 a = s * SPARSE_SEG + (threadIdx.x & 31) * SPARSE_RUN, b = a + SPARSE_RUN;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+}
+
+/* Class A and class B elements of this lane's run. */
+QCCL_DEVICE void sp_run_counts(const float *x, sp_u64 lo, sp_u64 hi, sp_u64 ta, sp_u64 tb,
+                               sp_u64 *a, sp_u64 *b) {
+    sp_u64 ca = 0, cb = 0;
+    for (sp_u64 i = lo; i < hi; i++) {
+        sp_u64 key = sp_key(x[i]);
+        ca += key >= ta;
+        cb += key >= tb && key < ta;
+    }
+    *a = ca;
+    *b = cb;
+}
 
 /* counts[2s], counts[2s+1]: class A and class B elements of segment s. */
 QCCL_DEVICE void sp_count(const float *x, sp_u64 n, const sp_u64 *st, sp_u64 *counts) {
     sp_u64 ta = st[SP_TA], tb = st[SP_TB];
-    QCCL_GRID_STRIDE(s, sp_segments(n)) {
-        sp_u64 a = 0, b = 0, end = (s + 1) * SPARSE_SEG < n ? (s + 1) * SPARSE_SEG : n;
-        for (sp_u64 i = s * SPARSE_SEG; i < end; i++) {
-            sp_u64 key = sp_key(x[i]);
-            a += key >= ta;
-            b += key >= tb && key < ta;
+    for (sp_u64 s = sp_warp(); s < sp_segments(n); s += sp_warps()) {
+        sp_u64 lo, hi, a, b;
+        sp_run(s, n, &lo, &hi);
+        sp_run_counts(x, lo, hi, ta, tb, &a, &b);
+        for (int d = 16; d > 0; d >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, d);
+            b += __shfl_xor_sync(0xffffffffu, b, d);
         }
-        counts[2 * s] = a;
-        counts[2 * s + 1] = b;
+        if ((threadIdx.x & 31) == 0) {
+            counts[2 * s] = a;
+            counts[2 * s + 1] = b;
+        }
     }
 }
 
-/* Exclusive prefix sums of the counts, in place (one thread). */
+/* Exclusive prefix sums of the counts, in place: one block of SPARSE_SCAN threads, each
+ * summing a contiguous run of segments, then a scan of the runs' sums in shared memory. */
+#define SPARSE_SCAN 256
 QCCL_DEVICE void sp_scan(sp_u64 n, sp_u64 *counts) {
-    if (qccl_tid() != 0)
+    __shared__ sp_u64 sa[SPARSE_SCAN], sb[SPARSE_SCAN];
+    if (blockIdx.x != 0 || blockDim.x != SPARSE_SCAN)
         return;
+    unsigned t = threadIdx.x;
+    sp_u64 nseg = sp_segments(n), per = (nseg + SPARSE_SCAN - 1) / SPARSE_SCAN;
+    sp_u64 lo = t * per < nseg ? t * per : nseg, hi = lo + per < nseg ? lo + per : nseg;
     sp_u64 a = 0, b = 0;
-    for (sp_u64 s = 0; s < sp_segments(n); s++) {
+    for (sp_u64 s = lo; s < hi; s++) {
+        a += counts[2 * s];
+        b += counts[2 * s + 1];
+    }
+    sa[t] = a;
+    sb[t] = b;
+    __syncthreads();
+    /* Inclusive Hillis-Steele scan of the run sums. */
+    for (unsigned d = 1; d < SPARSE_SCAN; d <<= 1) {
+        sp_u64 pa = t >= d ? sa[t - d] : 0, pb = t >= d ? sb[t - d] : 0;
+        __syncthreads();
+        sa[t] += pa;
+        sb[t] += pb;
+        __syncthreads();
+    }
+    a = sa[t] - a;
+    b = sb[t] - b;
+    for (sp_u64 s = lo; s < hi; s++) {
         sp_u64 ca = counts[2 * s], cb = counts[2 * s + 1];
         counts[2 * s] = a;
         counts[2 * s + 1] = b;
@@ -167,14 +223,27 @@ QCCL_DEVICE void sp_scan(sp_u64 n, sp_u64 *counts) {
 }
 
 /* Each segment writes its kept pairs: an element's position is the A elements before it plus
- * the B elements before it that fall in the window. */
+ * the B elements before it that fall in the window. A lane's totals before its run are the
+ * segment's (from the scan) plus the earlier lanes' (a shuffle scan). */
 QCCL_DEVICE void sp_write(const float *x, sp_u64 n, const sp_u64 *st, const sp_u64 *counts,
                           unsigned char *payload) {
     sp_u64 ta = st[SP_TA], tb = st[SP_TB], wlo = st[SP_WLO], whi = st[SP_WHI], k = st[SP_K];
-    QCCL_GRID_STRIDE(s, sp_segments(n)) {
-        sp_u64 a = counts[2 * s], b = counts[2 * s + 1];
-        sp_u64 end = (s + 1) * SPARSE_SEG < n ? (s + 1) * SPARSE_SEG : n;
-        for (sp_u64 i = s * SPARSE_SEG; i < end; i++) {
+    unsigned lane = threadIdx.x & 31;
+    for (sp_u64 s = sp_warp(); s < sp_segments(n); s += sp_warps()) {
+        sp_u64 lo, hi, ca, cb;
+        sp_run(s, n, &lo, &hi);
+        sp_run_counts(x, lo, hi, ta, tb, &ca, &cb);
+        sp_u64 a = ca, b = cb; /* inclusive scans over the lanes */
+        for (unsigned d = 1; d < 32; d <<= 1) {
+            sp_u64 pa = __shfl_up_sync(0xffffffffu, a, d), pb = __shfl_up_sync(0xffffffffu, b, d);
+            if (lane >= d) {
+                a += pa;
+                b += pb;
+            }
+        }
+        a = counts[2 * s] + a - ca;
+        b = counts[2 * s + 1] + b - cb;
+        for (sp_u64 i = lo; i < hi; i++) {
             sp_u64 key = sp_key(x[i]);
             if (key >= ta) {
                 sp_u64 inb = b < wlo ? 0 : (b < whi ? b - wlo : whi - wlo);

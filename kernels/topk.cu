@@ -8,7 +8,7 @@
  *   qccl_topk_init<<<1,1>>>(k, st, hist)
  *   for pass 0..3: qccl_topk_hist(x, n, pass, st, hist) (FIBER mode: a shared
  *     histogram per block, any grid); qccl_topk_digit<<<1,1>>>
- *   qccl_sparse_count, qccl_sparse_scan<<<1,1>>>, qccl_sparse_write (sparse.cu)
+ *   qccl_sparse_count, qccl_sparse_scan<<<1,256>>>, qccl_sparse_write (sparse.cu)
  * The others run in sequential mode. With error feedback, x is the w of qccl_sparse_compensate. */
 #include "sparse.cuh"
 

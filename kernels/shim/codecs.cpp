@@ -93,11 +93,11 @@ void qsgd_decode() {
 // Writes the payload of the selection in st over x (the shared compaction).
 void compact(const float* x, uint64_t n, unsigned long long* st, unsigned char* payload) {
     std::vector<unsigned long long> counts(2 * ((n + SPARSE_SEG - 1) / SPARSE_SEG));
-    qccl_shim::launch(qccl_sparse_count, GRID, BLOCK, x, n, (const unsigned long long*)st,
-                      counts.data());
-    qccl_shim::launch(qccl_sparse_scan, ONE, ONE, n, counts.data());
-    qccl_shim::launch(qccl_sparse_write, GRID, BLOCK, x, n, (const unsigned long long*)st,
-                      (const unsigned long long*)counts.data(), payload);
+    qccl_shim::launch_fibers(qccl_sparse_count, GRID, WARPS, x, n, (const unsigned long long*)st,
+                             counts.data());
+    qccl_shim::launch_fibers(qccl_sparse_scan, ONE, dim3(SPARSE_SCAN), n, counts.data());
+    qccl_shim::launch_fibers(qccl_sparse_write, GRID, WARPS, x, n, (const unsigned long long*)st,
+                             (const unsigned long long*)counts.data(), payload);
 }
 
 void sparse_encode() {
