@@ -321,14 +321,22 @@ fn shim_refuses_misuse() {
 
 /// Checks a codec's kernels against its Rust payload functions: `qccl_<name>_encode` gives
 /// `encode_payload`'s bytes, `qccl_<name>_decode` and `_decode_add` give `decode_payload`'s
-/// f32s (a NaN matching any NaN after an add). `args` go to every job (e.g. the bucket).
-fn check_codec(driver_name: &str, name: &str, spec: &str, args: &[(&str, u64)], seed: u64) {
+/// f32s (a NaN matching any NaN after an add), at each of `counts`. `args` go to every job
+/// (e.g. the bucket).
+fn check_codec(
+    driver_name: &str,
+    name: &str,
+    spec: &str,
+    args: &[(&str, u64)],
+    counts: &[usize],
+    seed: u64,
+) {
     let Some(drv) = driver(driver_name) else {
         return;
     };
     let codec = qccl::CodecSpec::parse(spec).unwrap().codec().clone();
     let mut g = Gen::new(seed);
-    for n in COUNTS {
+    for &n in counts {
         for finite in [false, true] {
             let x = g.f32s(n, finite);
             let mut want = vec![0u8; codec.payload_len(n)];
@@ -371,17 +379,17 @@ fn check_codec(driver_name: &str, name: &str, spec: &str, args: &[(&str, u64)], 
 
 #[test]
 fn none_codec_matches_rust() {
-    check_codec("floats", "none", "none", &[], 10);
+    check_codec("floats", "none", "none", &[], &COUNTS, 10);
 }
 
 #[test]
 fn fp16_codec_matches_rust() {
-    check_codec("floats", "fp16", "fp16", &[], 11);
+    check_codec("floats", "fp16", "fp16", &[], &COUNTS, 11);
 }
 
 #[test]
 fn bf16_codec_matches_rust() {
-    check_codec("floats", "bf16", "bf16", &[], 12);
+    check_codec("floats", "bf16", "bf16", &[], &COUNTS, 12);
 }
 
 /// The f16/bf16 conversions on every 16-bit pattern, and on every rounding edge: each value
@@ -452,5 +460,50 @@ fn half_conversions_every_pattern_and_tie() {
             &shim::f32_bytes(&out),
             4,
         );
+    }
+}
+
+#[test]
+fn efsign_matches_rust() {
+    // grid 0: a block per 32 tiles; 3: a capped grid, so the tile loop strides.
+    for grid in [0, 3] {
+        check_codec(
+            "sign",
+            "efsign",
+            "efsign",
+            &[("grid", grid)],
+            &COUNTS,
+            20 + grid,
+        );
+    }
+}
+
+#[test]
+fn onebit_matches_rust() {
+    // Buckets that divide the 2048-element tile, straddle it or hold many tiles. The fiber-mode
+    // fold costs the shim a context switch per lane and segment, so the small buckets (many
+    // segments) stop at 4099 elements.
+    for (bucket, big) in [
+        (512u64, true),
+        (2048, true),
+        (3000, true),
+        (1 << 24, true),
+        (1, false),
+        (7, false),
+        (100, false),
+        (4096, false),
+    ] {
+        let counts: &[usize] = if big { &COUNTS } else { &COUNTS[..4] };
+        let spec = format!("onebit:bucket={bucket}");
+        for grid in [0, 3] {
+            check_codec(
+                "sign",
+                "onebit",
+                &spec,
+                &[("bucket", bucket), ("grid", grid)],
+                counts,
+                bucket + grid,
+            );
+        }
     }
 }
