@@ -203,6 +203,36 @@ QCCL_FLOAT_OPS(float, qccl_f32_bits, qccl_f32_from)
 QCCL_FLOAT_OPS(double, qccl_f64_bits, qccl_f64_from)
 #undef QCCL_FLOAT_OPS
 
+// ---- small helpers ---------------------------------------------------------------------------
+
+// Finite (neither infinite nor NaN), from the bits: the same on every compiler and flag set.
+QCCL_DEVICE bool qccl_finite_f32(float x) { return (qccl_f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
+QCCL_DEVICE bool qccl_finite_f64(double x) {
+    return (qccl_f64_bits(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
+// |x| as the CPU's f32::abs: the sign bit cleared (a NaN stays a NaN).
+QCCL_DEVICE float qccl_abs_f32(float x) { return qccl_f32_from(qccl_f32_bits(x) & 0x7fffffffu); }
+
+// f32 bits as produced by Rust's f32::NAN.
+#define QCCL_F32_NAN_BITS 0x7fc00000u
+
+// Little-endian f32 at any byte address (payload fields need not be aligned).
+QCCL_DEVICE void qccl_store_f32_le(uint8_t* p, float v) {
+    uint32_t u = qccl_f32_bits(v);
+    p[0] = (uint8_t)u;
+    p[1] = (uint8_t)(u >> 8);
+    p[2] = (uint8_t)(u >> 16);
+    p[3] = (uint8_t)(u >> 24);
+}
+QCCL_DEVICE float qccl_load_f32_le(const uint8_t* p) {
+    return qccl_f32_from((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                         (uint32_t)p[3] << 24);
+}
+
+QCCL_DEVICE uint64_t qccl_div_ceil(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+QCCL_DEVICE uint64_t qccl_min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
 // ---- launch helpers --------------------------------------------------------------------------
 
 // Global index of this thread and the grid's thread count, in 64 bits.

@@ -316,3 +316,194 @@ fn shim_refuses_misuse() {
     let err = Job::new("sync_in_sequential").run_failing(&drv);
     assert!(err.contains("needs fiber mode"), "{err}");
 }
+
+// ---- codecs ----------------------------------------------------------------------------------
+
+/// Checks a codec's kernels against its Rust payload functions: `qccl_<name>_encode` gives
+/// `encode_payload`'s bytes, `qccl_<name>_decode` and `_decode_add` give `decode_payload`'s
+/// f32s (a NaN matching any NaN after an add), at each of `counts`. `args` go to every job
+/// (e.g. the bucket).
+fn check_codec(
+    driver_name: &str,
+    name: &str,
+    spec: &str,
+    args: &[(&str, u64)],
+    counts: &[usize],
+    seed: u64,
+) {
+    let Some(drv) = driver(driver_name) else {
+        return;
+    };
+    let codec = qccl::CodecSpec::parse(spec).unwrap().codec().clone();
+    let mut g = Gen::new(seed);
+    for &n in counts {
+        for finite in [false, true] {
+            let x = g.f32s(n, finite);
+            let mut want = vec![0u8; codec.payload_len(n)];
+            codec.encode_payload(&x, &mut qccl::codec::Rng::from_u64(seed), &mut want);
+            let xb = shim::f32_bytes(&x);
+            let job = |entry: String| {
+                args.iter()
+                    .fold(Job::new(&entry), |j, (k, v)| j.arg(k, v))
+                    .arg("count", n)
+            };
+            let what = format!("{spec} n={n} finite={finite}");
+            let got = job(format!("qccl_{name}_encode"))
+                .input("x", &xb)
+                .output("payload")
+                .run(&drv);
+            assert_same(&format!("{what}: encode"), &got["payload"], &want, 1);
+
+            let acc = g.f32s(n, finite);
+            let accb = shim::f32_bytes(&acc);
+            for add in [false, true] {
+                let mut out = acc.clone();
+                codec.decode_payload(&want, &mut out, add).unwrap();
+                let entry = format!("qccl_{name}_{}", if add { "decode_add" } else { "decode" });
+                let got = job(entry.clone())
+                    .input("payload", &want)
+                    .input("acc", &accb)
+                    .output("out")
+                    .run(&drv);
+                check(
+                    &format!("{what}: {entry}"),
+                    DType::Float32,
+                    &got["out"],
+                    &shim::f32_bytes(&out),
+                    add,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn none_codec_matches_rust() {
+    check_codec("floats", "none", "none", &[], &COUNTS, 10);
+}
+
+#[test]
+fn fp16_codec_matches_rust() {
+    check_codec("floats", "fp16", "fp16", &[], &COUNTS, 11);
+}
+
+#[test]
+fn bf16_codec_matches_rust() {
+    check_codec("floats", "bf16", "bf16", &[], &COUNTS, 12);
+}
+
+/// The f16/bf16 conversions on every 16-bit pattern, and on every rounding edge: each value
+/// widened, the midpoints between neighbours (ties) and one f32 ulp either side of them.
+#[test]
+fn half_conversions_every_pattern_and_tie() {
+    let Some(drv) = driver("floats") else { return };
+    for (name, brain) in [("fp16", false), ("bf16", true)] {
+        let widen = |h: u16| {
+            if brain {
+                half::bf16::from_bits(h).to_f32()
+            } else {
+                half::f16::from_bits(h).to_f32()
+            }
+        };
+        let mut x = Vec::new();
+        for h in 0..=u16::MAX {
+            let (a, b) = (widen(h), widen(h.wrapping_add(1)));
+            x.push(a);
+            if a.is_finite() && b.is_finite() && (h & 0x7fff) != 0x7fff {
+                let mid = ((a as f64 + b as f64) / 2.0) as f32; // exact: f16/bf16 midpoints fit f32
+                x.extend([
+                    mid,
+                    f32::from_bits(mid.to_bits() - 1),
+                    f32::from_bits(mid.to_bits() + 1),
+                ]);
+            }
+        }
+        x.extend([
+            f32::MAX,
+            f32::MIN,
+            65520.0,
+            -65520.0,
+            65519.996,
+            1e-45,
+            -1e-45,
+            2.9802322e-8,
+        ]);
+        let codec = qccl::CodecSpec::parse(name).unwrap().codec().clone();
+        let mut want = vec![0u8; codec.payload_len(x.len())];
+        codec.encode_payload(&x, &mut qccl::codec::Rng::from_u64(0), &mut want);
+        let xb = shim::f32_bytes(&x);
+        let got = Job::new(&format!("qccl_{name}_encode"))
+            .arg("count", x.len())
+            .input("x", &xb)
+            .output("payload")
+            .run(&drv);
+        assert_same(
+            &format!("{name}: encode of the edges"),
+            &got["payload"],
+            &want,
+            2,
+        );
+
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+        let mut out = vec![0f32; 1 << 16];
+        codec.decode_payload(&all, &mut out, false).unwrap();
+        let zeros = vec![0u8; 4 << 16];
+        let got = Job::new(&format!("qccl_{name}_decode"))
+            .arg("count", 1 << 16)
+            .input("payload", &all)
+            .input("acc", &zeros)
+            .output("out")
+            .run(&drv);
+        assert_same(
+            &format!("{name}: decode of every pattern"),
+            &got["out"],
+            &shim::f32_bytes(&out),
+            4,
+        );
+    }
+}
+
+#[test]
+fn efsign_matches_rust() {
+    // grid 0: a block per 32 tiles; 3: a capped grid, so the tile loop strides.
+    for grid in [0, 3] {
+        check_codec(
+            "sign",
+            "efsign",
+            "efsign",
+            &[("grid", grid)],
+            &COUNTS,
+            20 + grid,
+        );
+    }
+}
+
+#[test]
+fn onebit_matches_rust() {
+    // Buckets that divide the 2048-element tile, straddle it or hold many tiles. The fiber-mode
+    // fold costs the shim a context switch per lane and segment, so the small buckets (many
+    // segments) stop at 4099 elements.
+    for (bucket, big) in [
+        (512u64, true),
+        (2048, true),
+        (3000, true),
+        (1 << 24, true),
+        (1, false),
+        (7, false),
+        (100, false),
+        (4096, false),
+    ] {
+        let counts: &[usize] = if big { &COUNTS } else { &COUNTS[..4] };
+        let spec = format!("onebit:bucket={bucket}");
+        for grid in [0, 3] {
+            check_codec(
+                "sign",
+                "onebit",
+                &spec,
+                &[("bucket", bucket), ("grid", grid)],
+                counts,
+                bucket + grid,
+            );
+        }
+    }
+}
