@@ -3,103 +3,15 @@
 //! decoded outputs and error-feedback residuals, over awkward counts (0, 1, 7, 4099, 1000003),
 //! every bit width, both scales and roundings, ties, signed zeros and non-finite values.
 //!
+//! Drivers: kernels/shim/qsgd_driver.cpp and sparse_driver.cpp (built and run by tests/shim).
 //! Needs g++; without it the test prints why and passes, unless QCCL_REQUIRE_SHIM=1 (CI).
+
+mod shim;
 
 use qccl::codec::Rng;
 use qccl::internal::k_of;
 use qccl::CodecSpec;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-
-/// The harness binary, built once per test process; None (with the reason printed) if g++ is
-/// missing and the shim is not required.
-fn harness() -> Option<&'static Path> {
-    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernels_codecs_harness");
-        let gxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        if Command::new(&gxx).arg("--version").output().is_err() {
-            let why = format!("{gxx} not found: the codec kernels' shim tests cannot run");
-            assert!(
-                std::env::var("QCCL_REQUIRE_SHIM").as_deref() != Ok("1"),
-                "{why}"
-            );
-            eprintln!("skipped: {why}");
-            return None;
-        }
-        let st = Command::new(&gxx)
-            .args(["-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-I"])
-            .arg(root.join("kernels"))
-            .arg("-I")
-            .arg(root.join("kernels/shim"))
-            .arg(root.join("kernels/shim/codecs.cpp"))
-            .arg("-o")
-            .arg(&out)
-            .status()
-            .expect("run g++");
-        assert!(
-            st.success(),
-            "g++ failed to build the codec kernels' harness"
-        );
-        Some(out)
-    })
-    .as_deref()
-}
-
-/// Runs `op` with `req` on stdin; returns stdout.
-fn run(bin: &Path, op: &str, req: &[u8]) -> Vec<u8> {
-    let mut child = Command::new(bin)
-        .arg(op)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start harness");
-    let mut stdin = child.stdin.take().unwrap();
-    let req = req.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&req));
-    let out = child.wait_with_output().expect("harness output");
-    writer.join().unwrap().expect("write request");
-    assert!(
-        out.status.success(),
-        "harness {op} failed: {:?}",
-        out.status
-    );
-    out.stdout
-}
-
-/// A little-endian request builder.
-#[derive(Default, Clone)]
-struct Req(Vec<u8>);
-
-impl Req {
-    fn u32(mut self, v: u32) -> Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(mut self, v: u64) -> Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn f32s(mut self, v: &[f32]) -> Self {
-        for x in v {
-            self.0.extend_from_slice(&x.to_le_bytes());
-        }
-        self
-    }
-    fn bytes(mut self, v: &[u8]) -> Self {
-        self.0.extend_from_slice(v);
-        self
-    }
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
+use shim::{bytes_f32, driver, f32_bytes, Driver, Job, COUNTS};
 
 /// f32 bits, with every NaN as one value: NaN payloads are not part of the wire contract for
 /// decoded floats (a GPU's arithmetic makes canonical NaNs).
@@ -139,76 +51,95 @@ fn data(kind: u32, n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const COUNTS: [usize; 5] = [0, 1, 7, 4099, 1_000_003];
-
-fn qsgd_spec(bits: u32, bucket: u32, maxabs: bool, nearest: bool) -> String {
-    format!(
-        "qsgd:bits={bits},bucket={bucket},scale={},rounding={}",
-        if maxabs { "maxabs" } else { "maxmin" },
-        if nearest { "nearest" } else { "stochastic" }
-    )
+/// Parameters of one qsgd case.
+#[derive(Clone, Copy)]
+struct Qsgd {
+    bits: u32,
+    bucket: u32,
+    maxabs: bool,
+    nearest: bool,
 }
 
-/// One qsgd case: encode (plain and with error feedback) and decode-add, against the codec.
-#[allow(clippy::too_many_arguments)]
-fn qsgd_case(bin: &Path, bits: u32, bucket: u32, maxabs: bool, nearest: bool, x: &[f32], key: u64) {
-    let spec = qsgd_spec(bits, bucket, maxabs, nearest);
+impl Qsgd {
+    fn spec(&self) -> String {
+        format!(
+            "qsgd:bits={},bucket={},scale={},rounding={}",
+            self.bits,
+            self.bucket,
+            if self.maxabs { "maxabs" } else { "maxmin" },
+            if self.nearest {
+                "nearest"
+            } else {
+                "stochastic"
+            }
+        )
+    }
+
+    fn job<'a>(&self, entry: &str, n: usize) -> Job<'a> {
+        Job::new(entry)
+            .arg("count", n)
+            .arg("bits", self.bits)
+            .arg("bucket", self.bucket)
+            .arg("maxabs", self.maxabs as u8)
+            .arg("nearest", self.nearest as u8)
+    }
+}
+
+/// One qsgd case: encode (plain and with error feedback) and decode(-add), against the codec.
+fn qsgd_case(d: &Driver, q: Qsgd, x: &[f32], key: u64) {
+    let spec = q.spec();
     let c = CodecSpec::parse(&spec).unwrap().codec().clone();
     let n = x.len();
     let what = format!("{spec} n={n}");
     let mut want = vec![0u8; c.payload_len(n)];
     c.encode_payload(x, &mut Rng::from_u64(key), &mut want);
-    let head = Req::default()
-        .u64(n as u64)
-        .u32(bits)
-        .u32(bucket)
-        .u32(maxabs as u32)
-        .u32(nearest as u32)
-        .u64(key);
-    let got = run(bin, "qsgd_encode", &head.clone().u32(0).f32s(x).0);
-    assert!(got == want, "{what}: encoded payload differs");
+    let xb = f32_bytes(x);
+    let got = q
+        .job("encode", n)
+        .arg("key", key)
+        .input("x", &xb)
+        .output("payload")
+        .run(d);
+    assert!(got["payload"] == want, "{what}: encoded payload differs");
 
-    // decode-add onto a base, and the decoder's rejection of a bad scale.
+    // decode-add onto a base and decode, then the decoder's refusal of a bad scale.
     let base: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.25 - 1.0).collect();
-    let mut acc = base.clone();
-    c.decode_payload(&want, &mut acc, true).unwrap();
-    let req = |payload: &[u8], add: u32| {
-        Req::default()
-            .u64(n as u64)
-            .u32(bits)
-            .u32(bucket)
-            .u32(maxabs as u32)
-            .u32(add)
-            .bytes(payload)
-            .f32s(&base)
-            .0
+    let bb = f32_bytes(&base);
+    let decode = |payload: &[u8], add: bool| {
+        q.job("decode", n)
+            .arg("add", add as u8)
+            .input("payload", payload)
+            .input("acc", &bb)
+            .output("bad")
+            .output("out")
+            .run(d)
     };
-    let got = run(bin, "qsgd_decode", &req(&want, 1));
-    assert_eq!(&got[..4], &[0; 4], "{what}: valid payload refused");
-    assert!(
-        canon(&f32s(&got[4..])) == canon(&acc),
-        "{what}: decode-add differs"
-    );
-    let mut into = vec![0.0; n];
-    c.decode_payload(&want, &mut into, false).unwrap();
-    let got = run(bin, "qsgd_decode", &req(&want, 0));
-    assert!(
-        canon(&f32s(&got[4..])) == canon(&into),
-        "{what}: decode differs"
-    );
+    for add in [true, false] {
+        let mut out = if add { base.clone() } else { vec![0.0; n] };
+        c.decode_payload(&want, &mut out, add).unwrap();
+        let got = decode(&want, add);
+        assert_eq!(got["bad"], [0; 4], "{what}: valid payload refused");
+        assert!(
+            canon(&bytes_f32(&got["out"])) == canon(&out),
+            "{what}: decode (add {add}) differs"
+        );
+    }
     if n > 0 {
         let mut bad = want.clone();
         // hi = -inf (maxmin) or m = -1 (maxabs): both invalid.
-        let at = if maxabs { 0 } else { 4 };
-        let v = if maxabs { -1.0f32 } else { f32::NEG_INFINITY };
+        let (at, v) = if q.maxabs {
+            (0, -1.0f32)
+        } else {
+            (4, f32::NEG_INFINITY)
+        };
         bad[at..at + 4].copy_from_slice(&v.to_le_bytes());
-        assert!(c.decode_payload(&bad, &mut acc.clone(), true).is_err());
-        let got = run(bin, "qsgd_decode", &req(&bad, 1));
-        assert_eq!(&got[..4], &1i32.to_le_bytes(), "{what}: bad scale accepted");
-        assert!(f32s(&got[4..]) == base, "{what}: refused decode wrote");
+        assert!(c.decode_payload(&bad, &mut base.clone(), true).is_err());
+        let got = decode(&bad, true);
+        assert_eq!(got["bad"], 1i32.to_le_bytes(), "{what}: bad scale accepted");
+        assert!(got["out"] == bb, "{what}: refused decode wrote");
     }
 
-    // Error feedback: w = x + res, encode w, res = (0 + w) - decode(w).
+    // Error feedback, as the Rust wrapper: w = x + res, encode w, res = (0 + w) - decode(w).
     let res: Vec<f32> = data(0, n, key ^ 77).iter().map(|v| v * 0.01).collect();
     let w: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
     let mut want = vec![0u8; c.payload_len(n)];
@@ -216,42 +147,54 @@ fn qsgd_case(bin: &Path, bits: u32, bucket: u32, maxabs: bool, nearest: bool, x:
     let mut dec = vec![0.0; n];
     c.decode_payload(&want, &mut dec, false).unwrap();
     let new_res: Vec<f32> = w.iter().zip(&dec).map(|(w, d)| (0.0 + w) - d).collect();
-    let got = run(bin, "qsgd_encode", &head.u32(1).f32s(x).f32s(&res).0);
-    let len = want.len();
-    assert!(got[..len] == want[..], "{what}: EF payload differs");
-    let (r, wo) = got[len..].split_at(4 * n);
+    let rb = f32_bytes(&res);
+    let got = q
+        .job("encode_ef", n)
+        .arg("key", key)
+        .input("x", &xb)
+        .input("res", &rb)
+        .output("payload")
+        .output("res_out")
+        .output("w")
+        .run(d);
+    assert!(got["payload"] == want, "{what}: EF payload differs");
     assert!(
-        canon(&f32s(r)) == canon(&new_res),
+        canon(&bytes_f32(&got["res_out"])) == canon(&new_res),
         "{what}: EF residual differs"
     );
     assert!(
-        canon(&f32s(wo)) == canon(&w),
+        canon(&bytes_f32(&got["w"])) == canon(&w),
         "{what}: EF compensated input differs"
     );
 }
 
 #[test]
 fn qsgd_kernels_match_the_codec() {
-    let Some(bin) = harness() else { return };
+    let Some(d) = driver("qsgd") else { return };
     let mut seed = 1;
     for &n in &COUNTS {
         for bits in 1..=8 {
+            // The large count at a few widths only (debug-build time).
+            if n > 100_000 && ![1, 3, 4, 8].contains(&bits) {
+                continue;
+            }
+            let buckets: &[u32] = if n > 100_000 {
+                &[128, 1000]
+            } else {
+                &[1, 7, 128]
+            };
             for maxabs in [false, true] {
                 for nearest in [true, false] {
-                    // The large count at a few widths only (debug-build time).
-                    if n > 100_000 && ![1, 3, 4, 8].contains(&bits) {
-                        continue;
-                    }
-                    let buckets: &[u32] = if n > 100_000 {
-                        &[128, 1000]
-                    } else {
-                        &[1, 7, 128]
-                    };
                     for &bucket in buckets {
                         seed += 1;
-                        let kind = (seed % 3) as u32;
-                        let x = data(kind, n, seed);
-                        qsgd_case(bin, bits, bucket, maxabs, nearest, &x, seed * 0x1234_5678);
+                        let x = data((seed % 3) as u32, n, seed);
+                        let q = Qsgd {
+                            bits,
+                            bucket,
+                            maxabs,
+                            nearest,
+                        };
+                        qsgd_case(&d, q, &x, seed * 0x1234_5678);
                     }
                 }
             }
@@ -261,7 +204,7 @@ fn qsgd_kernels_match_the_codec() {
 
 #[test]
 fn qsgd_kernels_handle_zero_signs_and_constant_buckets() {
-    let Some(bin) = harness() else { return };
+    let Some(d) = driver("qsgd") else { return };
     // Buckets of only zeros of mixed signs (the scale's sign of zero is the first one each of
     // the eight lanes meets), constant buckets, a lone NaN and a lone infinity.
     let mut x = vec![0.0f32; 64];
@@ -276,19 +219,22 @@ fn qsgd_kernels_handle_zero_signs_and_constant_buckets() {
         for bits in [1, 2, 5, 8] {
             for maxabs in [false, true] {
                 for nearest in [true, false] {
-                    qsgd_case(bin, bits, bucket, maxabs, nearest, &x, 99);
+                    let q = Qsgd {
+                        bits,
+                        bucket,
+                        maxabs,
+                        nearest,
+                    };
+                    qsgd_case(&d, q, &x, 99);
                 }
             }
         }
     }
 }
 
-/// One sparse case: encode (plain and EF) and decode-add against the codec.
-fn sparse_case(bin: &Path, spec: &str, x: &[f32], key: u64) {
-    let c = CodecSpec::parse(spec).unwrap().codec().clone();
-    let n = x.len();
-    let what = format!("{spec} n={n}");
-    let (codec, samplings) = match spec.split(':').next().unwrap() {
+/// The driver's number for a sparse codec, and mstopk's samplings.
+fn sparse_codec(spec: &str) -> (u32, u32) {
+    match spec.split(':').next().unwrap() {
         "topk" => (0, 0),
         "mstopk" => (
             1,
@@ -297,110 +243,110 @@ fn sparse_case(bin: &Path, spec: &str, x: &[f32], key: u64) {
                 .map_or(30, |s| s.parse().unwrap()),
         ),
         _ => (2, 0),
-    };
-    let density: f64 = spec
-        .split("density=")
-        .nth(1)
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    }
+}
+
+/// One sparse case: encode (plain and with error feedback) and decode(-add), against the
+/// codec; `density` is the spec's.
+fn sparse_case(d: &Driver, spec: &str, density: f64, x: &[f32], key: u64) {
+    let c = CodecSpec::parse(spec).unwrap().codec().clone();
+    let n = x.len();
+    let what = format!("{spec} n={n}");
+    let (codec, samplings) = sparse_codec(spec);
     let k = k_of(density, n);
     assert_eq!(c.payload_len(n), 8 * k);
     let mut want = vec![0u8; 8 * k];
     c.encode_payload(x, &mut Rng::from_u64(key), &mut want);
-    let head = Req::default()
-        .u32(codec)
-        .u64(n as u64)
-        .u64(k as u64)
-        .u32(samplings)
-        .u64(key);
-    let got = run(bin, "sparse_encode", &head.clone().u32(0).f32s(x).0);
-    assert!(got == want, "{what}: encoded payload differs");
+    let xb = f32_bytes(x);
+    let job = |ef: bool| {
+        Job::new("encode")
+            .arg("codec", codec)
+            .arg("count", n)
+            .arg("k", k)
+            .arg("samplings", samplings)
+            .arg("key", key)
+            .arg("ef", ef as u8)
+            .input("x", &xb)
+            .output("payload")
+    };
+    let got = job(false).run(d);
+    assert!(got["payload"] == want, "{what}: encoded payload differs");
 
     let base: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
-    let mut acc = base.clone();
-    c.decode_payload(&want, &mut acc, true).unwrap();
-    let req = |payload: &[u8], add: u32| {
-        Req::default()
-            .u64(n as u64)
-            .u64(k as u64)
-            .u32(add)
-            .bytes(payload)
-            .f32s(&base)
-            .0
+    let bb = f32_bytes(&base);
+    let decode = |payload: &[u8], add: bool| {
+        Job::new("decode")
+            .arg("count", n)
+            .arg("k", k)
+            .arg("add", add as u8)
+            .input("payload", payload)
+            .input("acc", &bb)
+            .output("bad")
+            .output("out")
+            .run(d)
     };
-    let got = run(bin, "sparse_decode", &req(&want, 1));
-    assert_eq!(&got[..4], &[0; 4], "{what}: valid payload refused");
-    assert!(
-        canon(&f32s(&got[4..])) == canon(&acc),
-        "{what}: decode-add differs"
-    );
-    let mut into = vec![0.0; n];
-    c.decode_payload(&want, &mut into, false).unwrap();
-    let got = run(bin, "sparse_decode", &req(&want, 0));
-    assert!(
-        canon(&f32s(&got[4..])) == canon(&into),
-        "{what}: decode differs"
-    );
+    for add in [true, false] {
+        let mut out = if add { base.clone() } else { vec![0.0; n] };
+        c.decode_payload(&want, &mut out, add).unwrap();
+        let got = decode(&want, add);
+        assert_eq!(got["bad"], [0; 4], "{what}: valid payload refused");
+        assert!(
+            canon(&bytes_f32(&got["out"])) == canon(&out),
+            "{what}: decode (add {add}) differs"
+        );
+    }
     if k > 0 {
         // An index out of range, then (k >= 2) a repeated one.
         let mut bad = want.clone();
         bad[4 * (k - 1)..4 * k].copy_from_slice(&(n as u32).to_le_bytes());
-        let got = run(bin, "sparse_decode", &req(&bad, 1));
-        assert_eq!(&got[..4], &1i32.to_le_bytes(), "{what}: bad index accepted");
-        assert!(f32s(&got[4..]) == base, "{what}: refused decode wrote");
+        let got = decode(&bad, true);
+        assert_eq!(got["bad"], 1i32.to_le_bytes(), "{what}: bad index accepted");
+        assert!(got["out"] == bb, "{what}: refused decode wrote");
         if k >= 2 {
             let mut bad = want.clone();
-            let first: [u8; 4] = bad[..4].try_into().unwrap();
-            bad[4..8].copy_from_slice(&first);
-            let got = run(bin, "sparse_decode", &req(&bad, 1));
+            bad.copy_within(0..4, 4);
+            let got = decode(&bad, true);
             assert_eq!(
-                &got[..4],
-                &1i32.to_le_bytes(),
+                got["bad"],
+                1i32.to_le_bytes(),
                 "{what}: repeated index accepted"
             );
         }
     }
 
-    // Error feedback: w = x + res, encode w, res = (0 + w), then res -= the sent values.
+    // Error feedback, as the Rust wrapper: w = x + res, encode w, res = 0 + w, then res -= the
+    // values sent.
     let res: Vec<f32> = data(0, n, key ^ 5).iter().map(|v| v * 0.1).collect();
     let w: Vec<f32> = x.iter().zip(&res).map(|(a, b)| a + b).collect();
     let mut want = vec![0u8; 8 * k];
     c.encode_payload(&w, &mut Rng::from_u64(key), &mut want);
     let mut new_res: Vec<f32> = w.iter().map(|v| 0.0 + v).collect();
+    let word = |at: usize| u32::from_le_bytes(want[at..at + 4].try_into().unwrap());
     for j in 0..k {
-        let i = u32::from_le_bytes(want[4 * j..4 * j + 4].try_into().unwrap()) as usize;
-        new_res[i] -=
-            f32::from_le_bytes(want[4 * k + 4 * j..4 * k + 4 * j + 4].try_into().unwrap());
+        new_res[word(4 * j) as usize] -= f32::from_bits(word(4 * k + 4 * j));
     }
-    let got = run(bin, "sparse_encode", &head.u32(1).f32s(x).f32s(&res).0);
-    assert!(got[..8 * k] == want[..], "{what}: EF payload differs");
+    let rb = f32_bytes(&res);
+    let got = job(true).input("res", &rb).output("res_out").run(d);
+    assert!(got["payload"] == want, "{what}: EF payload differs");
     assert!(
-        canon(&f32s(&got[8 * k..])) == canon(&new_res),
+        canon(&bytes_f32(&got["res_out"])) == canon(&new_res),
         "{what}: EF residual differs"
     );
 }
 
 #[test]
 fn topk_kernels_match_the_codec() {
-    let Some(bin) = harness() else { return };
+    let Some(d) = driver("sparse") else { return };
     let mut seed = 1000;
     for &n in &COUNTS {
-        for d in [0.001, 0.01, 0.3, 1.0] {
+        for density in [0.001, 0.01, 0.3, 1.0] {
             for kind in 0..3 {
                 seed += 1;
-                if n > 100_000 && d > 0.1 {
+                if n > 100_000 && density > 0.1 {
                     continue;
                 }
-                sparse_case(
-                    bin,
-                    &format!("topk:density={d}"),
-                    &data(kind, n, seed),
-                    seed,
-                );
+                let spec = format!("topk:density={density}");
+                sparse_case(&d, &spec, density, &data(kind, n, seed), seed);
             }
         }
     }
@@ -408,18 +354,19 @@ fn topk_kernels_match_the_codec() {
 
 #[test]
 fn mstopk_kernels_match_the_codec() {
-    let Some(bin) = harness() else { return };
+    let Some(d) = driver("sparse") else { return };
     let mut seed = 2000;
     for &n in &COUNTS {
-        for d in [0.001, 0.01, 0.3, 1.0] {
+        for density in [0.001, 0.01, 0.3, 1.0] {
             for samplings in [1, 2, 30] {
+                // kind 2 holds non-finite values: the exact top-k fallback.
                 for kind in 0..3 {
                     seed += 1;
-                    if n > 100_000 && (d > 0.1 || samplings == 2) {
+                    if n > 100_000 && (density > 0.1 || samplings == 2) {
                         continue;
                     }
-                    let spec = format!("mstopk:density={d},samplings={samplings}");
-                    sparse_case(bin, &spec, &data(kind, n, seed), seed);
+                    let spec = format!("mstopk:density={density},samplings={samplings}");
+                    sparse_case(&d, &spec, density, &data(kind, n, seed), seed);
                 }
             }
         }
@@ -428,12 +375,13 @@ fn mstopk_kernels_match_the_codec() {
 
 #[test]
 fn randk_kernels_match_the_codec() {
-    let Some(bin) = harness() else { return };
+    let Some(d) = driver("sparse") else { return };
     let mut seed = 3000;
     for &n in &COUNTS {
-        for d in [0.001, 0.01, 0.3, 1.0] {
+        for density in [0.001, 0.01, 0.3, 1.0] {
             seed += 1;
-            sparse_case(bin, &format!("randk:density={d}"), &data(0, n, seed), seed);
+            let spec = format!("randk:density={density}");
+            sparse_case(&d, &spec, density, &data(0, n, seed), seed);
         }
     }
 }

@@ -1,0 +1,71 @@
+// Shim driver for kernels/qsgd.cu: the launch sequences a GPU host runs (see qsgd.cu), on odd
+// grid shapes so every grid-stride loop wraps. Entries (argument keys):
+//   encode: count, bits, bucket, maxabs, nearest, key, x (f32 input), payload (output)
+//   encode_ef: the same plus res (f32 input), res_out and w (f32 outputs)
+//   decode: count, bits, bucket, maxabs, add, payload, acc (f32 input), bad (i32 output: the
+//       check kernel's flag), out (f32 output: acc untouched when bad)
+#include "harness.h"
+#include "../qsgd.cu"
+
+using namespace qccl_harness;
+
+static const dim3 GRID(7), BLOCK(37);
+
+static uint64_t payload_len(const Args& a) {
+    uint64_t n = a.u64("count"), bucket = a.u64("bucket");
+    return (n + bucket - 1) / bucket * (a.u64("maxabs") ? 4 : 8) + (n * a.u64("bits") + 7) / 8;
+}
+
+static std::vector<float> input(const Args& a, const char* key) {
+    auto v = a.load<float>(key);
+    if (v.size() != a.u64("count")) die(std::string(key) + " size differs from count");
+    return v;
+}
+
+static void encode(const Args& a, bool ef) {
+    uint64_t n = a.u64("count");
+    unsigned bits = (unsigned)a.u64("bits"), bucket = (unsigned)a.u64("bucket");
+    int maxabs = (int)a.u64("maxabs"), nearest = (int)a.u64("nearest");
+    unsigned long long key = a.u64("key");
+    auto x = input(a, "x");
+    std::vector<uint8_t> p(payload_len(a), 0xa5);
+    if (!ef) {
+        qccl_shim::launch(qccl_qsgd_bounds, GRID, BLOCK, x.data(), n, bucket, maxabs, p.data());
+        qccl_shim::launch(qccl_qsgd_levels, GRID, BLOCK, x.data(), n, bits, bucket, maxabs,
+                          nearest, key, p.data());
+        a.save("payload", p);
+        return;
+    }
+    auto res = input(a, "res");
+    std::vector<float> w(n);
+    qccl_shim::launch(qccl_qsgd_bounds_ef, GRID, BLOCK, x.data(), res.data(), n, bucket, maxabs,
+                      p.data());
+    qccl_shim::launch(qccl_qsgd_levels_ef, GRID, BLOCK, x.data(), res.data(), w.data(), n, bits,
+                      bucket, maxabs, nearest, key, p.data());
+    a.save("payload", p);
+    a.save("res_out", res);
+    a.save("w", w);
+}
+
+static void decode(const Args& a) {
+    uint64_t n = a.u64("count");
+    auto p = a.load<uint8_t>("payload");
+    if (p.size() != payload_len(a)) die("payload size differs from the codec's");
+    auto out = input(a, "acc");
+    std::vector<int> bad(1, 0);
+    qccl_shim::launch(qccl_qsgd_check, GRID, BLOCK, p.data(), n, (unsigned)a.u64("bucket"),
+                      (int)a.u64("maxabs"), bad.data());
+    if (!bad[0])
+        qccl_shim::launch(qccl_qsgd_decode, GRID, BLOCK, p.data(), n, (unsigned)a.u64("bits"),
+                          (unsigned)a.u64("bucket"), (int)a.u64("maxabs"), out.data(),
+                          (int)a.u64("add"));
+    a.save("bad", bad);
+    a.save("out", out);
+}
+
+int main(int argc, char** argv) {
+    return main_with(argc, argv,
+                     {{"encode", [](const Args& a) { encode(a, false); }},
+                      {"encode_ef", [](const Args& a) { encode(a, true); }},
+                      {"decode", decode}});
+}
