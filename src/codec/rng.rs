@@ -13,14 +13,14 @@
 
 /// splitmix64's finaliser: a bijective 64-bit mix.
 #[inline(always)]
-fn mix(mut z: u64) -> u64 {
+pub(crate) fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
 
 /// splitmix64's increment (the golden ratio in 64 bits).
-const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+pub(crate) const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Output `j` of the splitmix64 stream keyed by `key`: 64 random bits that depend only on
 /// (key, j), so each element's draw is independent of how the work is split.
