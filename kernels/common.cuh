@@ -9,7 +9,9 @@
 #if defined(QCCL_SHIM)
 #include <cstdint>
 #include <cstring>
+#ifndef QCCL_DEVICE
 #define QCCL_DEVICE static inline
+#endif
 #else
 // NVRTC has no <cstdint>; these are the LP64 types CUDA uses on Linux.
 typedef signed char int8_t;
@@ -20,7 +22,9 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
+#ifndef QCCL_DEVICE
 #define QCCL_DEVICE __device__ __forceinline__
+#endif
 #endif
 
 // ---- bit casts -------------------------------------------------------------------------------

@@ -7,6 +7,11 @@
 //   qccl_<codec>_decode(const T* payload, float* out, uint64_t count)       out[i] = value
 //   qccl_<codec>_decode_add(const T* payload, float* out, uint64_t count)   out[i] += value
 //
+//   qccl_<codec>_encode_ef(const float* x, float* res, float* w_out, T* payload, uint64_t count)
+//       error feedback fused: encodes w = x + res, then res = (0 + w) - decoded(w) (the bits of
+//       the CPU's compensate, residual += w, residual -= decode); w_out (may be null) gets w.
+//       Each element is touched by its own thread only.
+//
 // codec: fp16, bf16 (T = uint16_t), none (T = float). The payload must be aligned to its
 // element (the header is 32 bytes, so a payload is whenever its chunk is).
 // Shape: grid-stride, any grid and block. Shim: sequential.
@@ -23,6 +28,16 @@ QCCL_DEVICE float qccl_f32_to_none(float x) { return x; }
     extern "C" __global__ void qccl_##codec##_decode(const T* payload, float* out,               \
                                                      uint64_t count) {                           \
         QCCL_GRID_STRIDE(i, count) out[i] = DECODE(payload[i]);                                  \
+    }                                                                                            \
+    extern "C" __global__ void qccl_##codec##_encode_ef(const float* x, float* res, float* w_out,  \
+                                                        T* payload, uint64_t count) {          \
+        QCCL_GRID_STRIDE(i, count) {                                                             \
+            float w = x[i] + res[i];                                                             \
+            T p = ENCODE(w);                                                                     \
+            payload[i] = p;                                                                      \
+            res[i] = (0.0f + w) - DECODE(p);                                                     \
+            if (w_out) w_out[i] = w;                                                             \
+        }                                                                                        \
     }                                                                                            \
     extern "C" __global__ void qccl_##codec##_decode_add(const T* payload, float* out,           \
                                                          uint64_t count) {                       \

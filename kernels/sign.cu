@@ -25,6 +25,11 @@
 //       a thread a bucket, grid-stride. Shim: sequential.
 //   qccl_signs_pack(const float* x, uint8_t* payload + 8 * ceil(count / bucket), uint64_t count)
 // qccl_signs_pack: a thread a byte, grid-stride. Shim: sequential.
+// Error feedback fused into encode (_ef: w = x + res is what is encoded, res is updated in
+// place; see qccl_signs_pack_ef): the same sequences with qccl_efsign_tile_sums_ef(x, res,
+// tile_sums, count) / qccl_onebit_segment_sums_ef(x, res, seg, count, bucket) first and
+// qccl_efsign_pack_ef(x, res, w_out, payload, count) / qccl_onebit_pack_ef(x, res, w_out,
+// payload, count, bucket) last, in place of qccl_signs_pack. Shim: as their plain twins.
 // Decoders, a thread an element, grid-stride, shim sequential:
 //   qccl_efsign_decode[_add](const uint8_t* payload, float* out, uint64_t count)
 //   qccl_onebit_decode[_add](const uint8_t* payload, float* out, uint64_t count, uint32_t bucket)
@@ -42,17 +47,35 @@ QCCL_DEVICE float qccl_fold8(float v) {
     return s;
 }
 
-extern "C" __global__ void qccl_efsign_tile_sums(const float* x, float* tile_sums, uint64_t count) {
+// The encoder's input element i: x[i], or with error feedback w = x[i] + res[i].
+template <bool EF>
+QCCL_DEVICE float qccl_sign_input(const float* x, const float* res, uint64_t i) {
+    return EF ? x[i] + res[i] : x[i];
+}
+
+template <bool EF>
+QCCL_DEVICE void qccl_efsign_tile_sums_impl(const float* x, const float* res, float* tile_sums,
+                                            uint64_t count) {
     unsigned lane = threadIdx.x & 7u;
     uint64_t tiles = qccl_div_ceil(count, QCCL_SIGN_TILE);
     // The 8 threads of a tile loop together: the fold's shuffles need all of them.
     for (uint64_t t = qccl_tid() / 8; t < tiles; t += qccl_nthreads() / 8) {
         uint64_t end = qccl_min_u64((t + 1) * QCCL_SIGN_TILE, count);
         float acc = 0.0f;
-        for (uint64_t i = t * QCCL_SIGN_TILE + lane; i < end; i += 8) acc = acc + qccl_abs_f32(x[i]);
+        for (uint64_t i = t * QCCL_SIGN_TILE + lane; i < end; i += 8)
+            acc = acc + qccl_abs_f32(qccl_sign_input<EF>(x, res, i));
         float s = qccl_fold8(acc);
         if (lane == 0) tile_sums[t] = s;
     }
+}
+
+extern "C" __global__ void qccl_efsign_tile_sums(const float* x, float* tile_sums, uint64_t count) {
+    qccl_efsign_tile_sums_impl<false>(x, 0, tile_sums, count);
+}
+
+extern "C" __global__ void qccl_efsign_tile_sums_ef(const float* x, const float* res,
+                                                    float* tile_sums, uint64_t count) {
+    qccl_efsign_tile_sums_impl<true>(x, res, tile_sums, count);
 }
 
 extern "C" __global__ void qccl_efsign_scale(const float* tile_sums, uint8_t* payload,
@@ -93,8 +116,9 @@ QCCL_DEVICE uint64_t qccl_onebit_segments(uint64_t count, uint64_t bucket) {
     return qccl_onebit_segments_before(count, bucket);
 }
 
-extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, uint64_t count,
-                                                    uint32_t bucket) {
+template <bool EF>
+QCCL_DEVICE void qccl_onebit_segment_sums_impl(const float* x, const float* res, float* seg,
+                                               uint64_t count, uint32_t bucket) {
     unsigned lane = threadIdx.x & 7u;
     uint64_t tiles = qccl_div_ceil(count, QCCL_SIGN_TILE);
     for (uint64_t t = qccl_tid() / 8; t < tiles; t += qccl_nthreads() / 8) {
@@ -103,7 +127,7 @@ extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, 
             uint64_t end = qccl_min_u64((p / bucket + 1) * bucket, tend);
             float ps = 0.0f, pc = 0.0f, tot = 0.0f;
             for (uint64_t i = p + lane; i < end; i += 8) {
-                float v = x[i];
+                float v = qccl_sign_input<EF>(x, res, i);
                 bool pos = v >= 0.0f;
                 ps = ps + (pos ? v : 0.0f);
                 pc = pc + (pos ? 1.0f : 0.0f);
@@ -121,6 +145,16 @@ extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, 
             p = end;
         }
     }
+}
+
+extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, uint64_t count,
+                                                    uint32_t bucket) {
+    qccl_onebit_segment_sums_impl<false>(x, 0, seg, count, bucket);
+}
+
+extern "C" __global__ void qccl_onebit_segment_sums_ef(const float* x, const float* res, float* seg,
+                                                       uint64_t count, uint32_t bucket) {
+    qccl_onebit_segment_sums_impl<true>(x, res, seg, count, bucket);
 }
 
 extern "C" __global__ void qccl_onebit_means(const float* seg, uint8_t* payload, uint64_t count,
@@ -176,4 +210,45 @@ extern "C" __global__ void qccl_onebit_decode(const uint8_t* payload, float* out
 extern "C" __global__ void qccl_onebit_decode_add(const uint8_t* payload, float* out,
                                                   uint64_t count, uint32_t bucket) {
     QCCL_GRID_STRIDE(i, count) out[i] = out[i] + qccl_onebit_value(payload, count, bucket, i);
+}
+
+// Error feedback's last pass: the sign bits of w = x + res (a thread a byte), then
+// res = (0 + w) - decoded(w), the bits of the CPU's EF (compensate, residual += w, residual -=
+// decode). x and res are touched by their own thread only; w_out (may be null) receives w.
+template <class Value>
+QCCL_DEVICE void qccl_signs_pack_ef(const float* x, float* res, float* w_out, uint8_t* bits,
+                                    uint64_t count, Value value) {
+    uint64_t bytes = qccl_div_ceil(count, 8);
+    QCCL_GRID_STRIDE(k, bytes) {
+        uint32_t b = 0;
+        for (uint32_t j = 0; j < 8; j++) {
+            uint64_t i = 8 * k + j;
+            if (i >= count) break;
+            float w = x[i] + res[i];
+            bool set = w >= 0.0f;
+            b |= (uint32_t)set << j;
+            res[i] = (0.0f + w) - value(i, set);
+            if (w_out) w_out[i] = w;
+        }
+        bits[k] = (uint8_t)b;
+    }
+}
+
+// After qccl_efsign_tile_sums_ef and qccl_efsign_scale (which read w = x + res).
+extern "C" __global__ void qccl_efsign_pack_ef(const float* x, float* res, float* w_out,
+                                               uint8_t* payload, uint64_t count) {
+    float s = qccl_load_f32_le(payload);
+    qccl_signs_pack_ef(x, res, w_out, payload + 4, count,
+                       [s](uint64_t, bool set) { return set ? s : -s; });
+}
+
+// After qccl_onebit_segment_sums_ef and qccl_onebit_means.
+extern "C" __global__ void qccl_onebit_pack_ef(const float* x, float* res, float* w_out,
+                                               uint8_t* payload, uint64_t count, uint32_t bucket) {
+    const uint8_t* meta = payload;
+    qccl_signs_pack_ef(x, res, w_out, payload + 8 * qccl_div_ceil(count, bucket), count,
+                       [meta, bucket](uint64_t i, bool set) {
+                           const uint8_t* m = meta + 8 * (i / bucket);
+                           return set ? qccl_load_f32_le(m) : qccl_load_f32_le(m + 4);
+                       });
 }

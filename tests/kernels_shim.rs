@@ -377,6 +377,63 @@ fn check_codec(
     }
 }
 
+/// Checks an encode with fused error feedback (`entry`, given x and res) against the CPU's
+/// steps: w = x + res, payload = encode_payload(w), res = (0 + w) - decode_payload(payload).
+fn check_codec_ef(
+    driver_name: &str,
+    entry: &str,
+    spec: &str,
+    args: &[(&str, u64)],
+    counts: &[usize],
+    seed: u64,
+) {
+    let Some(drv) = driver(driver_name) else {
+        return;
+    };
+    let codec = qccl::CodecSpec::parse(spec).unwrap().codec().clone();
+    let mut g = Gen::new(seed);
+    for &n in counts {
+        for finite in [false, true] {
+            let x = g.f32s(n, finite);
+            let res: Vec<f32> = g.f32s(n, finite).iter().map(|r| r * 0.25).collect();
+            let w: Vec<f32> = x.iter().zip(&res).map(|(x, r)| x + r).collect();
+            let mut payload = vec![0u8; codec.payload_len(n)];
+            codec.encode_payload(&w, &mut qccl::codec::Rng::from_u64(seed), &mut payload);
+            let mut d = vec![0f32; n];
+            codec.decode_payload(&payload, &mut d, false).unwrap();
+            let res_want: Vec<f32> = w.iter().zip(&d).map(|(w, d)| (0.0 + w) - d).collect();
+            let (xb, rb) = (shim::f32_bytes(&x), shim::f32_bytes(&res));
+            let got = args
+                .iter()
+                .fold(Job::new(entry), |j, (k, v)| j.arg(k, v))
+                .arg("count", n)
+                .input("x", &xb)
+                .input("res", &rb)
+                .output("payload")
+                .output("res_out")
+                .output("w_out")
+                .run(&drv);
+            let what = format!("{entry} {spec} n={n} finite={finite}");
+            assert_same(&format!("{what}: payload"), &got["payload"], &payload, 1);
+            let f = DType::Float32;
+            check(
+                &format!("{what}: w"),
+                f,
+                &got["w_out"],
+                &shim::f32_bytes(&w),
+                true,
+            );
+            check(
+                &format!("{what}: res"),
+                f,
+                &got["res_out"],
+                &shim::f32_bytes(&res_want),
+                true,
+            );
+        }
+    }
+}
+
 #[test]
 fn none_codec_matches_rust() {
     check_codec("floats", "none", "none", &[], &COUNTS, 10);
@@ -385,11 +442,13 @@ fn none_codec_matches_rust() {
 #[test]
 fn fp16_codec_matches_rust() {
     check_codec("floats", "fp16", "fp16", &[], &COUNTS, 11);
+    check_codec_ef("floats", "qccl_fp16_encode_ef", "fp16", &[], &COUNTS, 111);
 }
 
 #[test]
 fn bf16_codec_matches_rust() {
     check_codec("floats", "bf16", "bf16", &[], &COUNTS, 12);
+    check_codec_ef("floats", "qccl_bf16_encode_ef", "bf16", &[], &COUNTS, 112);
 }
 
 /// The f16/bf16 conversions on every 16-bit pattern, and on every rounding edge: each value
@@ -467,40 +526,51 @@ fn half_conversions_every_pattern_and_tie() {
 fn efsign_matches_rust() {
     // grid 0: a block per 32 tiles; 3: a capped grid, so the tile loop strides.
     for grid in [0, 3] {
-        check_codec(
+        let args = [("grid", grid), ("ef", 0)];
+        check_codec("sign", "efsign", "efsign", &args, &COUNTS, 20 + grid);
+        let args = [("grid", grid), ("ef", 1)];
+        check_codec_ef(
             "sign",
+            "qccl_efsign_encode",
             "efsign",
-            "efsign",
-            &[("grid", grid)],
+            &args,
             &COUNTS,
-            20 + grid,
+            30 + grid,
         );
     }
 }
 
 #[test]
 fn onebit_matches_rust() {
-    // Buckets that divide the 2048-element tile, straddle it or hold many tiles. The fiber-mode
-    // fold costs the shim a context switch per lane and segment, so the small buckets (many
-    // segments) stop at 4099 elements.
+    // Buckets that divide the 2048-element tile, equal it, straddle it or hold many tiles.
+    // The fiber-mode fold costs the shim a context switch per lane and segment, so most
+    // buckets stop at 4099 elements, and only the default one runs the capped grid (which
+    // strides over tiles from 196 608 elements) at the large count.
     for (bucket, big) in [
         (512u64, true),
-        (2048, true),
         (3000, true),
         (1 << 24, true),
+        (2048, false),
         (1, false),
         (7, false),
         (100, false),
         (4096, false),
     ] {
-        let counts: &[usize] = if big { &COUNTS } else { &COUNTS[..4] };
         let spec = format!("onebit:bucket={bucket}");
         for grid in [0, 3] {
-            check_codec(
+            let counts: &[usize] = if big && (grid == 0 || bucket == 512) {
+                &COUNTS
+            } else {
+                &COUNTS[..4]
+            };
+            let args = [("bucket", bucket), ("grid", grid), ("ef", 0)];
+            check_codec("sign", "onebit", &spec, &args, counts, bucket + grid);
+            let args = [("bucket", bucket), ("grid", grid), ("ef", 1)];
+            check_codec_ef(
                 "sign",
-                "onebit",
+                "qccl_onebit_encode",
                 &spec,
-                &[("bucket", bucket), ("grid", grid)],
+                &args,
                 counts,
                 bucket + grid,
             );

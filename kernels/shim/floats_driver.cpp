@@ -1,5 +1,6 @@
 // Shim driver for kernels/floats.cu. Entries (argument keys):
 //   qccl_<codec>_encode: count, x (f32 input), payload (output)
+//   qccl_<codec>_encode_ef: count, x, res (f32 inputs), payload, res_out, w_out (outputs)
 //   qccl_<codec>_decode, qccl_<codec>_decode_add: count, payload, acc (f32 input: the
 //       accumulator decode_add adds to; decode ignores it), out (f32 output)
 #include "harness.h"
@@ -18,6 +19,20 @@ static void encode(const Args& a, void (*k)(const float*, T*, uint64_t)) {
 }
 
 template <class T>
+static void encode_ef(const Args& a, void (*k)(const float*, float*, float*, T*, uint64_t)) {
+    uint64_t n = a.u64("count");
+    auto x = a.load<float>("x");
+    auto res = a.load<float>("res");
+    if (x.size() != n || res.size() != n) die("input sizes differ from count");
+    std::vector<T> p(n);
+    std::vector<float> w(n);
+    qccl_shim::launch(k, grid_for(n, 256), dim3(256), x.data(), res.data(), w.data(), p.data(), n);
+    a.save("payload", p);
+    a.save("res_out", res);
+    a.save("w_out", w);
+}
+
+template <class T>
 static void decode(const Args& a, void (*k)(const T*, float*, uint64_t)) {
     uint64_t n = a.u64("count");
     auto p = a.load<T>("payload");
@@ -29,6 +44,7 @@ static void decode(const Args& a, void (*k)(const T*, float*, uint64_t)) {
 
 #define CODEC(c, T)                                                                            \
     {"qccl_" #c "_encode", [](const Args& a) { encode<T>(a, qccl_##c##_encode); }},             \
+    {"qccl_" #c "_encode_ef", [](const Args& a) { encode_ef<T>(a, qccl_##c##_encode_ef); }},    \
     {"qccl_" #c "_decode", [](const Args& a) { decode<T>(a, qccl_##c##_decode); }},             \
     {"qccl_" #c "_decode_add", [](const Args& a) { decode<T>(a, qccl_##c##_decode_add); }},
 
