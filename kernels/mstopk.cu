@@ -32,14 +32,6 @@
 
 QCCL_DEVICE sp_u64 mstopk_parts(sp_u64 n) { return (n + MSTOPK_PART - 1) / MSTOPK_PART; }
 
-/* The high 64 bits of a * b. */
-QCCL_DEVICE sp_u64 mstopk_mulhi(sp_u64 a, sp_u64 b) {
-    sp_u64 al = a & 0xffffffffull, ah = a >> 32, bl = b & 0xffffffffull, bh = b >> 32;
-    sp_u64 ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
-    sp_u64 mid = (ll >> 32) + (lh & 0xffffffffull) + (hl & 0xffffffffull);
-    return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
-}
-
 /* The threshold at the state's current ratio, as the key of the f32 threshold. */
 QCCL_DEVICE void mstopk_next(sp_u64 *st) {
     double l = qccl_f64_from(st[SP_L]), r = qccl_f64_from(st[SP_R]);
@@ -161,12 +153,12 @@ extern "C" __global__ void qccl_mstopk_digit(int pass, sp_u64 *st, unsigned *his
 }
 
 /* Lines 25-28: all of [thres1, inf), then k - k1 of [thres2, thres1) from a random offset,
- * drawn as the Rust codec draws it: Lemire's multiply-shift of draw(key, 0). */
+ * drawn as the Rust codec draws it: draw(key, 0) % (k2 - k1 - (k - k1) + 1). */
 extern "C" __global__ void qccl_mstopk_finish(sp_u64 key, sp_u64 *st) {
     if (qccl_tid() != 0 || st[SP_DONE] == 2)
         return;
     sp_u64 k = st[SP_K], k1 = st[SP_K1], need = k - k1;
-    sp_u64 start = need > 0 ? mstopk_mulhi(qccl_draw(key, 0), st[SP_K2] - k1 - need + 1) : 0;
+    sp_u64 start = need > 0 ? qccl_draw(key, 0) % (st[SP_K2] - k1 - need + 1) : 0;
     st[SP_TA] = st[SP_T1];
     st[SP_TB] = st[SP_T2];
     st[SP_WLO] = start;
