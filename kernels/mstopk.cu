@@ -11,16 +11,18 @@
  *
  * Launch sequence for n elements and k = k_of(density, n) > 0 (k = 0: launch nothing),
  * st = SPARSE_STATE words, part = 16 * ceil(n / 16384) floats twice, hist = 256 u32:
- *   qccl_mstopk_partials(x, n, psum, pmax) (any grid, a thread per part lane)
- *   qccl_mstopk_init<<<1,1>>>(n, k, psum, pmax, st, hist)
- *   samplings times: qccl_mstopk_count(x, n, st) (FIBER mode, whole warps);
- *     qccl_mstopk_step<<<1,1>>>(st)
- *   for pass 0..3: qccl_mstopk_hist(x, n, pass, st, hist) (FIBER mode);
- *     qccl_mstopk_digit<<<1,1>>>
- *     (no-ops unless the input fell back to top-k)
- *   qccl_mstopk_finish<<<1,1>>>(key, st)
- *   qccl_sparse_count, qccl_sparse_scan<<<1,256>>>, qccl_sparse_write (sparse.cu)
- * The rest run in sequential mode. With error feedback, x is the w of qccl_sparse_compensate. */
+ *   qccl_mstopk_partials(x, psum, pmax, n)          sequential, any grid (a thread per lane)
+ *   qccl_mstopk_init(psum, pmax, st, hist, n, k)    one thread
+ *   samplings times:
+ *     qccl_mstopk_count(x, st, n)                   fibers (warp sums), whole warps
+ *     qccl_mstopk_step(st)                          one thread
+ *   for pass 0..3 (no-ops unless the input fell back to top-k):
+ *     qccl_mstopk_hist(x, st, hist, n, pass)        fibers, any grid
+ *     qccl_mstopk_digit(st, hist, pass)             one thread
+ *   qccl_mstopk_finish(st, key)                     one thread
+ *   qccl_sparse_count, qccl_sparse_scan, qccl_sparse_write (sparse.cu)
+ * One-thread kernels run in sequential mode. With error feedback, x is the w of
+ * qccl_sparse_compensate. */
 #include "sparse.cuh"
 #include "draw.cuh"
 
@@ -41,8 +43,8 @@ QCCL_DEVICE void mstopk_next(sp_u64 *st) {
     st[SP_THRES] = sp_key((float)(mean + ratio * span));
 }
 
-extern "C" __global__ void qccl_mstopk_partials(const float *x, sp_u64 n, float *psum,
-                                                float *pmax) {
+extern "C" __global__ void qccl_mstopk_partials(const float *x, float *psum, float *pmax,
+                                                sp_u64 n) {
     QCCL_GRID_STRIDE(t, mstopk_parts(n) * MSTOPK_LANES) {
         sp_u64 p = t / MSTOPK_LANES, j = t % MSTOPK_LANES;
         sp_u64 end = (p + 1) * MSTOPK_PART < n ? (p + 1) * MSTOPK_PART : n;
@@ -57,8 +59,8 @@ extern "C" __global__ void qccl_mstopk_partials(const float *x, sp_u64 n, float 
     }
 }
 
-extern "C" __global__ void qccl_mstopk_init(sp_u64 n, sp_u64 k, const float *psum,
-                                            const float *pmax, sp_u64 *st, unsigned *hist) {
+extern "C" __global__ void qccl_mstopk_init(const float *psum, const float *pmax, sp_u64 *st,
+                                            unsigned *hist, sp_u64 n, sp_u64 k) {
     if (qccl_tid() != 0)
         return;
     double total = 0.0;
@@ -107,7 +109,7 @@ extern "C" __global__ void qccl_mstopk_init(sp_u64 n, sp_u64 k, const float *psu
 /* FIBER mode (warp shuffles): each warp sums its threads' counts, and its lane 0 adds the sum
  * to the state's counter: one atomic per warp. Launch with whole warps (blockDim a multiple
  * of 32). */
-extern "C" __global__ void qccl_mstopk_count(const float *x, sp_u64 n, sp_u64 *st) {
+extern "C" __global__ void qccl_mstopk_count(const float *x, sp_u64 *st, sp_u64 n) {
     if (st[SP_DONE])
         return; /* uniform over the grid */
     sp_u64 t = st[SP_THRES], c = 0;
@@ -143,18 +145,18 @@ extern "C" __global__ void qccl_mstopk_step(sp_u64 *st) {
         mstopk_next(st);
 }
 
-extern "C" __global__ void qccl_mstopk_hist(const float *x, sp_u64 n, int pass, const sp_u64 *st,
-                                            unsigned *hist) {
+extern "C" __global__ void qccl_mstopk_hist(const float *x, const sp_u64 *st, unsigned *hist,
+                                            sp_u64 n, int pass) {
     sp_radix_hist(x, n, pass, st, hist);
 }
 
-extern "C" __global__ void qccl_mstopk_digit(int pass, sp_u64 *st, unsigned *hist) {
+extern "C" __global__ void qccl_mstopk_digit(sp_u64 *st, unsigned *hist, int pass) {
     sp_radix_digit(pass, st, hist);
 }
 
 /* Lines 25-28: all of [thres1, inf), then k - k1 of [thres2, thres1) from a random offset,
  * drawn as the Rust codec draws it: draw(key, 0) % (k2 - k1 - (k - k1) + 1). */
-extern "C" __global__ void qccl_mstopk_finish(sp_u64 key, sp_u64 *st) {
+extern "C" __global__ void qccl_mstopk_finish(sp_u64 *st, sp_u64 key) {
     if (qccl_tid() != 0 || st[SP_DONE] == 2)
         return;
     sp_u64 k = st[SP_K], k1 = st[SP_K1], need = k - k1;

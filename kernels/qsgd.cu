@@ -7,11 +7,16 @@
  * bucket size: no two threads share a byte. A bucket holding a non-finite value has NaN scales
  * and decodes to NaN.
  *
- * Launches (all sequential-mode safe: no thread waits for another; any grid, grid-stride):
- *   encode: qccl_qsgd_bounds[_ef] (a thread per bucket), then qccl_qsgd_levels[_ef] (a thread
- *           per group of 8 elements) on the same stream: levels read the scales bounds wrote.
- *   decode: qccl_qsgd_check (a thread per bucket; host reads *bad, 0 = valid), then
- *           qccl_qsgd_decode (a thread per group of 8; add != 0 adds into out).
+ * Entries, arguments as kernels/README.md orders them (all grid-stride, any grid, shim mode
+ * sequential: no thread waits for another):
+ *   encode: qccl_qsgd_bounds(x, payload, n, bucket, maxabs), a thread per bucket, then
+ *           qccl_qsgd_levels(x, payload, n, bits, bucket, maxabs, nearest, key), a thread per
+ *           group of 8 elements, on the same stream (levels read the scales bounds wrote);
+ *   encode with error feedback: qccl_qsgd_bounds_ef(x, res, payload, n, bucket, maxabs), then
+ *           qccl_qsgd_levels_ef(x, res, w_out, payload, n, bits, bucket, maxabs, nearest, key);
+ *   decode: qccl_qsgd_check(payload, bad, n, bucket, maxabs), a thread per bucket (the host
+ *           reads *bad, zeroed before: 1 = refuse the chunk), then qccl_qsgd_decode or
+ *           qccl_qsgd_decode_add(payload, out, n, bits, bucket, maxabs), a thread per group.
  * `payload` points at the payload (after the 32-byte header the host writes); it needs no
  * alignment (every access is bytewise). Codec fields: bits 1..8, bucket 1..2^24, maxabs 0|1,
  * nearest 0|1 (0: stochastic, element i's uniform is qccl_uniform24(key, i)).
@@ -24,11 +29,11 @@
 #include "draw.cuh"
 
 /* Little-endian f32 load and store at any byte address. */
-QCCL_DEVICE float qsgd_load_f32(const unsigned char *p) {
+QCCL_DEVICE float qsgd_load_f32(const uint8_t *p) {
     return qccl_f32_from((unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 |
                          (unsigned)p[3] << 24);
 }
-QCCL_DEVICE void qsgd_store_f32(unsigned char *p, float f) {
+QCCL_DEVICE void qsgd_store_f32(uint8_t *p, float f) {
     unsigned u = qccl_f32_bits(f);
     p[0] = (unsigned char)u;
     p[1] = (unsigned char)(u >> 8);
@@ -53,7 +58,7 @@ QCCL_DEVICE float qsgd_input(const float *x, const float *res, uint64_t i) {
  * the sign of a zero bound (-0.0 and 0.0 compare equal: the first one a lane meets stays). */
 template <bool EF>
 QCCL_DEVICE void qsgd_bucket_bounds(const float *x, const float *res, uint64_t start,
-                                    uint64_t len, int maxabs, unsigned char *meta,
+                                    uint64_t len, int maxabs, uint8_t *meta,
                                     uint64_t bi) {
     const float inf = qccl_f32_from(0x7f800000u);
     float lo[8], hi[8];
@@ -92,7 +97,7 @@ QCCL_DEVICE void qsgd_bucket_bounds(const float *x, const float *res, uint64_t s
 
 template <bool EF>
 QCCL_DEVICE void qsgd_bounds(const float *x, const float *res, uint64_t n, unsigned bucket,
-                             int maxabs, unsigned char *payload) {
+                             int maxabs, uint8_t *payload) {
     uint64_t nb = (n + bucket - 1) / bucket;
     QCCL_GRID_STRIDE(bi, nb) {
         uint64_t start = bi * bucket;
@@ -102,7 +107,7 @@ QCCL_DEVICE void qsgd_bounds(const float *x, const float *res, uint64_t n, unsig
 }
 
 /* A bucket's (lo, hi) as stored: maxabs keeps m for [-m, m]. */
-QCCL_DEVICE void qsgd_read_bounds(const unsigned char *meta, uint64_t bi, int maxabs, float *lo,
+QCCL_DEVICE void qsgd_read_bounds(const uint8_t *meta, uint64_t bi, int maxabs, float *lo,
                                   float *hi) {
     if (maxabs) {
         float m = qsgd_load_f32(meta + 4 * bi);
@@ -140,10 +145,10 @@ QCCL_DEVICE float qsgd_value(const QsgdDequant &d, unsigned q, unsigned top) {
 template <bool EF>
 QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t n, unsigned bits,
                              unsigned bucket, int maxabs, int nearest, uint64_t key,
-                             unsigned char *payload) {
+                             uint8_t *payload) {
     const unsigned top = (1u << bits) - 1u;
     const float topf = (float)top;
-    unsigned char *stream = payload + qsgd_meta_bytes(n, bucket, maxabs);
+    uint8_t *stream = payload + qsgd_meta_bytes(n, bucket, maxabs);
     uint64_t groups = (n + 7) / 8;
     QCCL_GRID_STRIDE(g, groups) {
         uint64_t acc = 0;
@@ -197,8 +202,8 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
 /* Sets *bad to 1 when a bucket's scales cannot come from the encoder: the decoder rejects the
  * chunk (before decoding anything) as the Rust decoder does. Valid: both NaN, or finite with
  * lo <= hi. */
-extern "C" __global__ void qccl_qsgd_check(const unsigned char *payload, uint64_t n,
-                                           unsigned bucket, int maxabs, int *bad) {
+extern "C" __global__ void qccl_qsgd_check(const uint8_t *payload, int *bad, uint64_t n,
+                                           unsigned bucket, int maxabs) {
     uint64_t nb = (n + bucket - 1) / bucket;
     QCCL_GRID_STRIDE(bi, nb) {
         float l, h;
@@ -210,11 +215,11 @@ extern "C" __global__ void qccl_qsgd_check(const unsigned char *payload, uint64_
     }
 }
 
-extern "C" __global__ void qccl_qsgd_decode(const unsigned char *payload, uint64_t n,
-                                            unsigned bits, unsigned bucket, int maxabs,
-                                            float *out, int add) {
+template <bool ADD>
+QCCL_DEVICE void qsgd_decode(const uint8_t *payload, float *out, uint64_t n, unsigned bits,
+                             unsigned bucket, int maxabs) {
     const unsigned top = (1u << bits) - 1u;
-    const unsigned char *stream = payload + qsgd_meta_bytes(n, bucket, maxabs);
+    const uint8_t *stream = payload + qsgd_meta_bytes(n, bucket, maxabs);
     uint64_t groups = (n + 7) / 8;
     uint64_t total = (n * bits + 7) / 8;
     QCCL_GRID_STRIDE(g, groups) {
@@ -238,31 +243,42 @@ extern "C" __global__ void qccl_qsgd_decode(const unsigned char *payload, uint64
             }
             unsigned q = (unsigned)(acc >> (bits * j)) & top;
             float v = qsgd_value(dq, q, top);
-            out[i] = add ? out[i] + v : v;
+            out[i] = ADD ? out[i] + v : v;
         }
     }
 }
 
-extern "C" __global__ void qccl_qsgd_bounds(const float *x, uint64_t n, unsigned bucket,
-                                            int maxabs, unsigned char *payload) {
+extern "C" __global__ void qccl_qsgd_decode(const uint8_t *payload, float *out, uint64_t n,
+                                            unsigned bits, unsigned bucket, int maxabs) {
+    qsgd_decode<false>(payload, out, n, bits, bucket, maxabs);
+}
+
+extern "C" __global__ void qccl_qsgd_decode_add(const uint8_t *payload, float *out,
+                                                uint64_t n, unsigned bits, unsigned bucket,
+                                                int maxabs) {
+    qsgd_decode<true>(payload, out, n, bits, bucket, maxabs);
+}
+
+extern "C" __global__ void qccl_qsgd_bounds(const float *x, uint8_t *payload, uint64_t n,
+                                            unsigned bucket, int maxabs) {
     qsgd_bounds<false>(x, 0, n, bucket, maxabs, payload);
 }
 
-extern "C" __global__ void qccl_qsgd_levels(const float *x, uint64_t n, unsigned bits,
-                                            unsigned bucket, int maxabs, int nearest,
-                                            uint64_t key, unsigned char *payload) {
+extern "C" __global__ void qccl_qsgd_levels(const float *x, uint8_t *payload, uint64_t n,
+                                            unsigned bits, unsigned bucket, int maxabs,
+                                            int nearest, uint64_t key) {
     qsgd_levels<false>(x, 0, 0, n, bits, bucket, maxabs, nearest, key, payload);
 }
 
-extern "C" __global__ void qccl_qsgd_bounds_ef(const float *x, const float *res, uint64_t n,
-                                               unsigned bucket, int maxabs,
-                                               unsigned char *payload) {
+extern "C" __global__ void qccl_qsgd_bounds_ef(const float *x, const float *res,
+                                               uint8_t *payload, uint64_t n, unsigned bucket,
+                                               int maxabs) {
     qsgd_bounds<true>(x, res, n, bucket, maxabs, payload);
 }
 
 extern "C" __global__ void qccl_qsgd_levels_ef(const float *x, float *res, float *w_out,
-                                               uint64_t n, unsigned bits, unsigned bucket,
-                                               int maxabs, int nearest, uint64_t key,
-                                               unsigned char *payload) {
+                                               uint8_t *payload, uint64_t n, unsigned bits,
+                                               unsigned bucket, int maxabs, int nearest,
+                                               uint64_t key) {
     qsgd_levels<true>(x, res, w_out, n, bits, bucket, maxabs, nearest, key, payload);
 }

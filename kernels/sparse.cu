@@ -1,8 +1,14 @@
 /* The sparse payload's shared kernels (src/codec/sparse.rs): the ordered compaction that writes
  * a selection (see sparse.cuh), decode-add (scatter-add), the decoder's index check, and the two
- * halves of error feedback around a selection. The compaction kernels are FIBER mode (warps:
- * blockDim a multiple of 32; qccl_sparse_scan exactly one block of SPARSE_SCAN threads); the
- * others sequential-mode safe, any grid.
+ * halves of error feedback around a selection. Arguments as kernels/README.md orders them;
+ * n is the chunk's element count, k its pairs, st the selection state (sparse.cuh):
+ *   qccl_sparse_count(x, st, counts, n)      fibers, a warp per segment, whole warps
+ *   qccl_sparse_scan(counts, n)              fibers, one block of SPARSE_SCAN (256) threads
+ *   qccl_sparse_write(x, st, counts, payload, n)   fibers, as count
+ *   qccl_sparse_check(payload, bad, n, k)    sequential, any grid: *bad = 1 refuses the chunk
+ *   qccl_sparse_decode / _add(payload, out, k)     sequential, any grid
+ *   qccl_sparse_compensate(x, res, w, n)     sequential, any grid
+ *   qccl_sparse_ef_sub(payload, res, k)      sequential, any grid
  *
  * Error feedback for a sparsifier, bit for bit the Rust EF wrapper (compensate, then
  * residual += w, then residual -= the k sent values):
@@ -11,22 +17,22 @@
  *   qccl_sparse_ef_sub: res[idx] -= value for the k pairs (O(k), as the Rust decode_sub). */
 #include "sparse.cuh"
 
-extern "C" __global__ void qccl_sparse_count(const float *x, sp_u64 n, const sp_u64 *st,
-                                             sp_u64 *counts) {
+extern "C" __global__ void qccl_sparse_count(const float *x, const sp_u64 *st, sp_u64 *counts,
+                                             sp_u64 n) {
     sp_count(x, n, st, counts);
 }
 
-extern "C" __global__ void qccl_sparse_scan(sp_u64 n, sp_u64 *counts) { sp_scan(n, counts); }
+extern "C" __global__ void qccl_sparse_scan(sp_u64 *counts, sp_u64 n) { sp_scan(n, counts); }
 
-extern "C" __global__ void qccl_sparse_write(const float *x, sp_u64 n, const sp_u64 *st,
-                                             const sp_u64 *counts, unsigned char *payload) {
+extern "C" __global__ void qccl_sparse_write(const float *x, const sp_u64 *st,
+                                             const sp_u64 *counts, uint8_t *payload, sp_u64 n) {
     sp_write(x, n, st, counts, payload);
 }
 
 /* Sets *bad to 1 unless every index is below n and above the previous one (the Rust decoder's
  * check, run before anything is written). */
-extern "C" __global__ void qccl_sparse_check(const unsigned char *payload, sp_u64 k, sp_u64 n,
-                                             int *bad) {
+extern "C" __global__ void qccl_sparse_check(const uint8_t *payload, int *bad, sp_u64 n,
+                                             sp_u64 k) {
     QCCL_GRID_STRIDE(j, k) {
         uint32_t i = sp_load_u32(payload + 4 * j);
         if (i >= n || (j > 0 && sp_load_u32(payload + 4 * (j - 1)) >= i))
@@ -34,15 +40,25 @@ extern "C" __global__ void qccl_sparse_check(const unsigned char *payload, sp_u6
     }
 }
 
-/* out[idx] += value (add != 0) or out[idx] = value; with add == 0 the host zeroes out first.
- * Checked indices are distinct, so no two threads touch one element. */
-extern "C" __global__ void qccl_sparse_decode(const unsigned char *payload, sp_u64 k,
-                                              float *out, int add) {
+/* out[idx] = value (decode: the host clears out first, e.g. cuMemsetD32Async) or
+ * out[idx] += value (decode_add). Checked indices are distinct: no two threads share an
+ * element. */
+template <bool ADD>
+QCCL_DEVICE void sp_decode(const uint8_t *payload, float *out, sp_u64 k) {
     QCCL_GRID_STRIDE(j, k) {
         uint32_t i = sp_load_u32(payload + 4 * j);
         float v = qccl_f32_from(sp_load_u32(payload + 4 * k + 4 * j));
-        out[i] = add ? out[i] + v : v;
+        out[i] = ADD ? out[i] + v : v;
     }
+}
+
+extern "C" __global__ void qccl_sparse_decode(const uint8_t *payload, float *out, sp_u64 k) {
+    sp_decode<false>(payload, out, k);
+}
+
+extern "C" __global__ void qccl_sparse_decode_add(const uint8_t *payload, float *out,
+                                                  sp_u64 k) {
+    sp_decode<true>(payload, out, k);
 }
 
 extern "C" __global__ void qccl_sparse_compensate(const float *x, float *res, float *w,
@@ -54,8 +70,7 @@ extern "C" __global__ void qccl_sparse_compensate(const float *x, float *res, fl
     }
 }
 
-extern "C" __global__ void qccl_sparse_ef_sub(const unsigned char *payload, sp_u64 k,
-                                              float *res) {
+extern "C" __global__ void qccl_sparse_ef_sub(const uint8_t *payload, float *res, sp_u64 k) {
     QCCL_GRID_STRIDE(j, k) {
         uint32_t i = sp_load_u32(payload + 4 * j);
         res[i] -= qccl_f32_from(sp_load_u32(payload + 4 * k + 4 * j));

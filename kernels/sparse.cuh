@@ -53,19 +53,20 @@ typedef unsigned long long sp_u64;
 /* The magnitude key of src/codec/sparse.rs: the bits without the sign (NaN above infinity). */
 QCCL_DEVICE uint32_t sp_key(float v) { return qccl_f32_bits(v) & 0x7fffffffu; }
 
-QCCL_DEVICE void sp_store_u32(unsigned char *p, uint32_t u) {
-    p[0] = (unsigned char)u;
-    p[1] = (unsigned char)(u >> 8);
-    p[2] = (unsigned char)(u >> 16);
-    p[3] = (unsigned char)(u >> 24);
+QCCL_DEVICE void sp_store_u32(uint8_t *p, uint32_t u) {
+    p[0] = (uint8_t)u;
+    p[1] = (uint8_t)(u >> 8);
+    p[2] = (uint8_t)(u >> 16);
+    p[3] = (uint8_t)(u >> 24);
 }
 
-QCCL_DEVICE uint32_t sp_load_u32(const unsigned char *p) {
+QCCL_DEVICE uint32_t sp_load_u32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /* Writes pair `pos` of a k-pair payload. */
-QCCL_DEVICE void sp_put(unsigned char *payload, sp_u64 k, sp_u64 pos, uint32_t idx, float v) {
+QCCL_DEVICE void sp_put(uint8_t *payload, sp_u64 k, sp_u64 pos, uint32_t idx,
+                        float v) {
     sp_store_u32(payload + 4 * pos, idx);
     sp_store_u32(payload + 4 * k + 4 * pos, qccl_f32_bits(v));
 }
@@ -226,7 +227,7 @@ QCCL_DEVICE void sp_scan(sp_u64 n, sp_u64 *counts) {
  * the B elements before it that fall in the window. A lane's totals before its run are the
  * segment's (from the scan) plus the earlier lanes' (a shuffle scan). */
 QCCL_DEVICE void sp_write(const float *x, sp_u64 n, const sp_u64 *st, const sp_u64 *counts,
-                          unsigned char *payload) {
+                          uint8_t *payload) {
     sp_u64 ta = st[SP_TA], tb = st[SP_TB], wlo = st[SP_WLO], whi = st[SP_WHI], k = st[SP_K];
     unsigned lane = threadIdx.x & 31;
     for (sp_u64 s = sp_warp(); s < sp_segments(n); s += sp_warps()) {

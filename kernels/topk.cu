@@ -5,23 +5,24 @@
  *
  * Launch sequence for n elements, k = k_of(density, n) > 0 (k = 0: the payload is empty, launch
  * nothing), st = SPARSE_STATE words, hist = 256 u32, counts = 2 * ceil(n / 4096) u64:
- *   qccl_topk_init<<<1,1>>>(k, st, hist)
- *   for pass 0..3: qccl_topk_hist(x, n, pass, st, hist) (FIBER mode: a shared
- *     histogram per block, any grid); qccl_topk_digit<<<1,1>>>
- *   qccl_sparse_count, qccl_sparse_scan<<<1,256>>>, qccl_sparse_write (sparse.cu)
- * The others run in sequential mode. With error feedback, x is the w of qccl_sparse_compensate. */
+ *   qccl_topk_init(st, hist, k)                     one thread
+ *   for pass 0..3:
+ *     qccl_topk_hist(x, st, hist, n, pass)          fibers (a __shared__ histogram), any grid
+ *     qccl_topk_digit(st, hist, pass)               one thread
+ *   qccl_sparse_count, qccl_sparse_scan, qccl_sparse_write (sparse.cu)
+ * One-thread kernels run in sequential mode. With error feedback, x is the w of qccl_sparse_compensate. */
 #include "sparse.cuh"
 
-extern "C" __global__ void qccl_topk_init(sp_u64 k, sp_u64 *st, unsigned *hist) {
+extern "C" __global__ void qccl_topk_init(sp_u64 *st, unsigned *hist, sp_u64 k) {
     if (qccl_tid() == 0)
         sp_radix_init(st, k, 1, hist);
 }
 
-extern "C" __global__ void qccl_topk_hist(const float *x, sp_u64 n, int pass, const sp_u64 *st,
-                                          unsigned *hist) {
+extern "C" __global__ void qccl_topk_hist(const float *x, const sp_u64 *st, unsigned *hist,
+                                          sp_u64 n, int pass) {
     sp_radix_hist(x, n, pass, st, hist);
 }
 
-extern "C" __global__ void qccl_topk_digit(int pass, sp_u64 *st, unsigned *hist) {
+extern "C" __global__ void qccl_topk_digit(sp_u64 *st, unsigned *hist, int pass) {
     sp_radix_digit(pass, st, hist);
 }

@@ -178,13 +178,16 @@ fn qsgd_kernels_match_the_codec() {
             if n > 100_000 && ![1, 3, 4, 8].contains(&bits) {
                 continue;
             }
-            let buckets: &[u32] = if n > 100_000 {
-                &[128, 1000]
-            } else {
-                &[1, 7, 128]
-            };
             for maxabs in [false, true] {
                 for nearest in [true, false] {
+                    // At the large count, one bucket size per case, alternating.
+                    let buckets: &[u32] = if n < 100_000 {
+                        &[1, 7, 128]
+                    } else if (bits + maxabs as u32 + nearest as u32) % 2 == 0 {
+                        &[128]
+                    } else {
+                        &[1000]
+                    };
                     for &bucket in buckets {
                         seed += 1;
                         let x = data((seed % 3) as u32, n, seed);

@@ -30,18 +30,18 @@ static void encode(const Args& a, bool ef) {
     auto x = input(a, "x");
     std::vector<uint8_t> p(payload_len(a), 0xa5);
     if (!ef) {
-        qccl_shim::launch(qccl_qsgd_bounds, GRID, BLOCK, x.data(), n, bucket, maxabs, p.data());
-        qccl_shim::launch(qccl_qsgd_levels, GRID, BLOCK, x.data(), n, bits, bucket, maxabs,
-                          nearest, key, p.data());
+        qccl_shim::launch(qccl_qsgd_bounds, GRID, BLOCK, x.data(), p.data(), n, bucket, maxabs);
+        qccl_shim::launch(qccl_qsgd_levels, GRID, BLOCK, x.data(), p.data(), n, bits, bucket,
+                          maxabs, nearest, key);
         a.save("payload", p);
         return;
     }
     auto res = input(a, "res");
     std::vector<float> w(n);
-    qccl_shim::launch(qccl_qsgd_bounds_ef, GRID, BLOCK, x.data(), res.data(), n, bucket, maxabs,
-                      p.data());
-    qccl_shim::launch(qccl_qsgd_levels_ef, GRID, BLOCK, x.data(), res.data(), w.data(), n, bits,
-                      bucket, maxabs, nearest, key, p.data());
+    qccl_shim::launch(qccl_qsgd_bounds_ef, GRID, BLOCK, x.data(), res.data(), p.data(), n,
+                      bucket, maxabs);
+    qccl_shim::launch(qccl_qsgd_levels_ef, GRID, BLOCK, x.data(), res.data(), w.data(), p.data(),
+                      n, bits, bucket, maxabs, nearest, key);
     a.save("payload", p);
     a.save("res_out", res);
     a.save("w", w);
@@ -53,12 +53,12 @@ static void decode(const Args& a) {
     if (p.size() != payload_len(a)) die("payload size differs from the codec's");
     auto out = input(a, "acc");
     std::vector<int> bad(1, 0);
-    qccl_shim::launch(qccl_qsgd_check, GRID, BLOCK, p.data(), n, (unsigned)a.u64("bucket"),
-                      (int)a.u64("maxabs"), bad.data());
+    unsigned bits = (unsigned)a.u64("bits"), bucket = (unsigned)a.u64("bucket");
+    int maxabs = (int)a.u64("maxabs");
+    qccl_shim::launch(qccl_qsgd_check, GRID, BLOCK, p.data(), bad.data(), n, bucket, maxabs);
     if (!bad[0])
-        qccl_shim::launch(qccl_qsgd_decode, GRID, BLOCK, p.data(), n, (unsigned)a.u64("bits"),
-                          (unsigned)a.u64("bucket"), (int)a.u64("maxabs"), out.data(),
-                          (int)a.u64("add"));
+        qccl_shim::launch(a.u64("add") ? qccl_qsgd_decode_add : qccl_qsgd_decode, GRID, BLOCK,
+                          p.data(), out.data(), n, bits, bucket, maxabs);
     a.save("bad", bad);
     a.save("out", out);
 }

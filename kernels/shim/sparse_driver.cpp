@@ -20,17 +20,17 @@ typedef unsigned long long u64;
 // Writes the payload of the selection in st (the shared compaction).
 static void compact(const float* x, u64 n, u64* st, uint8_t* payload) {
     std::vector<u64> counts(2 * ((n + SPARSE_SEG - 1) / SPARSE_SEG));
-    qccl_shim::launch_fibers(qccl_sparse_count, GRID, WARPS, x, n, (const u64*)st, counts.data());
-    qccl_shim::launch_fibers(qccl_sparse_scan, ONE, dim3(SPARSE_SCAN), n, counts.data());
-    qccl_shim::launch_fibers(qccl_sparse_write, GRID, WARPS, x, n, (const u64*)st,
-                             (const u64*)counts.data(), payload);
+    qccl_shim::launch_fibers(qccl_sparse_count, GRID, WARPS, x, (const u64*)st, counts.data(), n);
+    qccl_shim::launch_fibers(qccl_sparse_scan, ONE, dim3(SPARSE_SCAN), counts.data(), n);
+    qccl_shim::launch_fibers(qccl_sparse_write, GRID, WARPS, x, (const u64*)st,
+                             (const u64*)counts.data(), payload, n);
 }
 
 static void topk(const float* x, u64 n, u64 k, u64* st, unsigned* hist, uint8_t* p) {
-    qccl_shim::launch(qccl_topk_init, ONE, ONE, k, st, hist);
+    qccl_shim::launch(qccl_topk_init, ONE, ONE, st, hist, k);
     for (int pass = 0; pass < 4; pass++) {
-        qccl_shim::launch_fibers(qccl_topk_hist, GRID, BLOCK, x, n, pass, (const u64*)st, hist);
-        qccl_shim::launch(qccl_topk_digit, ONE, ONE, pass, st, hist);
+        qccl_shim::launch_fibers(qccl_topk_hist, GRID, BLOCK, x, (const u64*)st, hist, n, pass);
+        qccl_shim::launch(qccl_topk_digit, ONE, ONE, st, hist, pass);
     }
     compact(x, n, st, p);
 }
@@ -39,18 +39,18 @@ static void mstopk(const float* x, u64 n, u64 k, u64 samplings, u64 key, u64* st
                    unsigned* hist, uint8_t* p) {
     u64 lanes = 16 * ((n + 16383) / 16384);
     std::vector<float> psum(lanes), pmax(lanes);
-    qccl_shim::launch(qccl_mstopk_partials, GRID, BLOCK, x, n, psum.data(), pmax.data());
-    qccl_shim::launch(qccl_mstopk_init, ONE, ONE, n, k, (const float*)psum.data(),
-                      (const float*)pmax.data(), st, hist);
+    qccl_shim::launch(qccl_mstopk_partials, GRID, BLOCK, x, psum.data(), pmax.data(), n);
+    qccl_shim::launch(qccl_mstopk_init, ONE, ONE, (const float*)psum.data(),
+                      (const float*)pmax.data(), st, hist, n, k);
     for (u64 s = 0; s < samplings; s++) {
-        qccl_shim::launch_fibers(qccl_mstopk_count, GRID, WARPS, x, n, st);
+        qccl_shim::launch_fibers(qccl_mstopk_count, GRID, WARPS, x, st, n);
         qccl_shim::launch(qccl_mstopk_step, ONE, ONE, st);
     }
     for (int pass = 0; pass < 4; pass++) {
-        qccl_shim::launch_fibers(qccl_mstopk_hist, GRID, BLOCK, x, n, pass, (const u64*)st, hist);
-        qccl_shim::launch(qccl_mstopk_digit, ONE, ONE, pass, st, hist);
+        qccl_shim::launch_fibers(qccl_mstopk_hist, GRID, BLOCK, x, (const u64*)st, hist, n, pass);
+        qccl_shim::launch(qccl_mstopk_digit, ONE, ONE, st, hist, pass);
     }
-    qccl_shim::launch(qccl_mstopk_finish, ONE, ONE, key, st);
+    qccl_shim::launch(qccl_mstopk_finish, ONE, ONE, st, key);
     compact(x, n, st, p);
 }
 
@@ -75,11 +75,11 @@ static void encode(const Args& a) {
         switch (a.u64("codec")) {
         case 0: topk(x.data(), n, k, st.data(), hist.data(), p.data()); break;
         case 1: mstopk(x.data(), n, k, a.u64("samplings"), key, st.data(), hist.data(), p.data()); break;
-        case 2: qccl_shim::launch(qccl_randk_encode, GRID, BLOCK, (const float*)x.data(), n, k, key, p.data()); break;
+        case 2: qccl_shim::launch(qccl_randk_encode, GRID, BLOCK, (const float*)x.data(), p.data(), n, k, key); break;
         default: die("unknown codec");
         }
         if (ef)
-            qccl_shim::launch(qccl_sparse_ef_sub, GRID, BLOCK, (const uint8_t*)p.data(), k, res.data());
+            qccl_shim::launch(qccl_sparse_ef_sub, GRID, BLOCK, (const uint8_t*)p.data(), res.data(), k);
     }
     a.save("payload", p);
     if (ef) a.save("res_out", res);
@@ -92,12 +92,12 @@ static void decode(const Args& a) {
     auto out = a.load<float>("acc");
     if (out.size() != n) die("acc size differs from count");
     std::vector<int> bad(1, 0);
-    qccl_shim::launch(qccl_sparse_check, GRID, BLOCK, (const uint8_t*)p.data(), k, n, bad.data());
+    qccl_shim::launch(qccl_sparse_check, GRID, BLOCK, (const uint8_t*)p.data(), bad.data(), n, k);
     if (!bad[0]) {
-        // decode (add = 0) stores into zeroed memory: the host clears it first.
+        // decode stores into zeroed memory: the host clears it first.
         if (!a.u64("add")) std::fill(out.begin(), out.end(), 0.0f);
-        qccl_shim::launch(qccl_sparse_decode, GRID, BLOCK, (const uint8_t*)p.data(), k, out.data(),
-                          (int)a.u64("add"));
+        qccl_shim::launch(a.u64("add") ? qccl_sparse_decode_add : qccl_sparse_decode, GRID, BLOCK,
+                          (const uint8_t*)p.data(), out.data(), k);
     }
     a.save("bad", bad);
     a.save("out", out);
