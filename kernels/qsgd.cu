@@ -9,10 +9,17 @@
  *
  * Entries, arguments as kernels/README.md orders them (all grid-stride, any grid, shim mode
  * sequential: no thread waits for another):
- *   encode: qccl_qsgd_bounds(x, payload, n, bucket, maxabs), a thread per bucket, then
- *           qccl_qsgd_levels(x, payload, n, bits, bucket, maxabs, nearest, key), a thread per
- *           group of 8 elements, on the same stream (levels read the scales bounds wrote);
- *   encode with error feedback: qccl_qsgd_bounds_ef(x, res, payload, n, bucket, maxabs), then
+ *   encode: the scales, then the levels on the same stream (levels read the scales):
+ *           scales, bucket <= QSGD_RUN (4096): qccl_qsgd_bounds(x, payload, n, bucket, maxabs),
+ *             a thread per bucket;
+ *           scales, larger buckets: qccl_qsgd_runs(x, runs, n, bucket, maxabs), a thread per
+ *             4096-element run (scratch: ceil(n / bucket) * ceil(bucket / 4096) QsgdLanes of
+ *             68 bytes), then qccl_qsgd_merge(runs, payload, n, bucket, maxabs), a thread per
+ *             bucket (either path works for any bucket; they give the same bits);
+ *           levels: qccl_qsgd_levels(x, payload, n, bits, bucket, maxabs, nearest, key), a
+ *             thread per group of 8 elements;
+ *   encode with error feedback: the same with qccl_qsgd_bounds_ef(x, res, payload, n, bucket,
+ *           maxabs) or qccl_qsgd_runs_ef(x, res, runs, n, bucket, maxabs), then
  *           qccl_qsgd_levels_ef(x, res, w_out, payload, n, bits, bucket, maxabs, nearest, key);
  *   decode: qccl_qsgd_check(payload, bad, n, bucket, maxabs), a thread per bucket (the host
  *           reads *bad, zeroed before: 1 = refuse the chunk), then qccl_qsgd_decode or
@@ -53,37 +60,58 @@ QCCL_DEVICE float qsgd_input(const float *x, const float *res, uint64_t i) {
     return EF ? x[i] + res[i] : x[i];
 }
 
-/* One bucket's scales, computed as the Rust encoder does: eight lane accumulators (element j of
- * the bucket in lane j % 8), written as comparisons, then merged lane by lane. Lanes matter for
- * the sign of a zero bound (-0.0 and 0.0 compare equal: the first one a lane meets stays). */
-template <bool EF>
-QCCL_DEVICE void qsgd_bucket_bounds(const float *x, const float *res, uint64_t start,
-                                    uint64_t len, int maxabs, uint8_t *meta,
-                                    uint64_t bi) {
-    const float inf = qccl_f32_from(0x7f800000u);
+/* A bucket's scales are computed as the Rust encoder does: eight lane accumulators (element e
+ * of the bucket in lane e % 8), written as comparisons, then merged lane by lane. Lanes matter
+ * for the sign of a zero bound (-0.0 and 0.0 compare equal: the first one a lane meets stays).
+ * Runs of a bucket (multiples of 8 long) can be scanned apart and merged in order with the same
+ * strict comparisons: the first occurrence still wins. */
+struct QsgdLanes {
     float lo[8], hi[8];
-    int bad = 0;
+    int bad;
+};
+
+QCCL_DEVICE void qsgd_lanes_init(QsgdLanes &a) {
     for (int j = 0; j < 8; j++) {
-        lo[j] = inf;
-        hi[j] = -inf;
+        a.lo[j] = qccl_f32_from(0x7f800000u);
+        a.hi[j] = qccl_f32_from(0xff800000u);
     }
+    a.bad = 0;
+}
+
+/* Scans elements start .. start+len, the first of them in lane 0. */
+template <bool EF>
+QCCL_DEVICE void qsgd_lanes_scan(QsgdLanes &a, const float *x, const float *res, uint64_t start,
+                                 uint64_t len, int maxabs) {
     for (uint64_t e = 0; e < len; e++) {
         float x0 = qsgd_input<EF>(x, res, start + e);
         float v = maxabs ? qccl_f32_from(qccl_f32_bits(x0) & 0x7fffffffu) : x0;
         int j = (int)(e & 7);
         if (!maxabs)
-            lo[j] = v < lo[j] ? v : lo[j];
-        hi[j] = v > hi[j] ? v : hi[j];
-        bad |= !qsgd_finite(x0);
+            a.lo[j] = v < a.lo[j] ? v : a.lo[j];
+        a.hi[j] = v > a.hi[j] ? v : a.hi[j];
+        a.bad |= !qsgd_finite(x0);
     }
-    float l = inf, h = -inf;
+}
+
+/* Folds a later run's lanes into a. */
+QCCL_DEVICE void qsgd_lanes_merge(QsgdLanes &a, const QsgdLanes &b) {
     for (int j = 0; j < 8; j++) {
-        l = lo[j] < l ? lo[j] : l;
-        h = hi[j] > h ? hi[j] : h;
+        a.lo[j] = b.lo[j] < a.lo[j] ? b.lo[j] : a.lo[j];
+        a.hi[j] = b.hi[j] > a.hi[j] ? b.hi[j] : a.hi[j];
+    }
+    a.bad |= b.bad;
+}
+
+/* Merges the lanes and stores bucket bi's scales (NaN for a non-finite bucket). */
+QCCL_DEVICE void qsgd_lanes_store(const QsgdLanes &a, int maxabs, uint8_t *meta, uint64_t bi) {
+    float l = qccl_f32_from(0x7f800000u), h = qccl_f32_from(0xff800000u);
+    for (int j = 0; j < 8; j++) {
+        l = a.lo[j] < l ? a.lo[j] : l;
+        h = a.hi[j] > h ? a.hi[j] : h;
     }
     if (maxabs)
         l = -h;
-    if (bad || !qsgd_finite(l) || !qsgd_finite(h)) {
+    if (a.bad || !qsgd_finite(l) || !qsgd_finite(h)) {
         l = qccl_f32_from(0x7fc00000u);
         h = l;
     }
@@ -102,7 +130,35 @@ QCCL_DEVICE void qsgd_bounds(const float *x, const float *res, uint64_t n, unsig
     QCCL_GRID_STRIDE(bi, nb) {
         uint64_t start = bi * bucket;
         uint64_t len = n - start < bucket ? n - start : bucket;
-        qsgd_bucket_bounds<EF>(x, res, start, len, maxabs, payload, bi);
+        QsgdLanes a;
+        qsgd_lanes_init(a);
+        qsgd_lanes_scan<EF>(a, x, res, start, len, maxabs);
+        qsgd_lanes_store(a, maxabs, payload, bi);
+    }
+}
+
+/* Large buckets: a thread per run of QSGD_RUN elements (a multiple of 8) writes its lanes to
+ * `runs` (ceil(n / bucket) * ceil(bucket / QSGD_RUN) QsgdLanes), then a thread per bucket
+ * merges them in order. */
+#define QSGD_RUN 4096u
+
+QCCL_DEVICE uint64_t qsgd_runs_per_bucket(unsigned bucket) {
+    return (bucket + QSGD_RUN - 1) / QSGD_RUN;
+}
+
+template <bool EF>
+QCCL_DEVICE void qsgd_runs(const float *x, const float *res, QsgdLanes *runs, uint64_t n,
+                           unsigned bucket, int maxabs) {
+    uint64_t rpb = qsgd_runs_per_bucket(bucket), nb = (n + bucket - 1) / bucket;
+    QCCL_GRID_STRIDE(g, nb * rpb) {
+        uint64_t bi = g / rpb, r = g % rpb;
+        uint64_t end = (bi + 1) * bucket < n ? (bi + 1) * bucket : n;
+        uint64_t start = bi * bucket + r * QSGD_RUN;
+        uint64_t len = start >= end ? 0 : (end - start < QSGD_RUN ? end - start : QSGD_RUN);
+        QsgdLanes a;
+        qsgd_lanes_init(a);
+        qsgd_lanes_scan<EF>(a, x, res, start, len, maxabs);
+        runs[g] = a;
     }
 }
 
@@ -262,6 +318,27 @@ extern "C" __global__ void qccl_qsgd_decode_add(const uint8_t *payload, float *o
 extern "C" __global__ void qccl_qsgd_bounds(const float *x, uint8_t *payload, uint64_t n,
                                             unsigned bucket, int maxabs) {
     qsgd_bounds<false>(x, 0, n, bucket, maxabs, payload);
+}
+
+extern "C" __global__ void qccl_qsgd_runs(const float *x, QsgdLanes *runs, uint64_t n,
+                                          unsigned bucket, int maxabs) {
+    qsgd_runs<false>(x, 0, runs, n, bucket, maxabs);
+}
+
+extern "C" __global__ void qccl_qsgd_runs_ef(const float *x, const float *res, QsgdLanes *runs,
+                                             uint64_t n, unsigned bucket, int maxabs) {
+    qsgd_runs<true>(x, res, runs, n, bucket, maxabs);
+}
+
+extern "C" __global__ void qccl_qsgd_merge(const QsgdLanes *runs, uint8_t *payload, uint64_t n,
+                                           unsigned bucket, int maxabs) {
+    uint64_t rpb = qsgd_runs_per_bucket(bucket), nb = (n + bucket - 1) / bucket;
+    QCCL_GRID_STRIDE(bi, nb) {
+        QsgdLanes a = runs[bi * rpb];
+        for (uint64_t r = 1; r < rpb; r++)
+            qsgd_lanes_merge(a, runs[bi * rpb + r]);
+        qsgd_lanes_store(a, maxabs, payload, bi);
+    }
 }
 
 extern "C" __global__ void qccl_qsgd_levels(const float *x, uint8_t *payload, uint64_t n,

@@ -181,12 +181,13 @@ fn qsgd_kernels_match_the_codec() {
             for maxabs in [false, true] {
                 for nearest in [true, false] {
                     // At the large count, one bucket size per case, alternating.
+                    // Buckets over 4096 take the kernels' scale-by-runs path.
                     let buckets: &[u32] = if n < 100_000 {
-                        &[1, 7, 128]
+                        &[1, 7, 128, 5000]
                     } else if (bits + maxabs as u32 + nearest as u32) % 2 == 0 {
-                        &[128]
+                        &[128, 1 << 16]
                     } else {
-                        &[1000]
+                        &[1000, 12289]
                     };
                     for &bucket in buckets {
                         seed += 1;
@@ -218,7 +219,7 @@ fn qsgd_kernels_handle_zero_signs_and_constant_buckets() {
     }
     x.extend([2.5f32; 17]);
     x.extend([1.0, f32::NAN, 3.0, -2.0, 7.0, f32::INFINITY, 0.0, -0.0, 0.0]);
-    for bucket in [1, 3, 8, 9, 16, 100] {
+    for bucket in [1, 3, 8, 9, 16, 100, 4097] {
         for bits in [1, 2, 5, 8] {
             for maxabs in [false, true] {
                 for nearest in [true, false] {
@@ -230,6 +231,28 @@ fn qsgd_kernels_handle_zero_signs_and_constant_buckets() {
                     };
                     qsgd_case(&d, q, &x, 99);
                 }
+            }
+        }
+    }
+    // Large buckets scanned in runs: the zeros (and their first signs) are in a later run
+    // than the bucket's positive values, so the merge order decides the scale's sign.
+    let y: Vec<f32> = (0..9100)
+        .map(|i| match i {
+            0..4096 => 1.0,
+            _ if i % 5 == 0 || i % 7 == 3 => -0.0,
+            _ => 0.0,
+        })
+        .collect();
+    for bucket in [4500, 8192, 9100] {
+        for maxabs in [false, true] {
+            for nearest in [true, false] {
+                let q = Qsgd {
+                    bits: 3,
+                    bucket,
+                    maxabs,
+                    nearest,
+                };
+                qsgd_case(&d, q, &y, 7);
             }
         }
     }

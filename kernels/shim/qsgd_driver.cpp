@@ -1,5 +1,6 @@
 // Shim driver for kernels/qsgd.cu: the launch sequences a GPU host runs (see qsgd.cu), on odd
-// grid shapes so every grid-stride loop wraps. Entries (argument keys):
+// grid shapes so every grid-stride loop wraps; scales by runs for buckets over QSGD_RUN.
+// Entries (argument keys):
 //   encode: count, bits, bucket, maxabs, nearest, key, x (f32 input), payload (output)
 //   encode_ef: the same plus res (f32 input), res_out and w (f32 outputs)
 //   decode: count, bits, bucket, maxabs, add, payload, acc (f32 input), bad (i32 output: the
@@ -16,6 +17,11 @@ static uint64_t payload_len(const Args& a) {
     return (n + bucket - 1) / bucket * (a.u64("maxabs") ? 4 : 8) + (n * a.u64("bits") + 7) / 8;
 }
 
+// Scratch runs of the large-bucket scale path.
+static uint64_t nruns(uint64_t n, unsigned bucket) {
+    return (n + bucket - 1) / bucket * ((bucket + QSGD_RUN - 1) / QSGD_RUN);
+}
+
 static std::vector<float> input(const Args& a, const char* key) {
     auto v = a.load<float>(key);
     if (v.size() != a.u64("count")) die(std::string(key) + " size differs from count");
@@ -30,7 +36,14 @@ static void encode(const Args& a, bool ef) {
     auto x = input(a, "x");
     std::vector<uint8_t> p(payload_len(a), 0xa5);
     if (!ef) {
-        qccl_shim::launch(qccl_qsgd_bounds, GRID, BLOCK, x.data(), p.data(), n, bucket, maxabs);
+        if (bucket > QSGD_RUN) {
+            std::vector<QsgdLanes> runs(nruns(n, bucket));
+            qccl_shim::launch(qccl_qsgd_runs, GRID, BLOCK, x.data(), runs.data(), n, bucket, maxabs);
+            qccl_shim::launch(qccl_qsgd_merge, GRID, BLOCK, (const QsgdLanes*)runs.data(), p.data(),
+                              n, bucket, maxabs);
+        } else {
+            qccl_shim::launch(qccl_qsgd_bounds, GRID, BLOCK, x.data(), p.data(), n, bucket, maxabs);
+        }
         qccl_shim::launch(qccl_qsgd_levels, GRID, BLOCK, x.data(), p.data(), n, bits, bucket,
                           maxabs, nearest, key);
         a.save("payload", p);
@@ -38,8 +51,16 @@ static void encode(const Args& a, bool ef) {
     }
     auto res = input(a, "res");
     std::vector<float> w(n);
-    qccl_shim::launch(qccl_qsgd_bounds_ef, GRID, BLOCK, x.data(), res.data(), p.data(), n,
-                      bucket, maxabs);
+    if (bucket > QSGD_RUN) {
+        std::vector<QsgdLanes> runs(nruns(n, bucket));
+        qccl_shim::launch(qccl_qsgd_runs_ef, GRID, BLOCK, x.data(), (const float*)res.data(),
+                          runs.data(), n, bucket, maxabs);
+        qccl_shim::launch(qccl_qsgd_merge, GRID, BLOCK, (const QsgdLanes*)runs.data(), p.data(), n,
+                          bucket, maxabs);
+    } else {
+        qccl_shim::launch(qccl_qsgd_bounds_ef, GRID, BLOCK, x.data(), res.data(), p.data(), n,
+                          bucket, maxabs);
+    }
     qccl_shim::launch(qccl_qsgd_levels_ef, GRID, BLOCK, x.data(), res.data(), w.data(), p.data(),
                       n, bits, bucket, maxabs, nearest, key);
     a.save("payload", p);
