@@ -3,7 +3,7 @@
  * halves of error feedback around a selection. Arguments as kernels/README.md orders them;
  * n is the chunk's element count, k its pairs, st the selection state (sparse.cuh):
  *   qccl_sparse_count(x, st, counts, n)      fibers, a warp per segment, whole warps
- *   qccl_sparse_scan(counts, n)              fibers, one block of SPARSE_SCAN (256) threads
+ *   qccl_sparse_scan(counts, n)              fibers, one block (256 threads: SPARSE_SCAN)
  *   qccl_sparse_write(x, st, counts, payload, n)   fibers, as count
  *   qccl_sparse_check(payload, bad, n, k)    sequential, any grid: *bad = 1 refuses the chunk
  *   qccl_sparse_decode / _add(payload, out, k)     sequential, any grid

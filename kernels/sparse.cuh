@@ -186,32 +186,45 @@ QCCL_DEVICE void sp_count(const float *x, sp_u64 n, const sp_u64 *st, sp_u64 *co
     }
 }
 
-/* Exclusive prefix sums of the counts, in place: one block of SPARSE_SCAN threads, each
- * summing a contiguous run of segments, then a scan of the runs' sums in shared memory. */
+/* Exclusive prefix sums of the counts, in place: one block (blocks after the first return),
+ * its first P = min(blockDim, SPARSE_SCAN) threads each summing a contiguous run of segments,
+ * then a scan of the runs' sums in shared memory. Any block size works; 256 is the intent. */
 #define SPARSE_SCAN 256
 QCCL_DEVICE void sp_scan(sp_u64 n, sp_u64 *counts) {
     __shared__ sp_u64 sa[SPARSE_SCAN], sb[SPARSE_SCAN];
-    if (blockIdx.x != 0 || blockDim.x != SPARSE_SCAN)
-        return;
-    unsigned t = threadIdx.x;
-    sp_u64 nseg = sp_segments(n), per = (nseg + SPARSE_SCAN - 1) / SPARSE_SCAN;
-    sp_u64 lo = t * per < nseg ? t * per : nseg, hi = lo + per < nseg ? lo + per : nseg;
-    sp_u64 a = 0, b = 0;
-    for (sp_u64 s = lo; s < hi; s++) {
-        a += counts[2 * s];
-        b += counts[2 * s + 1];
+    if (blockIdx.x != 0)
+        return; /* uniform over the block */
+    unsigned t = threadIdx.x, p = blockDim.x < SPARSE_SCAN ? blockDim.x : SPARSE_SCAN;
+    int active = t < p;
+    sp_u64 nseg = sp_segments(n), per = (nseg + p - 1) / p;
+    sp_u64 lo = 0, hi = 0, a = 0, b = 0;
+    if (active) {
+        lo = t * per < nseg ? t * per : nseg;
+        hi = lo + per < nseg ? lo + per : nseg;
+        for (sp_u64 s = lo; s < hi; s++) {
+            a += counts[2 * s];
+            b += counts[2 * s + 1];
+        }
+        sa[t] = a;
+        sb[t] = b;
     }
-    sa[t] = a;
-    sb[t] = b;
     __syncthreads();
     /* Inclusive Hillis-Steele scan of the run sums. */
-    for (unsigned d = 1; d < SPARSE_SCAN; d <<= 1) {
-        sp_u64 pa = t >= d ? sa[t - d] : 0, pb = t >= d ? sb[t - d] : 0;
+    for (unsigned d = 1; d < p; d <<= 1) {
+        sp_u64 pa = 0, pb = 0;
+        if (active && t >= d) {
+            pa = sa[t - d];
+            pb = sb[t - d];
+        }
         __syncthreads();
-        sa[t] += pa;
-        sb[t] += pb;
+        if (active) {
+            sa[t] += pa;
+            sb[t] += pb;
+        }
         __syncthreads();
     }
+    if (!active)
+        return;
     a = sa[t] - a;
     b = sb[t] - b;
     for (sp_u64 s = lo; s < hi; s++) {

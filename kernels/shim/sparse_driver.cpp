@@ -16,6 +16,7 @@ using namespace qccl_harness;
 
 // Whole warps where the kernels shuffle or vote.
 static const dim3 GRID(7), BLOCK(37), WARPS(64), ONE(1);
+static const unsigned SCAN_BLOCK = 300;
 
 typedef unsigned long long u64;
 
@@ -23,7 +24,8 @@ typedef unsigned long long u64;
 static void compact(const float* x, u64 n, u64* st, uint8_t* payload) {
     std::vector<u64> counts(2 * ((n + SPARSE_SEG - 1) / SPARSE_SEG));
     qccl_shim::launch_fibers(qccl_sparse_count, GRID, WARPS, x, (const u64*)st, counts.data(), n);
-    qccl_shim::launch_fibers(qccl_sparse_scan, ONE, dim3(SPARSE_SCAN), counts.data(), n);
+    // The scan takes any block; an odd one here, so its idle threads are exercised too.
+    qccl_shim::launch_fibers(qccl_sparse_scan, dim3(2), dim3(SCAN_BLOCK), counts.data(), n);
     qccl_shim::launch_fibers(qccl_sparse_write, GRID, WARPS, x, (const u64*)st,
                              (const u64*)counts.data(), payload, n);
 }
