@@ -45,6 +45,15 @@ pub struct Qsgd {
     rounding: Rounding,
 }
 
+/// Which compiled encode kernel to run: the best one the CPU has, at most this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    #[cfg_attr(not(test), allow(dead_code))] // the tests' reference
+    Portable,
+    Avx2,
+    Avx512,
+}
+
 /// Largest accepted bucket (bucket indices and lengths then stay far from overflow).
 pub const MAX_BUCKET: u32 = 1 << 24;
 
@@ -121,19 +130,30 @@ impl Qsgd {
         }
     }
 
-    /// Encode through the portable kernel or the AVX2 one (tests compare the two).
-    fn encode_with(&self, simd: bool, input: &[f32], rng: &Rng, out: &mut [u8]) {
+    /// Encode through the given path, or the best one below it that this CPU has (tests
+    /// compare them).
+    fn encode_with(&self, path: Path, input: &[f32], rng: &Rng, out: &mut [u8]) {
         let key = rng.key();
         #[cfg(target_arch = "x86_64")]
-        if simd {
-            if let Some(cpu) = super::x86::Avx2::detect() {
-                return cpu.run(
-                    #[inline(always)]
-                    || encode_kernel(self, input, key, out),
-                );
+        {
+            if path >= Path::Avx512 {
+                if let Some(cpu) = super::x86::Avx512::detect() {
+                    return cpu.run(
+                        #[inline(always)]
+                        || encode_kernel(self, input, key, out),
+                    );
+                }
+            }
+            if path >= Path::Avx2 {
+                if let Some(cpu) = super::x86::Avx2::detect() {
+                    return cpu.run(
+                        #[inline(always)]
+                        || encode_kernel(self, input, key, out),
+                    );
+                }
             }
         }
-        let _ = simd;
+        let _ = path;
         encode_kernel(self, input, key, out)
     }
 
@@ -202,7 +222,7 @@ impl Codec for Qsgd {
     }
 
     fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
-        self.encode_with(true, input, rng, out)
+        self.encode_with(Path::Avx512, input, rng, out)
     }
 
     fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {

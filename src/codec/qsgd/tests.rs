@@ -68,9 +68,11 @@ fn gaussian_round_trip_error_paths_and_bounds() {
                         // The portable and AVX2 paths give the same bytes and values.
                         let mut a = vec![0u8; c.payload_len(n)];
                         let mut b = a.clone();
-                        c.encode_with(false, x, &Rng::from_u64(42), &mut a);
-                        c.encode_with(true, x, &Rng::from_u64(42), &mut b);
-                        assert_eq!(a, b, "{what} n={n}");
+                        c.encode_with(Path::Portable, x, &Rng::from_u64(42), &mut a);
+                        for path in [Path::Avx2, Path::Avx512] {
+                            c.encode_with(path, x, &Rng::from_u64(42), &mut b);
+                            assert_eq!(a, b, "{what} n={n} {path:?}");
+                        }
                         assert_eq!(&bytes[HEADER_LEN..], &a[..], "{what} n={n}");
                         let mut ya = vec![0.0f32; n];
                         c.decode_with(false, &a, &mut ya, false).unwrap();
@@ -106,9 +108,11 @@ fn every_width_and_odd_sizes_agree_across_paths() {
                 let x = &x[..n];
                 let mut a = vec![0u8; c.payload_len(n)];
                 let mut b = a.clone();
-                c.encode_with(false, x, &Rng::from_u64(5), &mut a);
-                c.encode_with(true, x, &Rng::from_u64(5), &mut b);
-                assert_eq!(a, b, "{} n={n}", c.spec());
+                c.encode_with(Path::Portable, x, &Rng::from_u64(5), &mut a);
+                for path in [Path::Avx2, Path::Avx512] {
+                    c.encode_with(path, x, &Rng::from_u64(5), &mut b);
+                    assert_eq!(a, b, "{} n={n} {path:?}", c.spec());
+                }
                 let mut ya = vec![0.0f32; n];
                 let mut yb = vec![0.0f32; n];
                 c.decode_with(false, &a, &mut ya, false).unwrap();
