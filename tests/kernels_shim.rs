@@ -105,16 +105,20 @@ fn reduce_matches_rust() {
                 let mut want = vec![0u8; a.len()];
                 reduce3(d, op, &mut want, &a, &b);
                 let entry = format!("qccl_reduce_{}_{}", op.name(), suffix(d));
-                let inplace = ci % 2;
+                // In place and out of place; 16-byte aligned (the kernels' vector path) and
+                // one element off.
+                let (inplace, offset) = (ci % 2, ci / 2 % 2);
                 let got = Job::new(&entry)
                     .arg("count", n)
                     .arg("inplace", inplace)
+                    .arg("offset", offset)
                     .input("a", &a)
                     .input("b", &b)
                     .output("out")
                     .run(&drv);
                 let any_nan = matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Avg);
-                check(&format!("{entry} n={n}"), d, &got["out"], &want, any_nan);
+                let what = format!("{entry} n={n} inplace={inplace} offset={offset}");
+                check(&what, d, &got["out"], &want, any_nan);
             }
         }
     }
@@ -313,6 +317,8 @@ fn shim_refuses_misuse() {
     };
     let err = Job::new("bad_barrier").run_failing(&drv);
     assert!(err.contains("deadlock"), "{err}");
+    let err = Job::new("bad_mask").run_failing(&drv);
+    assert!(err.contains("with mask"), "{err}");
     let err = Job::new("sync_in_sequential").run_failing(&drv);
     assert!(err.contains("needs fiber mode"), "{err}");
 }
