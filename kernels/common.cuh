@@ -264,6 +264,25 @@ QCCL_DEVICE void qccl_store16(void* p, uint4 v) {
 #endif
 }
 
+// Eight elements of T as 16-byte vectors (T of 2 or 4 bytes).
+template <class T>
+union qccl_x8 {
+    uint4 u[sizeof(T) / 2];
+    T e[8];
+};
+
+template <class T>
+QCCL_DEVICE qccl_x8<T> qccl_ld8(const T* p) {
+    qccl_x8<T> r;
+    for (unsigned j = 0; j < sizeof(T) / 2; j++) r.u[j] = qccl_load16(p + j * (16 / sizeof(T)));
+    return r;
+}
+
+template <class T>
+QCCL_DEVICE void qccl_st8(T* p, const qccl_x8<T>& r) {
+    for (unsigned j = 0; j < sizeof(T) / 2; j++) qccl_store16(p + j * (16 / sizeof(T)), r.u[j]);
+}
+
 // ---- launch helpers --------------------------------------------------------------------------
 
 // Global index of this thread and the grid's thread count, in 64 bits.

@@ -19,25 +19,6 @@
 QCCL_DEVICE float qccl_none_to_f32(float x) { return x; }
 QCCL_DEVICE float qccl_f32_to_none(float x) { return x; }
 
-// Eight elements of T as 16-byte vectors (T of 2 or 4 bytes).
-template <class T>
-union qccl_x8 {
-    uint4 u[sizeof(T) / 2];
-    T e[8];
-};
-
-template <class T>
-QCCL_DEVICE qccl_x8<T> qccl_ld8(const T* p) {
-    qccl_x8<T> r;
-    for (unsigned j = 0; j < sizeof(T) / 2; j++) r.u[j] = qccl_load16(p + j * (16 / sizeof(T)));
-    return r;
-}
-
-template <class T>
-QCCL_DEVICE void qccl_st8(T* p, const qccl_x8<T>& r) {
-    for (unsigned j = 0; j < sizeof(T) / 2; j++) qccl_store16(p + j * (16 / sizeof(T)), r.u[j]);
-}
-
 template <class T, class Enc>
 QCCL_DEVICE void qccl_encode_body(const float* x, T* payload, uint64_t count, Enc enc) {
     uint64_t groups = qccl_aligned16(x, payload, x) ? count / 8 : 0;
