@@ -9,7 +9,9 @@
 // The scales are the CPU's sums in the CPU's order, so both give the same bits: tiles of 2048
 // elements; within a tile (cut at bucket ends for onebit) eight f32 lanes, lane j summing the
 // elements at offsets j, j+8, ... in order, then the lanes folded 0..7; across tiles an f64 sum
-// in tile order.
+// in tile order. That last sum is serial (one thread for efsign: count / 2048 dependent adds), the
+// part that does not scale on a GPU; a parallel one needs a new CPU order too (a fixed tree), a
+// wire-visible change not made here.
 //
 // efsign encode, three launches in order (scratch: ceil(count / 2048) floats):
 //   qccl_efsign_tile_sums(const float* x, float* tile_sums, uint64_t count)
@@ -17,8 +19,8 @@
 //   qccl_efsign_scale(const float* tile_sums, uint8_t* payload, uint64_t count)
 //       writes bytes 0..4; one thread does it all (launch 1 x 1). Shim: sequential.
 //   qccl_signs_pack(const float* x, uint8_t* payload + 4, uint64_t count)
-// onebit encode, three launches in order (scratch: 3 * qccl_onebit_segments(count, bucket)
-// floats; see that function for the count):
+// onebit encode, three launches in order (scratch: 3 * S floats, S = qccl_onebit_segments(count,
+// bucket) = ceil(n / 2048) + ceil(n / bucket) - ceil(n / lcm(2048, bucket))):
 //   qccl_onebit_segment_sums(const float* x, float* seg, uint64_t count, uint32_t bucket)
 //       8 threads a tile; block a multiple of 32 (256), any grid. Shim: fibers.
 //   qccl_onebit_means(const float* seg, uint8_t* payload, uint64_t count, uint32_t bucket)
