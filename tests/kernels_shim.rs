@@ -105,16 +105,20 @@ fn reduce_matches_rust() {
                 let mut want = vec![0u8; a.len()];
                 reduce3(d, op, &mut want, &a, &b);
                 let entry = format!("qccl_reduce_{}_{}", op.name(), suffix(d));
-                let inplace = ci % 2;
+                // In place and out of place; 16-byte aligned (the kernels' vector path) and
+                // one element off.
+                let (inplace, offset) = (ci % 2, ci / 2 % 2);
                 let got = Job::new(&entry)
                     .arg("count", n)
                     .arg("inplace", inplace)
+                    .arg("offset", offset)
                     .input("a", &a)
                     .input("b", &b)
                     .output("out")
                     .run(&drv);
                 let any_nan = matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Avg);
-                check(&format!("{entry} n={n}"), d, &got["out"], &want, any_nan);
+                let what = format!("{entry} n={n} inplace={inplace} offset={offset}");
+                check(&what, d, &got["out"], &want, any_nan);
             }
         }
     }
@@ -313,6 +317,8 @@ fn shim_refuses_misuse() {
     };
     let err = Job::new("bad_barrier").run_failing(&drv);
     assert!(err.contains("deadlock"), "{err}");
+    let err = Job::new("bad_mask").run_failing(&drv);
+    assert!(err.contains("with mask"), "{err}");
     let err = Job::new("sync_in_sequential").run_failing(&drv);
     assert!(err.contains("needs fiber mode"), "{err}");
 }
@@ -434,21 +440,32 @@ fn check_codec_ef(
     }
 }
 
+/// The float codecs, with 16-byte aligned buffers (the kernels' vector path) and one element
+/// off (their per-element path).
+fn check_float_codec(name: &str, seed: u64) {
+    for offset in [0, 1] {
+        let args = [("offset", offset)];
+        check_codec("floats", name, name, &args, &COUNTS, seed + offset);
+        if name != "none" {
+            let entry = format!("qccl_{name}_encode_ef");
+            check_codec_ef("floats", &entry, name, &args, &COUNTS, seed + 100 + offset);
+        }
+    }
+}
+
 #[test]
 fn none_codec_matches_rust() {
-    check_codec("floats", "none", "none", &[], &COUNTS, 10);
+    check_float_codec("none", 10);
 }
 
 #[test]
 fn fp16_codec_matches_rust() {
-    check_codec("floats", "fp16", "fp16", &[], &COUNTS, 11);
-    check_codec_ef("floats", "qccl_fp16_encode_ef", "fp16", &[], &COUNTS, 111);
+    check_float_codec("fp16", 12);
 }
 
 #[test]
 fn bf16_codec_matches_rust() {
-    check_codec("floats", "bf16", "bf16", &[], &COUNTS, 12);
-    check_codec_ef("floats", "qccl_bf16_encode_ef", "bf16", &[], &COUNTS, 112);
+    check_float_codec("bf16", 14);
 }
 
 /// The f16/bf16 conversions on every 16-bit pattern, and on every rounding edge: each value
@@ -493,6 +510,7 @@ fn half_conversions_every_pattern_and_tie() {
         let xb = shim::f32_bytes(&x);
         let got = Job::new(&format!("qccl_{name}_encode"))
             .arg("count", x.len())
+            .arg("offset", 0)
             .input("x", &xb)
             .output("payload")
             .run(&drv);
@@ -509,6 +527,7 @@ fn half_conversions_every_pattern_and_tie() {
         let zeros = vec![0u8; 4 << 16];
         let got = Job::new(&format!("qccl_{name}_decode"))
             .arg("count", 1 << 16)
+            .arg("offset", 0)
             .input("payload", &all)
             .input("acc", &zeros)
             .output("out")
