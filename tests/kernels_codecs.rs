@@ -184,7 +184,7 @@ fn qsgd_kernels_match_the_codec() {
                     // Buckets over 4096 take the kernels' scale-by-runs path.
                     let buckets: &[u32] = if n < 100_000 {
                         &[1, 7, 128, 5000]
-                    } else if (bits + maxabs as u32 + nearest as u32) % 2 == 0 {
+                    } else if (bits + maxabs as u32 + nearest as u32) & 1 == 0 {
                         &[128, 1 << 16]
                     } else {
                         &[1000, 12289]
