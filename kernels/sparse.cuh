@@ -14,6 +14,9 @@
  * threads: exclusive prefix sums), qccl_sparse_write (each segment writes its pairs at their
  * final positions). The payload pointer needs no alignment (bytewise stores).
  *
+ * Chunks hold fewer than 2^32 elements (the radix histogram counts in u32; the Rust codec's
+ * limit, sparse::MAX_ELEMS, is 2^32 itself: a GPU host refuses that one size as unsupported).
+ *
  * The compaction and the radix histogram (a block's threads share it in __shared__ memory) run
  * in the shim's FIBER mode; the rest in sequential mode. */
 #pragma once
