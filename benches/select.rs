@@ -72,10 +72,10 @@ fn main() {
         report("topk", topk);
         let mut rng = Rng::from_u64(2);
         let ms = best_of(5, || {
-            mstopk_select(black_box(&x), k, 30, &mut rng, &mut idx);
+            mstopk_select(black_box(&x), k, 30, rng.next_u64(), &mut idx);
         });
         report("mstopk", ms);
-        let rk = best_of(5, || select_randk(n, k, &mut rng, &mut idx));
+        let rk = best_of(5, || select_randk(n, k, rng.next_u64(), &mut idx));
         report("randk", rk);
         println!(
             "mstopk is {:.1}x faster than topk at density {density}",

@@ -9,7 +9,10 @@ use crate::error::{Error, Result};
 /// Bytes in front of every payload (a multiple of 8, so payloads stay 8-byte aligned).
 pub const HEADER_LEN: usize = 32;
 /// Encoding version written by this build; a chunk with another version is rejected.
-pub const VERSION: u8 = 1;
+/// 2: stochastic rounding, random-k and MSTopK's offset draw from the counter-based
+/// `rng::draw` (1 drew from sequential xoshiro streams: same layout, other random choices, so
+/// ranks of both versions would not end bit-identical).
+pub const VERSION: u8 = 2;
 
 /// Which codec encoded a chunk (the first header byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,7 +101,8 @@ impl Header {
         })?;
         if bytes[1] != VERSION {
             return Err(Error::invalid(format!(
-                "encoded chunk has version {}, this build reads version {VERSION}",
+                "encoded chunk has version {}, this build reads version {VERSION} only (every \
+                 rank of a job must run the same qccl codec version)",
                 bytes[1]
             )));
         }
@@ -114,5 +118,42 @@ impl Header {
             count: u64_at(16),
             payload: u64_at(24),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            codec: CodecId::Qsgd,
+            params: 0x1234,
+            count: 7,
+            payload: 9,
+        }
+    }
+
+    #[test]
+    fn round_trips_at_version_2() {
+        let mut b = [0xffu8; HEADER_LEN];
+        header().write(&mut b);
+        assert_eq!(b[1], 2);
+        assert_eq!(Header::read(&b).unwrap(), header());
+    }
+
+    #[test]
+    fn other_versions_are_refused_by_name() {
+        let mut b = [0u8; HEADER_LEN];
+        header().write(&mut b);
+        for v in [0u8, 1, 3, 255] {
+            b[1] = v;
+            let e = Header::read(&b).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("encoded chunk has version {v}"))
+                    && e.contains("reads version 2 only"),
+                "{e}"
+            );
+        }
     }
 }

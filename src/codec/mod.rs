@@ -30,7 +30,7 @@ pub(crate) mod topk;
 mod x86;
 
 pub use header::{CodecId, HEADER_LEN};
-pub use rng::{Rng, Site};
+pub use rng::{draw, draw32, uniform24, Rng, Site};
 pub use spec::CodecSpec;
 
 use crate::error::{Error, Result};

@@ -22,8 +22,9 @@
 //! * The paper initialises `thres1 = 0` together with `k1 = 0`; if no sampling ever counts
 //!   between 1 and k elements, its line 25 would then select every element. Here "no thres1
 //!   yet" means +∞ (no element), which is what `k1 = 0` says.
-//! * The random offset comes from the encode site's [`Rng`] (reproducible per site); no offset
-//!   is drawn when k1 = k.
+//! * The random offset is `draw(K, 0) % (k2 − k1 − (k − k1) + 1)`, K the encode site's key
+//!   ([`super::rng`]: reproducible per site, and computable by a GPU); no offset is needed when
+//!   k1 = k.
 //! * Magnitudes are compared as integer keys (see [`key`]); for finite inputs this is exactly
 //!   the float comparison `a ≥ thres`. An input holding an infinity or NaN, or whose magnitudes
 //!   overflow the f32 partial sums of the mean, has no meaningful mean: it is selected by exact
@@ -61,6 +62,7 @@
 //! bracket returned can differ from the paper's thres2 (a threshold bounding the same elements,
 //! or a looser one after an early stop); the upper bracket is the paper's thres1.
 
+use super::rng::draw;
 use super::sparse::{self, key, scan_at_least, Selector};
 use super::topk::select_topk;
 use super::{CodecId, Rng};
@@ -515,7 +517,7 @@ fn search(
 /// the bracket `(thres2, thres1)`: every selected element has `|x| ≥ thres2`, every other
 /// element has `|x| < thres1` (so the exact k-th largest magnitude is ≥ thres2 and the
 /// (k+1)-th is < thres1). `thres1` is +∞ when no sampling counted between 1 and k elements; the
-/// bracket is `(0, +∞)` when nothing or everything is selected. `rng` gives the offset of the
+/// bracket is `(0, +∞)` when nothing or everything is selected. `site_key` gives the offset of the
 /// run taken between the thresholds.
 ///
 /// Inputs with an infinity or NaN are selected by [`select_topk`] instead, and the bracket is
@@ -524,7 +526,7 @@ pub fn mstopk_select(
     x: &[f32],
     k: usize,
     samplings: u32,
-    rng: &mut Rng,
+    site_key: u64,
     out_idx: &mut Vec<u32>,
 ) -> (f32, f32) {
     out_idx.clear();
@@ -582,7 +584,8 @@ pub fn mstopk_select(
     // Lines 25–28: all of [thres1, ∞), then a run of k − k1 from [thres2, thres1).
     let need = k - s.k1;
     let start = if need > 0 {
-        rng.below((k2 - s.k1 - need + 1) as u64) as usize
+        // One draw, as random-k's strata take theirs: uniform over the possible offsets.
+        (draw(site_key, 0) % (k2 - s.k1 - need + 1) as u64) as usize
     } else {
         0
     };
@@ -636,7 +639,7 @@ impl Selector for MsTopK {
         )
     }
     fn select(&self, x: &[f32], k: usize, rng: &mut Rng, out: &mut Vec<u32>) {
-        mstopk_select(x, k, self.samplings, rng, out);
+        mstopk_select(x, k, self.samplings, rng.key(), out);
     }
 }
 
@@ -650,7 +653,7 @@ mod tests {
 
     /// Algorithm 1 as printed (with thres1 starting at +∞), one full pass per sampling and float
     /// comparisons: the reference for the fast version.
-    fn reference(x: &[f32], k: usize, samplings: u32, rng: &mut Rng) -> (Vec<u32>, f32) {
+    fn reference(x: &[f32], k: usize, samplings: u32, site_key: u64) -> (Vec<u32>, f32) {
         let (mean, umax) = mean_max(x, None);
         let u = umax as f64;
         let mean = mean.min(u);
@@ -685,7 +688,7 @@ mod tests {
         assert_eq!(i1.len(), k1);
         let need = k - k1;
         let start = if need > 0 {
-            rng.below((i2.len() - need + 1) as u64) as usize
+            (draw(site_key, 0) % (i2.len() - need + 1) as u64) as usize
         } else {
             0
         };
@@ -780,10 +783,10 @@ mod tests {
                     for samplings in [1, 2, 3, 5, 30, 200] {
                         let seed = (kind as u64) << 40 | (n as u64) << 16 | k as u64;
                         let x = data(kind, n, seed);
-                        let b = mstopk_select(&x, k, samplings, &mut Rng::from_u64(seed), &mut idx);
+                        let b = mstopk_select(&x, k, samplings, seed, &mut idx);
                         check_selection(&x, k, &idx, b);
                         if k > 0 && k < n {
-                            let (want, hi) = reference(&x, k, samplings, &mut Rng::from_u64(seed));
+                            let (want, hi) = reference(&x, k, samplings, seed);
                             assert_eq!(idx, want, "kind {kind} n {n} k {k} samplings {samplings}");
                             assert_eq!(b.1, hi);
                         }
@@ -809,9 +812,9 @@ mod tests {
         ] {
             let x = data(kind, n, 9);
             let k = k_of(d, n);
-            let b = mstopk_select(&x, k, samplings, &mut Rng::from_u64(1), &mut idx);
+            let b = mstopk_select(&x, k, samplings, 1, &mut idx);
             check_selection(&x, k, &idx, b);
-            let (want, hi) = reference(&x, k, samplings, &mut Rng::from_u64(1));
+            let (want, hi) = reference(&x, k, samplings, 1);
             assert_eq!(idx, want, "kind {kind} density {d} samplings {samplings}");
             assert_eq!(b.1, hi);
             if kind == 0 && samplings == 30 {
@@ -825,11 +828,11 @@ mod tests {
     fn non_finite_inputs_fall_back_to_exact_topk() {
         let mut idx = vec![];
         let x = [1.0, f32::NAN, -5.0, f32::INFINITY, 0.5, 2.0];
-        let b = mstopk_select(&x, 3, 30, &mut Rng::from_u64(0), &mut idx);
+        let b = mstopk_select(&x, 3, 30, 0, &mut idx);
         assert_eq!(idx, [1, 2, 3]);
         assert_eq!(b, (5.0, 5.0));
         let x = [f32::MAX, f32::MAX, -f32::MAX, 1.0];
-        mstopk_select(&x, 2, 30, &mut Rng::from_u64(0), &mut idx);
+        mstopk_select(&x, 2, 30, 0, &mut idx);
         assert_eq!(idx.len(), 2);
     }
 

@@ -8,12 +8,13 @@
 //! with NaN scales and decodes to NaN (as an uncompressed sum would be non-finite); any other
 //! non-finite or inverted scale is rejected by the decoder.
 //!
-//! Stochastic rounding draws one uniform per element from an 8-lane xoshiro128+ generator seeded
-//! from the encode site's [`Rng`], so the loops vectorize; element i always takes lane i mod 8
-//! of step i / 8, whatever the bucket size or CPU path.
+//! Stochastic rounding takes element i's uniform from the counter-based draw keyed by the encode
+//! site ([`super::rng`]: 24 bits of one half of `draw(K, i / 2)`), so it depends on nothing but
+//! (site, i): not on the bucket size, the tiling, the CPU path or a GPU's thread layout.
 
 use super::bits;
 use super::fields::Fields;
+use super::rng::{mix, GOLDEN};
 use super::{Codec, CodecId, Rng};
 use crate::error::{Error, Result};
 
@@ -42,6 +43,15 @@ pub struct Qsgd {
     bucket: u32,
     scale: Scale,
     rounding: Rounding,
+}
+
+/// Which compiled encode kernel to run: the best one the CPU has, at most this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    #[cfg_attr(not(test), allow(dead_code))] // the tests' reference
+    Portable,
+    Avx2,
+    Avx512,
 }
 
 /// Largest accepted bucket (bucket indices and lengths then stay far from overflow).
@@ -120,19 +130,31 @@ impl Qsgd {
         }
     }
 
-    /// Encode through the portable kernel or the AVX2 one (tests compare the two).
-    fn encode_with(&self, simd: bool, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
+    /// Encode through the given path, or the best one below it that this CPU has (tests
+    /// compare them).
+    fn encode_with(&self, path: Path, input: &[f32], rng: &Rng, out: &mut [u8]) {
+        let key = rng.key();
         #[cfg(target_arch = "x86_64")]
-        if simd {
-            if let Some(cpu) = super::x86::Avx2::detect() {
-                return cpu.run(
-                    #[inline(always)]
-                    || encode_kernel(self, input, rng, out),
-                );
+        {
+            if path >= Path::Avx512 {
+                if let Some(cpu) = super::x86::Avx512::detect() {
+                    return cpu.run(
+                        #[inline(always)]
+                        || encode_kernel(self, input, key, out),
+                    );
+                }
+            }
+            if path >= Path::Avx2 {
+                if let Some(cpu) = super::x86::Avx2::detect() {
+                    return cpu.run(
+                        #[inline(always)]
+                        || encode_kernel(self, input, key, out),
+                    );
+                }
             }
         }
-        let _ = simd;
-        encode_kernel(self, input, rng, out)
+        let _ = path;
+        encode_kernel(self, input, key, out)
     }
 
     fn decode_with(&self, simd: bool, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
@@ -200,7 +222,7 @@ impl Codec for Qsgd {
     }
 
     fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
-        self.encode_with(true, input, rng, out)
+        self.encode_with(Path::Avx512, input, rng, out)
     }
 
     fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
@@ -228,52 +250,25 @@ impl Codec for Qsgd {
     }
 }
 
-/// Eight xoshiro128+ generators side by side (lane j in element j of each array), so a step
-/// is a handful of 8-wide integer operations.
-struct Lanes {
-    s: [[u32; 8]; 4],
-}
-
-impl Lanes {
-    fn new(rng: &mut Rng) -> Lanes {
-        // Lane j's four words are draws 2j and 2j + 1, split in halves.
-        let mut words = [0u32; 32];
-        for w in words.chunks_exact_mut(2) {
-            let d = rng.next_u64();
-            w[0] = d as u32;
-            w[1] = (d >> 32) as u32;
+/// Fills `u` (a multiple of 8 long) with the stochastic-rounding uniforms of elements `i0..`
+/// (`i0` even): element i's 24 bits are one half of `draw(key, i / 2)` ([`super::rng`]), so a
+/// tile needs only its first index, and each 64-bit draw serves two elements.
+#[inline(always)]
+fn fill_uniforms(key: u64, i0: usize, u: &mut [f32]) {
+    debug_assert!(i0 % 2 == 0 && u.len() % 8 == 0);
+    // Four draws side by side, their splitmix64 states z = key + (j + 1)·GOLDEN stepped by
+    // additions; a step's 4 × 64 bits are the 8 elements' 32-bit halves in order.
+    let z0 = key.wrapping_add(((i0 / 2) as u64 + 1).wrapping_mul(GOLDEN));
+    let mut z: [u64; 4] = std::array::from_fn(|l| z0.wrapping_add((l as u64).wrapping_mul(GOLDEN)));
+    for c in u.chunks_exact_mut(8) {
+        let d: [u64; 4] = std::array::from_fn(|l| mix(z[l]));
+        for l in 0..4 {
+            z[l] = z[l].wrapping_add(GOLDEN.wrapping_mul(4));
+            // The top 24 bits of each half; through i32 because x86 has no vector u32 -> f32
+            // conversion (the values are below 2^24: both conversions are exact).
+            c[2 * l] = ((d[l] as u32) >> 8) as i32 as f32 * (1.0 / (1u32 << 24) as f32);
+            c[2 * l + 1] = (d[l] >> 40) as i32 as f32 * (1.0 / (1u32 << 24) as f32);
         }
-        let mut s: [[u32; 8]; 4] =
-            std::array::from_fn(|k| std::array::from_fn(|j| words[4 * j + k]));
-        // The all-zero state is xoshiro's one fixed point.
-        for j in 0..8 {
-            if s.iter().all(|w| w[j] == 0) {
-                s[0][j] = 1;
-            }
-        }
-        Lanes { s }
-    }
-
-    /// Fills `u` (a multiple of 8 long) with uniforms in [0, 1) of 24 bits.
-    #[inline(always)]
-    fn fill(&mut self, u: &mut [f32]) {
-        let [mut s0, mut s1, mut s2, mut s3] = self.s;
-        for c in u.chunks_exact_mut(8) {
-            for j in 0..8 {
-                let r = s0[j].wrapping_add(s3[j]);
-                let t = s1[j] << 9;
-                s2[j] ^= s0[j];
-                s3[j] ^= s1[j];
-                s1[j] ^= s2[j];
-                s0[j] ^= s3[j];
-                s2[j] ^= t;
-                s3[j] = s3[j].rotate_left(11);
-                // The top 24 bits (xoshiro+'s low bits are the weak ones); through i32 because
-                // x86 has no vector u32 -> f32 conversion.
-                c[j] = (r >> 8) as i32 as f32 * (1.0 / (1u32 << 24) as f32);
-            }
-        }
-        self.s = [s0, s1, s2, s3];
     }
 }
 
@@ -339,13 +334,13 @@ fn floor_small(t: f32) -> u8 {
 
 /// The encoder's kernel (dispatched in `Qsgd::encode_with`): `out` is the whole payload.
 #[inline(always)]
-pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u8]) {
+pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], key: u64, out: &mut [u8]) {
     let n = input.len();
     let b = q.bucket as usize;
     let nbits = q.bits as usize;
     let top = q.top() as f32;
     let (meta, stream) = out.split_at_mut(q.meta_bytes(n));
-    let mut lanes = (q.rounding == Rounding::Stochastic).then(|| Lanes::new(rng));
+    let stochastic = q.rounding == Rounding::Stochastic;
     // Nearest rounding is stochastic rounding with u = 1/2 throughout.
     let mut u = [0.5f32; TILE];
     let mut lv = [0u8; TILE];
@@ -358,8 +353,8 @@ pub(super) fn encode_kernel(q: &Qsgd, input: &[f32], rng: &mut Rng, out: &mut [u
         let padded = len.next_multiple_of(8);
         let ahead = (t0 + len + TILE).min(n);
         bits::prefetch(&input[t0 + len..ahead]);
-        if let Some(g) = &mut lanes {
-            g.fill(&mut u[..padded]);
+        if stochastic {
+            fill_uniforms(key, t0, &mut u[..padded]);
         }
         let mut p = t0;
         while p < t0 + len {

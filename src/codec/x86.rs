@@ -7,8 +7,9 @@
 //!
 //! fp16 uses the F16C conversion instructions (same bits as `half`'s software conversion).
 //!
-//! Soundness rests on one token, [`Avx2`]: only [`Avx2::detect`] makes one, after the CPU said
-//! it has AVX2, FMA and F16C.
+//! Soundness rests on two tokens, [`Avx2`] and [`Avx512`]: only their `detect` makes one, after
+//! the CPU said it has the features they enable. AVX-512 serves kernels that multiply u64
+//! vectors (qsgd's counter-based draws).
 
 use std::arch::x86_64::{
     __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps, _mm_loadu_si128,
@@ -22,6 +23,8 @@ const PRESENT: u8 = 2;
 
 /// What the CPU has, probed once.
 static AVX2_FMA_F16C: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Whether it also has AVX-512 F, DQ, VL and BW, probed once.
+static AVX512: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// Proof that this CPU has AVX2, FMA and F16C (and so AVX).
 #[derive(Clone, Copy)]
@@ -75,6 +78,45 @@ impl Avx2 {
                 f16_decode_f16c::<false>(payload, out)
             }
         }
+    }
+}
+
+/// Proof that this CPU has AVX-512 F, DQ, VL and BW besides AVX2, FMA and F16C. DQ brings the
+/// 64-bit vector multiply (`vpmullq`) that the counter-based draw needs twice per draw; AVX2
+/// emulates each with three 32-bit multiplies.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    /// The token, if the CPU has AVX-512 F, DQ, VL, BW and [`Avx2`]'s features.
+    #[inline]
+    pub(crate) fn detect() -> Option<Avx512> {
+        let mut state = AVX512.load(Ordering::Relaxed);
+        if state == UNKNOWN {
+            state = if Avx2::detect().is_some()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw")
+            {
+                PRESENT
+            } else {
+                ABSENT
+            };
+            AVX512.store(state, Ordering::Relaxed);
+        }
+        (state == PRESENT).then_some(Avx512(()))
+    }
+
+    /// Runs `kernel` compiled for AVX-512 (as [`Avx2::run`] does for AVX2).
+    #[inline(always)]
+    pub(crate) fn run<R>(self, kernel: impl FnOnce() -> R) -> R {
+        #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c")]
+        unsafe fn with_avx512<R>(kernel: impl FnOnce() -> R) -> R {
+            kernel()
+        }
+        // SAFETY: `self` exists only if the CPU has these features (see `detect`).
+        unsafe { with_avx512(kernel) }
     }
 }
 

@@ -21,7 +21,7 @@ use crate::algo::{part, Wire};
 use crate::codec::ef::TensorKey;
 use crate::codec::mstopk::mstopk_select;
 use crate::codec::sparse::{check_len, k_of};
-use crate::codec::{CodecSpec, Rng, Site};
+use crate::codec::{CodecSpec, Site};
 use crate::coll::call::{Coll, CollCall};
 use crate::error::{Error, Result};
 use crate::tuning::Flat;
@@ -348,14 +348,15 @@ impl PreparedTopK {
         if let Some(r) = residual.as_deref_mut() {
             crate::codec::ef::compensate(slice, r);
         }
-        let mut rng = Rng::new(Site {
+        let site_key = Site {
             seed: self.seed,
             step,
             chunk: mine.start as u64,
             rank: self.rank as u64,
-        });
+        }
+        .key();
         let mut idx = Vec::with_capacity(k);
-        mstopk_select(slice, k, self.opts.samplings, &mut rng, &mut idx);
+        mstopk_select(slice, k, self.opts.samplings, site_key, &mut idx);
         let mut pairs = vec![0u8; 8 * idx.len()];
         let (ib, vb) = pairs.split_at_mut(4 * idx.len());
         for ((&i, ic), vc) in idx

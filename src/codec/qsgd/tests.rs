@@ -68,9 +68,11 @@ fn gaussian_round_trip_error_paths_and_bounds() {
                         // The portable and AVX2 paths give the same bytes and values.
                         let mut a = vec![0u8; c.payload_len(n)];
                         let mut b = a.clone();
-                        c.encode_with(false, x, &mut Rng::from_u64(42), &mut a);
-                        c.encode_with(true, x, &mut Rng::from_u64(42), &mut b);
-                        assert_eq!(a, b, "{what} n={n}");
+                        c.encode_with(Path::Portable, x, &Rng::from_u64(42), &mut a);
+                        for path in [Path::Avx2, Path::Avx512] {
+                            c.encode_with(path, x, &Rng::from_u64(42), &mut b);
+                            assert_eq!(a, b, "{what} n={n} {path:?}");
+                        }
                         assert_eq!(&bytes[HEADER_LEN..], &a[..], "{what} n={n}");
                         let mut ya = vec![0.0f32; n];
                         c.decode_with(false, &a, &mut ya, false).unwrap();
@@ -106,9 +108,11 @@ fn every_width_and_odd_sizes_agree_across_paths() {
                 let x = &x[..n];
                 let mut a = vec![0u8; c.payload_len(n)];
                 let mut b = a.clone();
-                c.encode_with(false, x, &mut Rng::from_u64(5), &mut a);
-                c.encode_with(true, x, &mut Rng::from_u64(5), &mut b);
-                assert_eq!(a, b, "{} n={n}", c.spec());
+                c.encode_with(Path::Portable, x, &Rng::from_u64(5), &mut a);
+                for path in [Path::Avx2, Path::Avx512] {
+                    c.encode_with(path, x, &Rng::from_u64(5), &mut b);
+                    assert_eq!(a, b, "{} n={n} {path:?}", c.spec());
+                }
                 let mut ya = vec![0.0f32; n];
                 let mut yb = vec![0.0f32; n];
                 c.decode_with(false, &a, &mut ya, false).unwrap();
@@ -392,4 +396,102 @@ fn floor_small_is_floor() {
             assert_eq!(floor_small(t + 0.5), k);
         }
     }
+}
+
+#[test]
+fn uniforms_are_the_spec_draws() {
+    // Each tile's fill against the element-wise definition (rng::uniform24), at tile starts
+    // far from 0 too.
+    let key = 0x0123_4567_89ab_cdef;
+    let mut u = vec![0.0f32; 2056];
+    for i0 in [0usize, 2, 2048, 1 << 40, 1 << 62] {
+        for len in [8usize, 16, 2048, 2056] {
+            fill_uniforms(key, i0, &mut u[..len]);
+            for (c, &v) in u[..len].iter().enumerate() {
+                let i = (i0 + c) as u64;
+                assert_eq!(v, crate::codec::rng::uniform24(key, i), "i0={i0} c={c}");
+            }
+        }
+    }
+}
+
+/// The levels of one encode from the spec, element by element in f32 exactly as the kernel
+/// computes them: t = (x/2 − lo/2)·(L / (hi/2 − lo/2)) + u_i, clamped to [0, L], floored.
+fn reference_levels(c: &Qsgd, x: &[f32], key: u64) -> Vec<u8> {
+    let b = c.bucket as usize;
+    let top = c.top() as f32;
+    let mut out = Vec::with_capacity(x.len());
+    for (bi, xb) in x.chunks(b.max(1)).enumerate() {
+        let (l, h) = bucket_bounds(c.scale, xb);
+        let d = h * 0.5 - l * 0.5;
+        let (lo2, inv) = if d > 0.0 {
+            (l * 0.5, top / d)
+        } else {
+            (0.0, 0.0)
+        };
+        for (j, &v) in xb.iter().enumerate() {
+            let i = (bi * b + j) as u64;
+            let r = match c.rounding {
+                Rounding::Stochastic => crate::codec::rng::uniform24(key, i),
+                Rounding::Nearest => 0.5,
+            };
+            let t = (v * 0.5 - lo2) * inv + r;
+            out.push(t.clamp(0.0, top).floor() as u8);
+        }
+    }
+    out
+}
+
+#[test]
+fn each_level_depends_only_on_its_element_draw() {
+    // Whatever the tile, bucket or CPU path, element i rounds with uniform24(K, i): the
+    // encoded levels equal the element-wise reference.
+    let big = gaussian(70_001, 21);
+    let site = Site {
+        seed: 9,
+        step: 3,
+        chunk: 4096,
+        rank: 2,
+    };
+    for n in [0usize, 1, 7, 2047, 2049, 4099, 70_001] {
+        let x = &big[..n];
+        for (bits, bucket, scale) in [
+            (4, 128, Scale::MaxMin),
+            (1, 7, Scale::MaxAbs),
+            (8, 3000, Scale::MaxMin),
+            (3, 1, Scale::MaxAbs),
+        ] {
+            let c = q(bits, bucket, scale, Rounding::Stochastic);
+            let want = reference_levels(&c, x, site.key());
+            let bytes = encode_site(&c, x, site);
+            let mut got = vec![0u8; n.next_multiple_of(8)];
+            let p = &bytes[HEADER_LEN..];
+            let stream = &p[c.meta_bytes(n)..];
+            let mut padded = stream.to_vec();
+            padded.resize(got.len() / 8 * bits as usize, 0);
+            crate::codec::bits::unpack(bits as usize, &padded, &mut got);
+            assert_eq!(&got[..n], &want[..], "{} n={n}", c.spec());
+        }
+    }
+}
+
+fn encode_site(c: &Qsgd, x: &[f32], site: Site) -> Vec<u8> {
+    let mut out = vec![0u8; c.max_encoded_len(x.len())];
+    c.encode(x, &mut Rng::new(site), &mut out).unwrap();
+    out
+}
+
+#[test]
+fn version_1_chunks_are_refused() {
+    let c = q(4, 128, Scale::MaxMin, Rounding::Stochastic);
+    let x = gaussian(300, 5);
+    let mut bytes = encode(&c, &x, 0);
+    assert_eq!(bytes[1], 2);
+    bytes[1] = 1;
+    let mut out = vec![0.0; 300];
+    let e = c.decode_into(&bytes, &mut out).unwrap_err().to_string();
+    assert!(
+        e.contains("version 1") && e.contains("reads version 2"),
+        "{e}"
+    );
 }

@@ -1,0 +1,78 @@
+/* The sparse payload's shared kernels (src/codec/sparse.rs): the ordered compaction that writes
+ * a selection (see sparse.cuh), decode-add (scatter-add), the decoder's index check, and the two
+ * halves of error feedback around a selection. Arguments as kernels/README.md orders them;
+ * n is the chunk's element count, k its pairs, st the selection state (sparse.cuh):
+ *   qccl_sparse_count(x, st, counts, n)      fibers, a warp per segment, whole warps
+ *   qccl_sparse_scan(counts, n)              fibers, one block (256 threads: SPARSE_SCAN)
+ *   qccl_sparse_write(x, st, counts, payload, n)   fibers, as count
+ *   qccl_sparse_check(payload, bad, n, k)    sequential, any grid: *bad = 1 refuses the chunk
+ *   qccl_sparse_decode / _add(payload, out, k)     sequential, any grid
+ *   qccl_sparse_compensate(x, res, w, n)     sequential, any grid
+ *   qccl_sparse_ef_sub(payload, res, k)      sequential, any grid
+ *
+ * Error feedback for a sparsifier, bit for bit the Rust EF wrapper (compensate, then
+ * residual += w, then residual -= the k sent values):
+ *   qccl_sparse_compensate: w = x + res, res = 0 + w (one pass; w may alias x);
+ *   the codec's selection and qccl_sparse_write run on w;
+ *   qccl_sparse_ef_sub: res[idx] -= value for the k pairs (O(k), as the Rust decode_sub). */
+#include "sparse.cuh"
+
+extern "C" __global__ void qccl_sparse_count(const float *x, const sp_u64 *st, sp_u64 *counts,
+                                             sp_u64 n) {
+    sp_count(x, n, st, counts);
+}
+
+extern "C" __global__ void qccl_sparse_scan(sp_u64 *counts, sp_u64 n) { sp_scan(n, counts); }
+
+extern "C" __global__ void qccl_sparse_write(const float *x, const sp_u64 *st,
+                                             const sp_u64 *counts, uint8_t *payload, sp_u64 n) {
+    sp_write(x, n, st, counts, payload);
+}
+
+/* Sets *bad to 1 unless every index is below n and above the previous one (the Rust decoder's
+ * check, run before anything is written). */
+extern "C" __global__ void qccl_sparse_check(const uint8_t *payload, int *bad, sp_u64 n,
+                                             sp_u64 k) {
+    QCCL_GRID_STRIDE(j, k) {
+        uint32_t i = sp_load_u32(payload + 4 * j);
+        if (i >= n || (j > 0 && sp_load_u32(payload + 4 * (j - 1)) >= i))
+            *bad = 1;
+    }
+}
+
+/* out[idx] = value (decode: the host clears out first, e.g. cuMemsetD32Async) or
+ * out[idx] += value (decode_add). Checked indices are distinct: no two threads share an
+ * element. */
+template <bool ADD>
+QCCL_DEVICE void sp_decode(const uint8_t *payload, float *out, sp_u64 k) {
+    QCCL_GRID_STRIDE(j, k) {
+        uint32_t i = sp_load_u32(payload + 4 * j);
+        float v = qccl_f32_from(sp_load_u32(payload + 4 * k + 4 * j));
+        out[i] = ADD ? out[i] + v : v;
+    }
+}
+
+extern "C" __global__ void qccl_sparse_decode(const uint8_t *payload, float *out, sp_u64 k) {
+    sp_decode<false>(payload, out, k);
+}
+
+extern "C" __global__ void qccl_sparse_decode_add(const uint8_t *payload, float *out,
+                                                  sp_u64 k) {
+    sp_decode<true>(payload, out, k);
+}
+
+extern "C" __global__ void qccl_sparse_compensate(const float *x, float *res, float *w,
+                                                  sp_u64 n) {
+    QCCL_GRID_STRIDE(i, n) {
+        float v = x[i] + res[i];
+        w[i] = v;
+        res[i] = 0.0f + v;
+    }
+}
+
+extern "C" __global__ void qccl_sparse_ef_sub(const uint8_t *payload, float *res, sp_u64 k) {
+    QCCL_GRID_STRIDE(j, k) {
+        uint32_t i = sp_load_u32(payload + 4 * j);
+        res[i] -= qccl_f32_from(sp_load_u32(payload + 4 * k + 4 * j));
+    }
+}
