@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -49,21 +49,18 @@ pub struct Driver {
 /// The driver `name`, built once per test process; None (after printing why) when g++ is
 /// missing and not required.
 pub fn driver(name: &str) -> Option<Driver> {
-    static BUILT: OnceLock<Mutex<HashMap<String, Option<Driver>>>> = OnceLock::new();
-    let mut built = BUILT
+    // One cell per driver, so tests needing different drivers build them in parallel.
+    type Cell = Arc<OnceLock<Option<Driver>>>;
+    static BUILT: OnceLock<Mutex<HashMap<String, Cell>>> = OnceLock::new();
+    let cell = BUILT
         .get_or_init(Default::default)
         .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(d) = built.get(name) {
-        return d.clone();
-    }
-    let d = if unavailable().is_some() {
-        None
-    } else {
-        Some(build(name))
-    };
-    built.insert(name.to_string(), d.clone());
-    d
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(name.to_string())
+        .or_default()
+        .clone();
+    cell.get_or_init(|| unavailable().is_none().then(|| build(name)))
+        .clone()
 }
 
 fn build(name: &str) -> Driver {
