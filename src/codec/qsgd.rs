@@ -255,7 +255,7 @@ impl Codec for Qsgd {
 /// tile needs only its first index, and each 64-bit draw serves two elements.
 #[inline(always)]
 fn fill_uniforms(key: u64, i0: usize, u: &mut [f32]) {
-    debug_assert!(i0 % 2 == 0 && u.len() % 8 == 0);
+    debug_assert!(i0.is_multiple_of(2) && u.len().is_multiple_of(8));
     // Four draws side by side, their splitmix64 states z = key + (j + 1)·GOLDEN stepped by
     // additions; a step's 4 × 64 bits are the 8 elements' 32-bit halves in order.
     let z0 = key.wrapping_add(((i0 / 2) as u64 + 1).wrapping_mul(GOLDEN));
