@@ -14,10 +14,14 @@
 /// splitmix64's finaliser: a bijective 64-bit mix.
 #[inline(always)]
 pub(crate) fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z = (z ^ (z >> 30)).wrapping_mul(MIX1);
+    z = (z ^ (z >> 27)).wrapping_mul(MIX2);
     z ^ (z >> 31)
 }
+
+/// `mix`'s multipliers (for the SIMD copies of it).
+pub(crate) const MIX1: u64 = 0xbf58_476d_1ce4_e5b9;
+pub(crate) const MIX2: u64 = 0x94d0_49bb_1331_11eb;
 
 /// splitmix64's increment (the golden ratio in 64 bits).
 pub(crate) const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;

@@ -1,7 +1,7 @@
 //! x86_64 fast paths of the codecs: [`Avx2::run`] runs a portable kernel (all are
 //! `#[inline(always)]`) compiled again with AVX2 and FMA enabled, chosen at run time; fp16
-//! uses the F16C conversion instructions directly. A leaf: the codecs call it, it knows none
-//! of them. Results are bit-identical to
+//! uses the F16C conversion instructions directly, and qsgd's draws are written out for AVX2.
+//! A leaf: the codecs call it, it knows none of them (only `rng`'s constants). Results are bit-identical to
 //! the portable path: the kernels use only IEEE basic operations (no fused multiply-add is
 //! written, and Rust never contracts on its own) and integer operations.
 //!
@@ -11,9 +11,12 @@
 //! the CPU said it has the features they enable. AVX-512 serves kernels that multiply u64
 //! vectors (qsgd's counter-based draws).
 
+use super::rng::{GOLDEN, MIX1, MIX2};
 use std::arch::x86_64::{
-    __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps, _mm_loadu_si128,
-    _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
+    __m128i, __m256i, _mm256_add_epi64, _mm256_cvtepi32_ps, _mm256_cvtph_ps, _mm256_cvtps_ph,
+    _mm256_loadu_ps, _mm256_mul_epu32, _mm256_mul_ps, _mm256_set1_epi64x, _mm256_set1_ps,
+    _mm256_setr_epi64x, _mm256_slli_epi64, _mm256_srli_epi32, _mm256_srli_epi64, _mm256_storeu_ps,
+    _mm256_xor_si256, _mm_loadu_si128, _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
 };
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -60,6 +63,15 @@ impl Avx2 {
         }
         // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
         unsafe { with_avx2(kernel) }
+    }
+
+    /// qsgd's stochastic-rounding uniforms of elements `i0..` (`i0` even, `u` a multiple of 8
+    /// long), bit for bit those of the portable `qsgd::fill_uniforms`: written out because
+    /// LLVM's own vectorization of it shuffles the two halves of each draw apart.
+    #[inline(always)]
+    pub(crate) fn fill_uniforms(self, key: u64, i0: usize, u: &mut [f32]) {
+        // SAFETY: `self` exists only if the CPU has AVX2, FMA and F16C (see `detect`).
+        unsafe { fill_uniforms_avx2(key, i0, u) }
     }
 
     /// fp16 encode with F16C.
@@ -117,6 +129,46 @@ impl Avx512 {
         }
         // SAFETY: `self` exists only if the CPU has these features (see `detect`).
         unsafe { with_avx512(kernel) }
+    }
+}
+
+/// `a · c` per u64 lane (AVX2 has no 64-bit multiply): lo·lo in full plus the two cross
+/// products, shifted up.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn mul_u64(a: __m256i, c: u64) -> __m256i {
+    let lo = _mm256_set1_epi64x((c & 0xffff_ffff) as i64);
+    let hi = _mm256_set1_epi64x((c >> 32) as i64);
+    let cross = _mm256_add_epi64(
+        _mm256_mul_epu32(_mm256_srli_epi64::<32>(a), lo),
+        _mm256_mul_epu32(a, hi),
+    );
+    _mm256_add_epi64(_mm256_mul_epu32(a, lo), _mm256_slli_epi64::<32>(cross))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fill_uniforms_avx2(key: u64, i0: usize, u: &mut [f32]) {
+    debug_assert!(i0.is_multiple_of(2) && u.len().is_multiple_of(8));
+    // Draws j0.. four at a time: splitmix64 states key + (j + 1)·GOLDEN, stepped by 4·GOLDEN.
+    let z0 = key.wrapping_add(((i0 / 2) as u64 + 1).wrapping_mul(GOLDEN));
+    let g = |m: u64| GOLDEN.wrapping_mul(m) as i64;
+    let mut z = _mm256_add_epi64(
+        _mm256_set1_epi64x(z0 as i64),
+        _mm256_setr_epi64x(0, g(1), g(2), g(3)),
+    );
+    let step = _mm256_set1_epi64x(g(4));
+    let scale = _mm256_set1_ps(1.0 / (1u32 << 24) as f32);
+    for c in u.chunks_exact_mut(8) {
+        let mut x = z;
+        x = mul_u64(_mm256_xor_si256(x, _mm256_srli_epi64::<30>(x)), MIX1);
+        x = mul_u64(_mm256_xor_si256(x, _mm256_srli_epi64::<27>(x)), MIX2);
+        x = _mm256_xor_si256(x, _mm256_srli_epi64::<31>(x));
+        // The four draws' 32-bit halves are the eight elements' bits in order (x86 is little
+        // endian); their top 24 bits, exactly converted and scaled.
+        let f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32::<8>(x)), scale);
+        // SAFETY: `c` is 8 f32 = 32 writable bytes; storeu accepts any alignment.
+        unsafe { _mm256_storeu_ps(c.as_mut_ptr(), f) };
+        z = _mm256_add_epi64(z, step);
     }
 }
 

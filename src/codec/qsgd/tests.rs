@@ -411,6 +411,12 @@ fn uniforms_are_the_spec_draws() {
                 let i = (i0 + c) as u64;
                 assert_eq!(v, crate::codec::rng::uniform24(key, i), "i0={i0} c={c}");
             }
+            #[cfg(target_arch = "x86_64")]
+            if let Some(cpu) = crate::codec::x86::Avx2::detect() {
+                let mut v = vec![0.0f32; len];
+                cpu.fill_uniforms(key, i0, &mut v);
+                assert_eq!(bits_of(&v), bits_of(&u[..len]), "avx2 i0={i0} len={len}");
+            }
         }
     }
 }
