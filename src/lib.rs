@@ -45,6 +45,7 @@ mod comm;
 mod config;
 mod error;
 pub mod fused;
+pub mod gpu;
 pub mod launch;
 mod reduce;
 mod sys;
@@ -79,6 +80,9 @@ pub mod internal {
     pub use crate::coll::Engine;
     pub use crate::comm::{AllReduceCall, PreparedAllReduce, PreparedTopK};
     pub use crate::config::parse_size;
+    pub use crate::gpu::kernels;
+    #[cfg(feature = "cuda")]
+    pub use crate::gpu::nvrtc;
     pub use crate::reduce::{reduce3, reduce_into};
     pub use crate::transport::frame::{CollKind, OpDesc};
     pub use crate::transport::{RecvReq, SendReq};
