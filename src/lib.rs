@@ -83,7 +83,7 @@ pub mod internal {
     pub use crate::gpu::kernels;
     #[cfg(feature = "cuda")]
     pub use crate::gpu::nvrtc;
-    pub use crate::reduce::{reduce3, reduce_into};
+    pub use crate::reduce::{finish_avg, reduce3, reduce_into};
     pub use crate::transport::frame::{CollKind, OpDesc};
     pub use crate::transport::{RecvReq, SendReq};
     pub use crate::tuning::{Links, Pick, Row, Tuning, Workload, HEADER as TUNING_HEADER};
