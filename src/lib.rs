@@ -87,4 +87,6 @@ pub mod internal {
     pub use crate::transport::frame::{CollKind, OpDesc};
     pub use crate::transport::{RecvReq, SendReq};
     pub use crate::tuning::{Links, Pick, Row, Tuning, Workload, HEADER as TUNING_HEADER};
+    #[cfg(feature = "cuda")]
+    pub use cudarc;
 }

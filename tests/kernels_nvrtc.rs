@@ -173,6 +173,55 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
     }
 }
 
+/// On a GPU: every kernel, compiled for the device as qccl will compile it (CUBIN for its
+/// `sm_XY`, or PTX), loads into the driver, and each of its entry points resolves.
+#[test]
+#[ignore = "needs a CUDA GPU and libnvrtc (QCCL_REQUIRE_GPU=1 fails instead of skipping)"]
+fn every_kernel_loads_on_the_device() {
+    use qccl::internal::cudarc::driver::CudaContext;
+    use qccl::internal::cudarc::nvrtc::Ptx;
+    if let Err(e) = qccl::gpu::available() {
+        assert_ne!(
+            std::env::var("QCCL_REQUIRE_GPU").as_deref(),
+            Ok("1"),
+            "QCCL_REQUIRE_GPU=1 but no GPU: {e}"
+        );
+        eprintln!("skipped: {e}");
+        return;
+    }
+    let version = nvrtc_or_skip().expect("NVRTC is needed on a GPU machine");
+    let ctx = CudaContext::new(0).expect("context on device 0");
+    let (major, minor) = ctx.compute_capability().unwrap();
+    let sm = u32::try_from(major * 10 + minor).unwrap();
+    let compiler = Compiler::new(None);
+    let mut loaded = 0;
+    for src in kernels::SOURCES {
+        let program = Program::kernel(src);
+        let image = compiler.for_device(&program, sm).unwrap();
+        let ptx = compiler.compile(&program, Target::Ptx, image.sm).unwrap();
+        let entries = ptx_entries(std::str::from_utf8(&ptx.bytes).unwrap());
+        let module = match image.target {
+            Target::Cubin => Ptx::from_binary(image.bytes.clone()),
+            Target::Ptx => Ptx::from_src(String::from_utf8(image.bytes.clone()).unwrap()),
+        };
+        let module = ctx
+            .load_module(module)
+            .unwrap_or_else(|e| panic!("{} ({:?}, sm_{}): {e}", src.file, image.target, image.sm));
+        for e in &entries {
+            module
+                .load_function(e)
+                .unwrap_or_else(|err| panic!("{}: {e} does not resolve: {err}", src.file));
+            loaded += 1;
+        }
+    }
+    eprintln!(
+        "{} (sm_{sm}), NVRTC {}.{}: {loaded} kernels loaded",
+        ctx.name().unwrap_or_default(),
+        version.0,
+        version.1
+    );
+}
+
 /// One file as PTX and CUBIN for every arch: its problems and its entry points.
 fn compile_one(compiler: &Compiler, src: &Source) -> (Vec<String>, BTreeSet<String>) {
     let program = Program::kernel(src);

@@ -1,11 +1,11 @@
-//! The CUDA sources of `kernels/`, embedded in the library, and the entry points each exports.
+//! The CUDA sources of `kernels/`, embedded in the library (build.rs lists the folder, so a new
+//! file is embedded without an edit here), and the entry points each exports.
 //!
 //! Entry points are read from the sources (`extern "C" __global__ void NAME(`), not listed by
 //! hand, so a new kernel needs no second edit. A name pasted together inside a macro
 //! (`qccl_reduce_##op##_##T`) comes back as a pattern with `*` for each macro parameter
 //! (`qccl_reduce_*_*`); [`matches`] tests a compiled name against it. tests/kernels_nvrtc.rs
-//! checks both ways against the PTX NVRTC makes, and that every `kernels/*.cu` and `*.cuh` on
-//! disk is in these lists.
+//! checks both ways against the PTX NVRTC makes, and that the lists hold the folder's files.
 
 /// One file of `kernels/`.
 #[derive(Debug, Clone, Copy)]
@@ -16,18 +16,8 @@ pub struct Source {
     pub text: &'static str,
 }
 
-macro_rules! embed {
-    ($($file:literal),* $(,)?) => {
-        &[$(Source { file: $file, text: include_str!(concat!("../../kernels/", $file)) }),*]
-    };
-}
-
-/// Every kernel file (`kernels/*.cu`), one NVRTC program each.
-pub static SOURCES: &[Source] = embed!["floats.cu", "reduce.cu", "sign.cu"];
-
-/// Every header the kernels include (`kernels/*.cuh`), handed to NVRTC by name, so compiling
-/// needs no file system.
-pub static HEADERS: &[Source] = embed!["common.cuh"];
+// SOURCES and HEADERS: the folder's files, listed by build.rs.
+include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
 impl Source {
     /// The entry points this file defines, in source order; a macro-pasted name is a pattern
