@@ -9,7 +9,9 @@
 #if defined(QCCL_SHIM)
 #include <cstdint>
 #include <cstring>
+#ifndef QCCL_DEVICE
 #define QCCL_DEVICE static inline
+#endif
 #else
 // NVRTC has no <cstdint>; these are the LP64 types CUDA uses on Linux.
 typedef signed char int8_t;
@@ -20,7 +22,9 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
+#ifndef QCCL_DEVICE
 #define QCCL_DEVICE __device__ __forceinline__
+#endif
 #endif
 
 // ---- bit casts -------------------------------------------------------------------------------
@@ -232,6 +236,52 @@ QCCL_DEVICE float qccl_load_f32_le(const uint8_t* p) {
 
 QCCL_DEVICE uint64_t qccl_div_ceil(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 QCCL_DEVICE uint64_t qccl_min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+// ---- 16-byte vector access ----------------------------------------------------------------
+// Element-wise kernels move 16 bytes a thread where the buffers allow it: one vector load or
+// store instead of up to 16 narrow ones keeps 1- and 2-byte types near copy bandwidth.
+
+// True when every pointer is 16-byte aligned.
+QCCL_DEVICE bool qccl_aligned16(const void* a, const void* b, const void* c) {
+    return (((unsigned long long)a | (unsigned long long)b | (unsigned long long)c) & 15ull) == 0;
+}
+
+QCCL_DEVICE uint4 qccl_load16(const void* p) {
+#if defined(QCCL_SHIM)
+    uint4 v;
+    std::memcpy(&v, p, 16);  // the shim's C++ forbids reading a float buffer through uint4*
+    return v;
+#else
+    return *(const uint4*)p;
+#endif
+}
+
+QCCL_DEVICE void qccl_store16(void* p, uint4 v) {
+#if defined(QCCL_SHIM)
+    std::memcpy(p, &v, 16);
+#else
+    *(uint4*)p = v;
+#endif
+}
+
+// Eight elements of T as 16-byte vectors (T of 2 or 4 bytes).
+template <class T>
+union qccl_x8 {
+    uint4 u[sizeof(T) / 2];
+    T e[8];
+};
+
+template <class T>
+QCCL_DEVICE qccl_x8<T> qccl_ld8(const T* p) {
+    qccl_x8<T> r;
+    for (unsigned j = 0; j < sizeof(T) / 2; j++) r.u[j] = qccl_load16(p + j * (16 / sizeof(T)));
+    return r;
+}
+
+template <class T>
+QCCL_DEVICE void qccl_st8(T* p, const qccl_x8<T>& r) {
+    for (unsigned j = 0; j < sizeof(T) / 2; j++) qccl_store16(p + j * (16 / sizeof(T)), r.u[j]);
+}
 
 // ---- launch helpers --------------------------------------------------------------------------
 

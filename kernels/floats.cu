@@ -4,29 +4,90 @@
 // endian, which is the device's byte order.
 //
 //   qccl_<codec>_encode(const float* x, T* payload, uint64_t count)
+//   qccl_<codec>_encode_ef(const float* x, float* res, float* w_out, T* payload, uint64_t count)
+//       error feedback fused: encodes w = x + res, then res = (0 + w) - decoded(w) (the bits of
+//       the CPU's compensate, residual += w, residual -= decode); w_out (may be null) gets w.
 //   qccl_<codec>_decode(const T* payload, float* out, uint64_t count)       out[i] = value
 //   qccl_<codec>_decode_add(const T* payload, float* out, uint64_t count)   out[i] += value
 //
-// codec: fp16, bf16 (T = uint16_t), none (T = float). The payload must be aligned to its
-// element (the header is 32 bytes, so a payload is whenever its chunk is).
+// codec: fp16, bf16 (T = uint16_t), none (T = float). Buffers must be aligned to their element
+// (the header is 32 bytes, so a payload is whenever its chunk is); with all of them 16-byte
+// aligned each thread handles 8 elements with 16-byte loads and stores.
 // Shape: grid-stride, any grid and block. Shim: sequential.
 #include "common.cuh"
 
 QCCL_DEVICE float qccl_none_to_f32(float x) { return x; }
 QCCL_DEVICE float qccl_f32_to_none(float x) { return x; }
 
-#define QCCL_FLOAT_CODEC(codec, T, ENCODE, DECODE)                                               \
-    extern "C" __global__ void qccl_##codec##_encode(const float* x, T* payload,                 \
-                                                     uint64_t count) {                           \
-        QCCL_GRID_STRIDE(i, count) payload[i] = ENCODE(x[i]);                                    \
-    }                                                                                            \
-    extern "C" __global__ void qccl_##codec##_decode(const T* payload, float* out,               \
-                                                     uint64_t count) {                           \
-        QCCL_GRID_STRIDE(i, count) out[i] = DECODE(payload[i]);                                  \
-    }                                                                                            \
-    extern "C" __global__ void qccl_##codec##_decode_add(const T* payload, float* out,           \
-                                                         uint64_t count) {                       \
-        QCCL_GRID_STRIDE(i, count) out[i] = out[i] + DECODE(payload[i]);                         \
+template <class T, class Enc>
+QCCL_DEVICE void qccl_encode_body(const float* x, T* payload, uint64_t count, Enc enc) {
+    uint64_t groups = qccl_aligned16(x, payload, x) ? count / 8 : 0;
+    for (uint64_t g = qccl_tid(); g < groups; g += qccl_nthreads()) {
+        qccl_x8<float> in = qccl_ld8(x + 8 * g);
+        qccl_x8<T> out;
+        for (int k = 0; k < 8; k++) out.e[k] = enc(in.e[k]);
+        qccl_st8(payload + 8 * g, out);
+    }
+    for (uint64_t i = groups * 8 + qccl_tid(); i < count; i += qccl_nthreads()) payload[i] = enc(x[i]);
+}
+
+template <class T, class Enc, class Dec>
+QCCL_DEVICE void qccl_encode_ef_body(const float* x, float* res, float* w_out, T* payload,
+                                     uint64_t count, Enc enc, Dec dec) {
+    bool vec = qccl_aligned16(x, res, payload) && qccl_aligned16(w_out ? w_out : x, x, x);
+    uint64_t groups = vec ? count / 8 : 0;
+    for (uint64_t g = qccl_tid(); g < groups; g += qccl_nthreads()) {
+        qccl_x8<float> xv = qccl_ld8(x + 8 * g), rv = qccl_ld8(res + 8 * g);
+        qccl_x8<T> p;
+        for (int k = 0; k < 8; k++) {
+            float w = xv.e[k] + rv.e[k];
+            p.e[k] = enc(w);
+            rv.e[k] = (0.0f + w) - dec(p.e[k]);
+            xv.e[k] = w;
+        }
+        qccl_st8(payload + 8 * g, p);
+        qccl_st8(res + 8 * g, rv);
+        if (w_out) qccl_st8(w_out + 8 * g, xv);
+    }
+    for (uint64_t i = groups * 8 + qccl_tid(); i < count; i += qccl_nthreads()) {
+        float w = x[i] + res[i];
+        T p = enc(w);
+        payload[i] = p;
+        res[i] = (0.0f + w) - dec(p);
+        if (w_out) w_out[i] = w;
+    }
+}
+
+template <bool ADD, class T, class Dec>
+QCCL_DEVICE void qccl_decode_body(const T* payload, float* out, uint64_t count, Dec dec) {
+    uint64_t groups = qccl_aligned16(payload, out, out) ? count / 8 : 0;
+    for (uint64_t g = qccl_tid(); g < groups; g += qccl_nthreads()) {
+        qccl_x8<T> p = qccl_ld8(payload + 8 * g);
+        qccl_x8<float> o;
+        if (ADD) o = qccl_ld8(out + 8 * g);
+        for (int k = 0; k < 8; k++) o.e[k] = ADD ? o.e[k] + dec(p.e[k]) : dec(p.e[k]);
+        qccl_st8(out + 8 * g, o);
+    }
+    for (uint64_t i = groups * 8 + qccl_tid(); i < count; i += qccl_nthreads())
+        out[i] = ADD ? out[i] + dec(payload[i]) : dec(payload[i]);
+}
+
+#define QCCL_FLOAT_CODEC(codec, T, ENCODE, DECODE)                                                \
+    extern "C" __global__ void qccl_##codec##_encode(const float* x, T* payload, uint64_t count) { \
+        qccl_encode_body(x, payload, count, [](float v) { return ENCODE(v); });                   \
+    }                                                                                             \
+    extern "C" __global__ void qccl_##codec##_encode_ef(const float* x, float* res, float* w_out,  \
+                                                        T* payload, uint64_t count) {             \
+        qccl_encode_ef_body(x, res, w_out, payload, count, [](float v) { return ENCODE(v); },     \
+                            [](T p) { return DECODE(p); });                                       \
+    }                                                                                             \
+    extern "C" __global__ void qccl_##codec##_decode(const T* payload, float* out,                \
+                                                     uint64_t count) {                            \
+        qccl_decode_body<false>(payload, out, count, [](T p) { return DECODE(p); });              \
+    }                                                                                             \
+    extern "C" __global__ void qccl_##codec##_decode_add(const T* payload, float* out,            \
+                                                         uint64_t count) {                        \
+        qccl_decode_body<true>(payload, out, count, [](T p) { return DECODE(p); });               \
     }
 
 QCCL_FLOAT_CODEC(none, float, qccl_f32_to_none, qccl_none_to_f32)

@@ -9,20 +9,43 @@
 //
 // dtype: i8 u8 i32 u32 i64 u64 f16 f32 f64 bf16 (qccl's DType); f16 and bf16 are passed as their
 // uint16_t bits and reduced through f32 with one rounding per call, as src/reduce/float16.rs.
+// Any alignment; with every pointer 16-byte aligned, each thread moves 16 bytes at a time.
 // Shape: grid-stride, any grid and block (e.g. 256 threads, enough blocks to fill the device).
 // Shim: sequential.
 #include "common.cuh"
 
+// out[i] = f(a[i], b[i]) (b may be null for a map: f(a[i], a[i]) then, unused by f).
+template <class T, class F>
+QCCL_DEVICE void qccl_elementwise(T* out, const T* a, const T* b, uint64_t count, F f) {
+    const uint64_t V = 16 / sizeof(T);
+    const T* bb = b ? b : a;
+    uint64_t vectors = qccl_aligned16(out, a, bb) ? count / V : 0;
+    for (uint64_t v = qccl_tid(); v < vectors; v += qccl_nthreads()) {
+        union {
+            uint4 v;
+            T e[16 / sizeof(T)];
+        } x, y;
+        x.v = qccl_load16(a + v * V);
+        y.v = qccl_load16(bb + v * V);
+        for (uint64_t k = 0; k < V; k++) x.e[k] = f(x.e[k], y.e[k]);
+        qccl_store16(out + v * V, x.v);
+    }
+    for (uint64_t i = vectors * V + qccl_tid(); i < count; i += qccl_nthreads())
+        out[i] = f(a[i], bb[i]);
+}
+
 #define QCCL_REDUCE(op, T, suffix)                                                                 \
     extern "C" __global__ void qccl_reduce_##op##_##suffix(T* out, const T* a, const T* b,         \
                                                            uint64_t count) {                       \
-        QCCL_GRID_STRIDE(i, count) out[i] = qccl_##op(a[i], b[i]);                                 \
+        qccl_elementwise(out, a, b, count, [](T x, T y) { return qccl_##op(x, y); });              \
     }
 
 #define QCCL_REDUCE16(op, suffix, WIDEN, NARROW)                                                   \
     extern "C" __global__ void qccl_reduce_##op##_##suffix(uint16_t* out, const uint16_t* a,       \
                                                            const uint16_t* b, uint64_t count) {    \
-        QCCL_GRID_STRIDE(i, count) out[i] = NARROW(qccl_##op(WIDEN(a[i]), WIDEN(b[i])));           \
+        qccl_elementwise(out, a, b, count, [](uint16_t x, uint16_t y) {                            \
+            return NARROW(qccl_##op(WIDEN(x), WIDEN(y)));                                          \
+        });                                                                                        \
     }
 
 // Avg reduces as sum; the entry exists so that every (op, float dtype) pair has a name.
@@ -37,7 +60,7 @@ QCCL_DEVICE double qccl_avg(double a, double b) { return qccl_sum(a, b); }
     QCCL_REDUCE_INT(T, suffix) QCCL_REDUCE(avg, T, suffix)                                         \
     extern "C" __global__ void qccl_finish_avg_##suffix(T* x, uint64_t count, uint64_t n) {        \
         T d = (T)n;                                                                                \
-        QCCL_GRID_STRIDE(i, count) x[i] = x[i] / d;                                                \
+        qccl_elementwise(x, x, (const T*)0, count, [d](T v, T) { return v / d; });                 \
     }
 
 #define QCCL_REDUCE_HALF(suffix, WIDEN, NARROW)                                                    \
@@ -48,7 +71,8 @@ QCCL_DEVICE double qccl_avg(double a, double b) { return qccl_sum(a, b); }
     QCCL_REDUCE16(avg, suffix, WIDEN, NARROW)                                                      \
     extern "C" __global__ void qccl_finish_avg_##suffix(uint16_t* x, uint64_t count, uint64_t n) { \
         float d = (float)n;                                                                        \
-        QCCL_GRID_STRIDE(i, count) x[i] = NARROW(WIDEN(x[i]) / d);                                 \
+        qccl_elementwise(x, x, (const uint16_t*)0, count,                                          \
+                         [d](uint16_t v, uint16_t) { return NARROW(WIDEN(v) / d); });              \
     }
 
 QCCL_REDUCE_INT(int8_t, i8)

@@ -9,7 +9,9 @@
 // The scales are the CPU's sums in the CPU's order, so both give the same bits: tiles of 2048
 // elements; within a tile (cut at bucket ends for onebit) eight f32 lanes, lane j summing the
 // elements at offsets j, j+8, ... in order, then the lanes folded 0..7; across tiles an f64 sum
-// in tile order.
+// in tile order. That last sum is serial (one thread for efsign: count / 2048 dependent adds), the
+// part that does not scale on a GPU; a parallel one needs a new CPU order too (a fixed tree), a
+// wire-visible change not made here.
 //
 // efsign encode, three launches in order (scratch: ceil(count / 2048) floats):
 //   qccl_efsign_tile_sums(const float* x, float* tile_sums, uint64_t count)
@@ -17,15 +19,22 @@
 //   qccl_efsign_scale(const float* tile_sums, uint8_t* payload, uint64_t count)
 //       writes bytes 0..4; one thread does it all (launch 1 x 1). Shim: sequential.
 //   qccl_signs_pack(const float* x, uint8_t* payload + 4, uint64_t count)
-// onebit encode, three launches in order (scratch: 3 * qccl_onebit_segments(count, bucket)
-// floats; see that function for the count):
+// onebit encode, three launches in order (scratch: 3 * S floats, S = qccl_onebit_segments(count,
+// bucket) = ceil(n / 2048) + ceil(n / bucket) - ceil(n / lcm(2048, bucket))):
 //   qccl_onebit_segment_sums(const float* x, float* seg, uint64_t count, uint32_t bucket)
 //       8 threads a tile; block a multiple of 32 (256), any grid. Shim: fibers.
 //   qccl_onebit_means(const float* seg, uint8_t* payload, uint64_t count, uint32_t bucket)
 //       a thread a bucket, grid-stride. Shim: sequential.
 //   qccl_signs_pack(const float* x, uint8_t* payload + 8 * ceil(count / bucket), uint64_t count)
-// qccl_signs_pack: a thread a byte, grid-stride. Shim: sequential.
-// Decoders, a thread an element, grid-stride, shim sequential:
+// qccl_signs_pack: a thread a byte (8 elements, 16-byte loads where x is aligned), grid-stride.
+// Shim: sequential.
+// Error feedback fused into encode (_ef: w = x + res is what is encoded, res is updated in
+// place; see qccl_signs_pack_ef): the same sequences with qccl_efsign_tile_sums_ef(x, res,
+// tile_sums, count) / qccl_onebit_segment_sums_ef(x, res, seg, count, bucket) first and
+// qccl_efsign_pack_ef(x, res, w_out, payload, count) / qccl_onebit_pack_ef(x, res, w_out,
+// payload, count, bucket) last, in place of qccl_signs_pack. Shim: as their plain twins.
+// Decoders, a thread a byte of bits (8 elements, 16-byte stores where out is aligned),
+// grid-stride, shim sequential:
 //   qccl_efsign_decode[_add](const uint8_t* payload, float* out, uint64_t count)
 //   qccl_onebit_decode[_add](const uint8_t* payload, float* out, uint64_t count, uint32_t bucket)
 #include "common.cuh"
@@ -42,17 +51,35 @@ QCCL_DEVICE float qccl_fold8(float v) {
     return s;
 }
 
-extern "C" __global__ void qccl_efsign_tile_sums(const float* x, float* tile_sums, uint64_t count) {
+// The encoder's input element i: x[i], or with error feedback w = x[i] + res[i].
+template <bool EF>
+QCCL_DEVICE float qccl_sign_input(const float* x, const float* res, uint64_t i) {
+    return EF ? x[i] + res[i] : x[i];
+}
+
+template <bool EF>
+QCCL_DEVICE void qccl_efsign_tile_sums_impl(const float* x, const float* res, float* tile_sums,
+                                            uint64_t count) {
     unsigned lane = threadIdx.x & 7u;
     uint64_t tiles = qccl_div_ceil(count, QCCL_SIGN_TILE);
     // The 8 threads of a tile loop together: the fold's shuffles need all of them.
     for (uint64_t t = qccl_tid() / 8; t < tiles; t += qccl_nthreads() / 8) {
         uint64_t end = qccl_min_u64((t + 1) * QCCL_SIGN_TILE, count);
         float acc = 0.0f;
-        for (uint64_t i = t * QCCL_SIGN_TILE + lane; i < end; i += 8) acc = acc + qccl_abs_f32(x[i]);
+        for (uint64_t i = t * QCCL_SIGN_TILE + lane; i < end; i += 8)
+            acc = acc + qccl_abs_f32(qccl_sign_input<EF>(x, res, i));
         float s = qccl_fold8(acc);
         if (lane == 0) tile_sums[t] = s;
     }
+}
+
+extern "C" __global__ void qccl_efsign_tile_sums(const float* x, float* tile_sums, uint64_t count) {
+    qccl_efsign_tile_sums_impl<false>(x, 0, tile_sums, count);
+}
+
+extern "C" __global__ void qccl_efsign_tile_sums_ef(const float* x, const float* res,
+                                                    float* tile_sums, uint64_t count) {
+    qccl_efsign_tile_sums_impl<true>(x, res, tile_sums, count);
 }
 
 extern "C" __global__ void qccl_efsign_scale(const float* tile_sums, uint8_t* payload,
@@ -66,16 +93,22 @@ extern "C" __global__ void qccl_efsign_scale(const float* tile_sums, uint8_t* pa
     qccl_store_f32_le(payload, s);
 }
 
-extern "C" __global__ void qccl_signs_pack(const float* x, uint8_t* bits, uint64_t count) {
-    uint64_t bytes = qccl_div_ceil(count, 8);
-    QCCL_GRID_STRIDE(k, bytes) {
-        uint32_t b = 0;
-        for (uint32_t j = 0; j < 8; j++) {
-            uint64_t i = 8 * k + j;
-            if (i < count && x[i] >= 0.0f) b |= 1u << j;
-        }
-        bits[k] = (uint8_t)b;
+// Sign bits of x[8k .. 8k+8) as byte k (bit j set for x >= 0; missing elements clear).
+QCCL_DEVICE uint32_t qccl_sign_byte(const float* x, uint64_t k, uint64_t count, bool vec) {
+    uint32_t b = 0;
+    if (vec && 8 * k + 8 <= count) {
+        qccl_x8<float> v = qccl_ld8(x + 8 * k);
+        for (uint32_t j = 0; j < 8; j++) b |= (uint32_t)(v.e[j] >= 0.0f) << j;
+    } else {
+        for (uint64_t i = 8 * k; i < count && i < 8 * k + 8; i++)
+            b |= (uint32_t)(x[i] >= 0.0f) << (i - 8 * k);
     }
+    return b;
+}
+
+extern "C" __global__ void qccl_signs_pack(const float* x, uint8_t* bits, uint64_t count) {
+    bool vec = qccl_aligned16(x, x, x);
+    QCCL_GRID_STRIDE(k, qccl_div_ceil(count, 8)) bits[k] = (uint8_t)qccl_sign_byte(x, k, count, vec);
 }
 
 // Segments are the pieces of [0, count) cut at every multiple of the tile and of the bucket;
@@ -93,8 +126,9 @@ QCCL_DEVICE uint64_t qccl_onebit_segments(uint64_t count, uint64_t bucket) {
     return qccl_onebit_segments_before(count, bucket);
 }
 
-extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, uint64_t count,
-                                                    uint32_t bucket) {
+template <bool EF>
+QCCL_DEVICE void qccl_onebit_segment_sums_impl(const float* x, const float* res, float* seg,
+                                               uint64_t count, uint32_t bucket) {
     unsigned lane = threadIdx.x & 7u;
     uint64_t tiles = qccl_div_ceil(count, QCCL_SIGN_TILE);
     for (uint64_t t = qccl_tid() / 8; t < tiles; t += qccl_nthreads() / 8) {
@@ -103,7 +137,7 @@ extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, 
             uint64_t end = qccl_min_u64((p / bucket + 1) * bucket, tend);
             float ps = 0.0f, pc = 0.0f, tot = 0.0f;
             for (uint64_t i = p + lane; i < end; i += 8) {
-                float v = x[i];
+                float v = qccl_sign_input<EF>(x, res, i);
                 bool pos = v >= 0.0f;
                 ps = ps + (pos ? v : 0.0f);
                 pc = pc + (pos ? 1.0f : 0.0f);
@@ -121,6 +155,16 @@ extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, 
             p = end;
         }
     }
+}
+
+extern "C" __global__ void qccl_onebit_segment_sums(const float* x, float* seg, uint64_t count,
+                                                    uint32_t bucket) {
+    qccl_onebit_segment_sums_impl<false>(x, 0, seg, count, bucket);
+}
+
+extern "C" __global__ void qccl_onebit_segment_sums_ef(const float* x, const float* res, float* seg,
+                                                       uint64_t count, uint32_t bucket) {
+    qccl_onebit_segment_sums_impl<true>(x, res, seg, count, bucket);
 }
 
 extern "C" __global__ void qccl_onebit_means(const float* seg, uint8_t* payload, uint64_t count,
@@ -147,33 +191,112 @@ extern "C" __global__ void qccl_onebit_means(const float* seg, uint8_t* payload,
     }
 }
 
-QCCL_DEVICE bool qccl_sign_bit(const uint8_t* bits, uint64_t i) { return (bits[i >> 3] >> (i & 7)) & 1u; }
+// out[i] = value(i, bit i) (ADD: out[i] += it), a thread a byte of bits: 8 elements, with
+// 16-byte stores where out is aligned.
+template <bool ADD, class Value>
+QCCL_DEVICE void qccl_signs_decode(const uint8_t* bits, float* out, uint64_t count, Value value) {
+    bool vec = qccl_aligned16(out, out, out);
+    QCCL_GRID_STRIDE(k, qccl_div_ceil(count, 8)) {
+        uint32_t b = bits[k];
+        uint64_t i0 = 8 * k;
+        if (vec && i0 + 8 <= count) {
+            qccl_x8<float> o;
+            if (ADD) o = qccl_ld8(out + i0);
+            for (uint32_t j = 0; j < 8; j++) {
+                float v = value(i0 + j, (b >> j) & 1u);
+                o.e[j] = ADD ? o.e[j] + v : v;
+            }
+            qccl_st8(out + i0, o);
+        } else {
+            for (uint64_t i = i0; i < count && i < i0 + 8; i++) {
+                float v = value(i, (b >> (i - i0)) & 1u);
+                out[i] = ADD ? out[i] + v : v;
+            }
+        }
+    }
+}
 
 extern "C" __global__ void qccl_efsign_decode(const uint8_t* payload, float* out, uint64_t count) {
     float s = qccl_load_f32_le(payload);
-    QCCL_GRID_STRIDE(i, count) out[i] = qccl_sign_bit(payload + 4, i) ? s : -s;
+    qccl_signs_decode<false>(payload + 4, out, count, [s](uint64_t, uint32_t set) { return set ? s : -s; });
 }
 
 extern "C" __global__ void qccl_efsign_decode_add(const uint8_t* payload, float* out,
                                                   uint64_t count) {
     float s = qccl_load_f32_le(payload);
-    QCCL_GRID_STRIDE(i, count) out[i] = out[i] + (qccl_sign_bit(payload + 4, i) ? s : -s);
+    qccl_signs_decode<true>(payload + 4, out, count, [s](uint64_t, uint32_t set) { return set ? s : -s; });
 }
 
 // Element i of a onebit payload: its bucket's mean for its sign bit.
-QCCL_DEVICE float qccl_onebit_value(const uint8_t* payload, uint64_t count, uint32_t bucket,
-                                    uint64_t i) {
-    const uint8_t* bits = payload + 8 * qccl_div_ceil(count, bucket);
-    const uint8_t* m = payload + 8 * (i / bucket);
-    return qccl_sign_bit(bits, i) ? qccl_load_f32_le(m) : qccl_load_f32_le(m + 4);
+QCCL_DEVICE float qccl_onebit_value(const uint8_t* meta, uint32_t bucket, uint64_t i, uint32_t set) {
+    const uint8_t* m = meta + 8 * (i / bucket);
+    return set ? qccl_load_f32_le(m) : qccl_load_f32_le(m + 4);
 }
 
 extern "C" __global__ void qccl_onebit_decode(const uint8_t* payload, float* out, uint64_t count,
                                               uint32_t bucket) {
-    QCCL_GRID_STRIDE(i, count) out[i] = qccl_onebit_value(payload, count, bucket, i);
+    qccl_signs_decode<false>(payload + 8 * qccl_div_ceil(count, bucket), out, count,
+                             [payload, bucket](uint64_t i, uint32_t set) {
+                                 return qccl_onebit_value(payload, bucket, i, set);
+                             });
 }
 
 extern "C" __global__ void qccl_onebit_decode_add(const uint8_t* payload, float* out,
                                                   uint64_t count, uint32_t bucket) {
-    QCCL_GRID_STRIDE(i, count) out[i] = out[i] + qccl_onebit_value(payload, count, bucket, i);
+    qccl_signs_decode<true>(payload + 8 * qccl_div_ceil(count, bucket), out, count,
+                            [payload, bucket](uint64_t i, uint32_t set) {
+                                return qccl_onebit_value(payload, bucket, i, set);
+                            });
+}
+
+// Error feedback's last pass: the sign bits of w = x + res (a thread a byte), then
+// res = (0 + w) - decoded(w), the bits of the CPU's EF (compensate, residual += w, residual -=
+// decode). x and res are touched by their own thread only; w_out (may be null) receives w.
+template <class Value>
+QCCL_DEVICE void qccl_signs_pack_ef(const float* x, float* res, float* w_out, uint8_t* bits,
+                                    uint64_t count, Value value) {
+    bool vec = qccl_aligned16(x, res, w_out ? w_out : x);
+    QCCL_GRID_STRIDE(k, qccl_div_ceil(count, 8)) {
+        uint32_t b = 0;
+        uint64_t i0 = 8 * k;
+        if (vec && i0 + 8 <= count) {
+            qccl_x8<float> xv = qccl_ld8(x + i0), rv = qccl_ld8(res + i0);
+            for (uint32_t j = 0; j < 8; j++) {
+                float w = xv.e[j] + rv.e[j];
+                uint32_t set = w >= 0.0f;
+                b |= set << j;
+                rv.e[j] = (0.0f + w) - value(i0 + j, set);
+                xv.e[j] = w;
+            }
+            qccl_st8(res + i0, rv);
+            if (w_out) qccl_st8(w_out + i0, xv);
+        } else {
+            for (uint64_t i = i0; i < count && i < i0 + 8; i++) {
+                float w = x[i] + res[i];
+                uint32_t set = w >= 0.0f;
+                b |= set << (i - i0);
+                res[i] = (0.0f + w) - value(i, set);
+                if (w_out) w_out[i] = w;
+            }
+        }
+        bits[k] = (uint8_t)b;
+    }
+}
+
+// After qccl_efsign_tile_sums_ef and qccl_efsign_scale (which read w = x + res).
+extern "C" __global__ void qccl_efsign_pack_ef(const float* x, float* res, float* w_out,
+                                               uint8_t* payload, uint64_t count) {
+    float s = qccl_load_f32_le(payload);
+    qccl_signs_pack_ef(x, res, w_out, payload + 4, count,
+                       [s](uint64_t, uint32_t set) { return set ? s : -s; });
+}
+
+// After qccl_onebit_segment_sums_ef and qccl_onebit_means.
+extern "C" __global__ void qccl_onebit_pack_ef(const float* x, float* res, float* w_out,
+                                               uint8_t* payload, uint64_t count, uint32_t bucket) {
+    const uint8_t* meta = payload;
+    qccl_signs_pack_ef(x, res, w_out, payload + 8 * qccl_div_ceil(count, bucket), count,
+                       [meta, bucket](uint64_t i, uint32_t set) {
+                           return qccl_onebit_value(meta, bucket, i, set);
+                       });
 }

@@ -105,16 +105,20 @@ fn reduce_matches_rust() {
                 let mut want = vec![0u8; a.len()];
                 reduce3(d, op, &mut want, &a, &b);
                 let entry = format!("qccl_reduce_{}_{}", op.name(), suffix(d));
-                let inplace = ci % 2;
+                // In place and out of place; 16-byte aligned (the kernels' vector path) and
+                // one element off.
+                let (inplace, offset) = (ci % 2, ci / 2 % 2);
                 let got = Job::new(&entry)
                     .arg("count", n)
                     .arg("inplace", inplace)
+                    .arg("offset", offset)
                     .input("a", &a)
                     .input("b", &b)
                     .output("out")
                     .run(&drv);
                 let any_nan = matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Avg);
-                check(&format!("{entry} n={n}"), d, &got["out"], &want, any_nan);
+                let what = format!("{entry} n={n} inplace={inplace} offset={offset}");
+                check(&what, d, &got["out"], &want, any_nan);
             }
         }
     }
@@ -313,6 +317,8 @@ fn shim_refuses_misuse() {
     };
     let err = Job::new("bad_barrier").run_failing(&drv);
     assert!(err.contains("deadlock"), "{err}");
+    let err = Job::new("bad_mask").run_failing(&drv);
+    assert!(err.contains("with mask"), "{err}");
     let err = Job::new("sync_in_sequential").run_failing(&drv);
     assert!(err.contains("needs fiber mode"), "{err}");
 }
@@ -377,19 +383,89 @@ fn check_codec(
     }
 }
 
+/// Checks an encode with fused error feedback (`entry`, given x and res) against the CPU's
+/// steps: w = x + res, payload = encode_payload(w), res = (0 + w) - decode_payload(payload).
+fn check_codec_ef(
+    driver_name: &str,
+    entry: &str,
+    spec: &str,
+    args: &[(&str, u64)],
+    counts: &[usize],
+    seed: u64,
+) {
+    let Some(drv) = driver(driver_name) else {
+        return;
+    };
+    let codec = qccl::CodecSpec::parse(spec).unwrap().codec().clone();
+    let mut g = Gen::new(seed);
+    for &n in counts {
+        for finite in [false, true] {
+            let x = g.f32s(n, finite);
+            let res: Vec<f32> = g.f32s(n, finite).iter().map(|r| r * 0.25).collect();
+            let w: Vec<f32> = x.iter().zip(&res).map(|(x, r)| x + r).collect();
+            let mut payload = vec![0u8; codec.payload_len(n)];
+            codec.encode_payload(&w, &mut qccl::codec::Rng::from_u64(seed), &mut payload);
+            let mut d = vec![0f32; n];
+            codec.decode_payload(&payload, &mut d, false).unwrap();
+            let res_want: Vec<f32> = w.iter().zip(&d).map(|(w, d)| (0.0 + w) - d).collect();
+            let (xb, rb) = (shim::f32_bytes(&x), shim::f32_bytes(&res));
+            let got = args
+                .iter()
+                .fold(Job::new(entry), |j, (k, v)| j.arg(k, v))
+                .arg("count", n)
+                .input("x", &xb)
+                .input("res", &rb)
+                .output("payload")
+                .output("res_out")
+                .output("w_out")
+                .run(&drv);
+            let what = format!("{entry} {spec} n={n} finite={finite}");
+            assert_same(&format!("{what}: payload"), &got["payload"], &payload, 1);
+            let f = DType::Float32;
+            check(
+                &format!("{what}: w"),
+                f,
+                &got["w_out"],
+                &shim::f32_bytes(&w),
+                true,
+            );
+            check(
+                &format!("{what}: res"),
+                f,
+                &got["res_out"],
+                &shim::f32_bytes(&res_want),
+                true,
+            );
+        }
+    }
+}
+
+/// The float codecs, with 16-byte aligned buffers (the kernels' vector path) and one element
+/// off (their per-element path).
+fn check_float_codec(name: &str, seed: u64) {
+    for offset in [0, 1] {
+        let args = [("offset", offset)];
+        check_codec("floats", name, name, &args, &COUNTS, seed + offset);
+        if name != "none" {
+            let entry = format!("qccl_{name}_encode_ef");
+            check_codec_ef("floats", &entry, name, &args, &COUNTS, seed + 100 + offset);
+        }
+    }
+}
+
 #[test]
 fn none_codec_matches_rust() {
-    check_codec("floats", "none", "none", &[], &COUNTS, 10);
+    check_float_codec("none", 10);
 }
 
 #[test]
 fn fp16_codec_matches_rust() {
-    check_codec("floats", "fp16", "fp16", &[], &COUNTS, 11);
+    check_float_codec("fp16", 12);
 }
 
 #[test]
 fn bf16_codec_matches_rust() {
-    check_codec("floats", "bf16", "bf16", &[], &COUNTS, 12);
+    check_float_codec("bf16", 14);
 }
 
 /// The f16/bf16 conversions on every 16-bit pattern, and on every rounding edge: each value
@@ -434,6 +510,7 @@ fn half_conversions_every_pattern_and_tie() {
         let xb = shim::f32_bytes(&x);
         let got = Job::new(&format!("qccl_{name}_encode"))
             .arg("count", x.len())
+            .arg("offset", 0)
             .input("x", &xb)
             .output("payload")
             .run(&drv);
@@ -450,6 +527,7 @@ fn half_conversions_every_pattern_and_tie() {
         let zeros = vec![0u8; 4 << 16];
         let got = Job::new(&format!("qccl_{name}_decode"))
             .arg("count", 1 << 16)
+            .arg("offset", 0)
             .input("payload", &all)
             .input("acc", &zeros)
             .output("out")
@@ -467,40 +545,51 @@ fn half_conversions_every_pattern_and_tie() {
 fn efsign_matches_rust() {
     // grid 0: a block per 32 tiles; 3: a capped grid, so the tile loop strides.
     for grid in [0, 3] {
-        check_codec(
+        let args = [("grid", grid), ("ef", 0)];
+        check_codec("sign", "efsign", "efsign", &args, &COUNTS, 20 + grid);
+        let args = [("grid", grid), ("ef", 1)];
+        check_codec_ef(
             "sign",
+            "qccl_efsign_encode",
             "efsign",
-            "efsign",
-            &[("grid", grid)],
+            &args,
             &COUNTS,
-            20 + grid,
+            30 + grid,
         );
     }
 }
 
 #[test]
 fn onebit_matches_rust() {
-    // Buckets that divide the 2048-element tile, straddle it or hold many tiles. The fiber-mode
-    // fold costs the shim a context switch per lane and segment, so the small buckets (many
-    // segments) stop at 4099 elements.
+    // Buckets that divide the 2048-element tile, equal it, straddle it or hold many tiles.
+    // The fiber-mode fold costs the shim a context switch per lane and segment, so most
+    // buckets stop at 4099 elements, and only the default one runs the capped grid (which
+    // strides over tiles from 196 608 elements) at the large count.
     for (bucket, big) in [
         (512u64, true),
-        (2048, true),
         (3000, true),
         (1 << 24, true),
+        (2048, false),
         (1, false),
         (7, false),
         (100, false),
         (4096, false),
     ] {
-        let counts: &[usize] = if big { &COUNTS } else { &COUNTS[..4] };
         let spec = format!("onebit:bucket={bucket}");
         for grid in [0, 3] {
-            check_codec(
+            let counts: &[usize] = if big && (grid == 0 || bucket == 512) {
+                &COUNTS
+            } else {
+                &COUNTS[..4]
+            };
+            let args = [("bucket", bucket), ("grid", grid), ("ef", 0)];
+            check_codec("sign", "onebit", &spec, &args, counts, bucket + grid);
+            let args = [("bucket", bucket), ("grid", grid), ("ef", 1)];
+            check_codec_ef(
                 "sign",
-                "onebit",
+                "qccl_onebit_encode",
                 &spec,
-                &[("bucket", bucket), ("grid", grid)],
+                &args,
                 counts,
                 bucket + grid,
             );

@@ -58,6 +58,11 @@ struct dim3 {
 };
 typedef dim3 uint3;
 
+// CUDA's 16-byte vector type (what ld.global.v4 moves).
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
 inline thread_local uint3 threadIdx{0, 0, 0};
 inline thread_local uint3 blockIdx{0, 0, 0};
 inline thread_local dim3 blockDim{1, 1, 1};
@@ -93,7 +98,7 @@ enum class LaneState { Idle, Arrived, Released };
 // what it gets back.
 struct Lane {
     LaneState state = LaneState::Idle;
-    int kind = 0;         // 1: shuffle, 2: vote
+    int kind = 0;         // 1: shuffle, 2: vote, 3: __syncwarp
     unsigned mask = 0;
     uint64_t value = 0;   // shuffle: the caller's var; vote: its predicate
     int src = -1;         // shuffle: lane to read (-1: its own value)
@@ -326,7 +331,7 @@ inline void __syncthreads() {
 }
 
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
-    qccl_shim::warp_call("__syncwarp", 2, mask, 0, -1);
+    qccl_shim::warp_call("__syncwarp", 3, mask, 0, -1);
 }
 
 inline unsigned __ballot_sync(unsigned mask, int pred) {

@@ -1,26 +1,28 @@
 // Shim driver for kernels/reduce.cu. Entries (argument keys):
 //   qccl_reduce_<op>_<dtype>: count, a, b (input files), out (output file), inplace (0/1:
-//       out aliases a)
+//       out aliases a), offset (elements of misalignment)
 //   qccl_finish_avg_<dtype>: count, n, x (input file), out (output file)
 #include "harness.h"
 #include "../reduce.cu"
 
+#include <algorithm>
+
 using namespace qccl_harness;
 
+// Buffers start `offset` elements into their allocation (offset 1 takes the kernels off their
+// 16-byte vector path).
 template <class T>
 static void run_reduce(const Args& a, void (*k)(T*, const T*, const T*, uint64_t)) {
-    uint64_t n = a.u64("count");
+    uint64_t n = a.u64("count"), off = a.u64("offset");
     auto x = a.load<T>("a");
     auto y = a.load<T>("b");
     if (x.size() != n || y.size() != n) die("input sizes differ from count");
-    if (a.u64("inplace")) {
-        qccl_shim::launch(k, grid_for(n, 256), dim3(256), x.data(), x.data(), y.data(), n);
-        a.save("out", x);
-    } else {
-        std::vector<T> out(n);
-        qccl_shim::launch(k, grid_for(n, 256), dim3(256), out.data(), x.data(), y.data(), n);
-        a.save("out", out);
-    }
+    std::vector<T> xs(off + n), ys(off + n), out(off + n);
+    std::copy(x.begin(), x.end(), xs.begin() + off);
+    std::copy(y.begin(), y.end(), ys.begin() + off);
+    T* dst = a.u64("inplace") ? xs.data() + off : out.data() + off;
+    qccl_shim::launch(k, grid_for(n, 256), dim3(256), dst, xs.data() + off, ys.data() + off, n);
+    a.save("out", std::vector<T>(dst, dst + n));
 }
 
 template <class T>

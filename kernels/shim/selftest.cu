@@ -47,6 +47,7 @@ extern "C" __global__ void qccl_selftest_scan(const uint32_t* x, uint64_t n, uin
     for (int d = 1; d < width; d *= 2) {
         uint32_t u = __shfl_up_sync(0xffffffffu, v, d, width);
         if ((int)(threadIdx.x % width) >= d) v += u;
+        __syncwarp();
     }
     if (i < n) out[i] = v;
 }
@@ -79,4 +80,10 @@ extern "C" __global__ void qccl_selftest_bad_barrier(uint32_t* out) {
     if (threadIdx.x == 0) return;
     __syncthreads();
     out[threadIdx.x] = 1;
+}
+
+// Lanes 0 and 1 call one vote with different masks: the shim must abort, not pair them.
+extern "C" __global__ void qccl_selftest_bad_mask(uint32_t* out) {
+    unsigned mask = threadIdx.x == 0 ? 0x3u : 0xffffffffu;
+    out[threadIdx.x] = __ballot_sync(mask, 1);
 }

@@ -64,6 +64,11 @@ static void bad_barrier(const Args&) {
     qccl_shim::launch_fibers(qccl_selftest_bad_barrier, dim3(1), dim3(64), out.data());
 }
 
+static void bad_mask(const Args&) {
+    std::vector<uint32_t> out(32);
+    qccl_shim::launch_fibers(qccl_selftest_bad_mask, dim3(1), dim3(32), out.data());
+}
+
 static void sync_in_sequential(const Args&) {
     std::vector<uint32_t> out(64);
     qccl_shim::launch(qccl_selftest_shared, dim3(1), dim3(64), out.data());
@@ -77,5 +82,6 @@ int main(int argc, char** argv) {
                       {"atomics", atomics},
                       {"shared", shared},
                       {"bad_barrier", bad_barrier},
+                      {"bad_mask", bad_mask},
                       {"sync_in_sequential", sync_in_sequential}});
 }
