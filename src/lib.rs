@@ -45,6 +45,7 @@ mod comm;
 mod config;
 mod error;
 pub mod fused;
+pub mod gpu;
 pub mod launch;
 mod reduce;
 mod sys;
@@ -79,8 +80,13 @@ pub mod internal {
     pub use crate::coll::Engine;
     pub use crate::comm::{AllReduceCall, PreparedAllReduce, PreparedTopK};
     pub use crate::config::parse_size;
+    pub use crate::gpu::kernels;
+    #[cfg(feature = "cuda")]
+    pub use crate::gpu::nvrtc;
     pub use crate::reduce::{finish_avg, reduce3, reduce_into};
     pub use crate::transport::frame::{CollKind, OpDesc};
     pub use crate::transport::{RecvReq, SendReq};
     pub use crate::tuning::{Links, Pick, Row, Tuning, Workload, HEADER as TUNING_HEADER};
+    #[cfg(feature = "cuda")]
+    pub use cudarc;
 }

@@ -1,0 +1,67 @@
+//! NVIDIA GPUs: whether a CUDA driver and device are usable, and the CUDA kernels of `kernels/`
+//! compiled at run time by NVRTC.
+//!
+//! What exists: the driver probe ([`available`], [`device_count`]) and, inside the crate, the
+//! embedded kernel sources and their NVRTC compilation (CUBIN for a device's exact `sm_XY`,
+//! PTX as a fallback). What does not exist yet: device buffers in collectives, kernel launches,
+//! streams. Every collective takes host memory only.
+//!
+//! With the cargo feature `cuda` (on by default) qccl links no CUDA library: `libcuda.so.1`
+//! and `libnvrtc.so.13`/`.so.12` are opened at run time, so the same build runs on a machine
+//! without CUDA, where [`available`] says why not. Without the feature, [`available`] says
+//! that qccl was built without it.
+
+#[cfg(feature = "cuda")]
+mod probe;
+
+// Not API yet (reached through `qccl::internal` by the tests): the device path will use them.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub mod nvrtc;
+
+#[doc(hidden)]
+pub mod kernels;
+
+use crate::Result;
+
+/// `Ok` when a CUDA driver loads, initialises and sees at least one device.
+///
+/// Otherwise `Error::Unsupported` naming what is missing: "no CUDA driver (libcuda.so.1)
+/// found", "no CUDA device", the driver's own error, or a build without the `cuda` feature.
+/// Checked once per process; later calls return the same answer.
+pub fn available() -> Result<()> {
+    device_count().map(|_| ())
+}
+
+/// How many CUDA devices the driver sees (at least 1), or why none can be used (as
+/// [`available`]).
+pub fn device_count() -> Result<usize> {
+    #[cfg(feature = "cuda")]
+    {
+        probe::device_count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(crate::Error::Unsupported(
+            "qccl was built without the `cuda` feature".into(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn available_agrees_with_device_count() {
+        // On a machine without CUDA both are the same Unsupported error; with a GPU both are Ok.
+        match (available(), device_count()) {
+            (Ok(()), Ok(n)) => assert!(n >= 1),
+            (Err(a), Err(b)) => {
+                assert_eq!(a, b);
+                assert_eq!(a.code(), crate::Error::Unsupported(String::new()).code());
+            }
+            (a, b) => panic!("available() = {a:?} but device_count() = {b:?}"),
+        }
+    }
+}
