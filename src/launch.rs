@@ -297,7 +297,9 @@ impl Launch {
     fn cpus(&self, allowed: &[usize]) -> Vec<usize> {
         match self.bind {
             Bind::None => Vec::new(),
-            Bind::Auto if self.np > allowed.len() && self.np % allowed.len().max(1) != 0 => {
+            Bind::Auto
+                if self.np > allowed.len() && !self.np.is_multiple_of(allowed.len().max(1)) =>
+            {
                 Vec::new()
             }
             _ => allowed.to_vec(),

@@ -202,7 +202,7 @@ fn fibers_votes_on_partial_warps() {
         for block in [32usize, 100, 33] {
             // Mostly odd values, so that __all_sync is sometimes true.
             let x: Vec<u32> = (0..n)
-                .map(|_| g.u64() as u32 | (g.u64() % 8 != 0) as u32)
+                .map(|_| g.u64() as u32 | !g.u64().is_multiple_of(8) as u32)
                 .collect();
             let xb = u32_bytes(&x);
             let out = Job::new("votes")

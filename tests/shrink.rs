@@ -267,7 +267,11 @@ fn survivors_shrink_and_carry_on_in_50_random_trials() {
         let n = 4 + (r % 2) as usize;
         let victim = (r >> 8) as usize % n;
         let die_ms = 150 + (r >> 16) % 600;
-        let transport = if (r >> 32) % 2 == 0 { "tcp" } else { "shm" };
+        let transport = if (r >> 32).is_multiple_of(2) {
+            "tcp"
+        } else {
+            "shm"
+        };
         trial(n, victim, die_ms, "failed", transport);
     }
 }

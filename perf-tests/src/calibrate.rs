@@ -487,7 +487,7 @@ impl Calibration {
 fn size_name(bytes: f64) -> String {
     let b = bytes as u64;
     for (shift, suffix) in [(30, "G"), (20, "M"), (10, "K")] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return format!("{}{suffix}", b >> shift);
         }
     }

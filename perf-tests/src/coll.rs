@@ -260,7 +260,7 @@ fn sendrecv<T: Elem>(ctx: &Ctx<'_>, send: &[T], recv: &mut [T]) -> Result<()> {
     }
     let next = (ctx.rank + 1) % ctx.n;
     let prev = (ctx.rank + ctx.n - 1) % ctx.n;
-    if ctx.rank % 2 == 0 {
+    if ctx.rank.is_multiple_of(2) {
         ctx.comm.send(send, next)?;
         ctx.comm.recv(recv, prev)
     } else {

@@ -542,12 +542,12 @@ mod tests {
         let tensors = (0..n)
             .map(|i| {
                 // Some seeds use equal sizes, to exercise ties.
-                let elems = if seed % 7 == 0 {
+                let elems = if seed.is_multiple_of(7) {
                     1000
                 } else {
                     log_uniform(&mut rng, 10.0, 2e6) as usize
                 };
-                let noise = if seed % 3 == 0 {
+                let noise = if seed.is_multiple_of(3) {
                     1.0
                 } else {
                     rng.gen_range(0.2..5.0)

@@ -557,7 +557,7 @@ mod tests {
         let tensors: Vec<(usize, f64)> = (0..n)
             .map(|_| {
                 // Some seeds repeat sizes, to exercise the ties of the size order.
-                let elems = if seed % 5 == 0 {
+                let elems = if seed.is_multiple_of(5) {
                     [1000, 100_000][rng.gen_range(0..2)]
                 } else {
                     log_uniform(&mut rng, 10.0, 2e6) as usize
@@ -590,7 +590,7 @@ mod tests {
             EspressoCtx::flat([2, 4, 8, 16, 64][rng.gen_range(0..5)], &names[..codecs])
         };
         let ctx = EspressoCtx {
-            compress_on: if seed % 3 == 0 {
+            compress_on: if seed.is_multiple_of(3) {
                 CompressOn::Separate
             } else {
                 CompressOn::Compute

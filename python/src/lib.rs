@@ -258,7 +258,7 @@ fn pair(coll: &str, send: Option<Buf>, recv: &Buf) -> PyResult<Option<Buf>> {
 }
 
 fn per_rank(coll: &str, what: &str, numel: usize, size: usize) -> PyResult<usize> {
-    if numel % size != 0 {
+    if !numel.is_multiple_of(size) {
         return Err(err(
             "invalid",
             format!("{coll}: {what} has {numel} elements, not a multiple of the {size} ranks"),

@@ -452,7 +452,7 @@ mod tests {
             rank,
             host_id: format!("host-{rank}"),
             machine_id: format!("m-{}", rank / 2),
-            addr: if rank % 2 == 0 {
+            addr: if rank.is_multiple_of(2) {
                 "127.0.0.1:4000".parse().unwrap()
             } else {
                 "[fd00::2]:4001".parse().unwrap()

@@ -117,7 +117,7 @@ pub(super) fn pack_signs(xs: &[f32], out: &mut [u8]) {
 pub(super) fn pack_signs_tail(xs: &[f32], out: &mut [u8]) {
     let full = xs.len() / 8;
     pack_signs(&xs[..full * 8], &mut out[..full]);
-    if xs.len() % 8 != 0 {
+    if !xs.len().is_multiple_of(8) {
         let mut g = [-1.0f32; 8];
         g[..xs.len() % 8].copy_from_slice(&xs[full * 8..]);
         pack_signs(&g, &mut out[full..full + 1]);

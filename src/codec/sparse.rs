@@ -158,7 +158,7 @@ pub fn decode_sub(payload: &[u8], out: &mut [f32]) -> Result<()> {
 
 /// Checks a sparse payload's shape and that its indices are in range and strictly increasing.
 fn check_indices(payload: &[u8], n: usize) -> Result<()> {
-    if payload.len() % 8 != 0 {
+    if !payload.len().is_multiple_of(8) {
         return Err(Error::invalid(format!(
             "sparse payload of {} bytes is not a whole number of 8-byte (index, value) pairs",
             payload.len()

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 
 /// `total` elements must split evenly over `size` ranks.
 pub fn divisible(coll: &str, buf: &str, total: usize, size: usize) -> Result<usize> {
-    if total % size != 0 {
+    if !total.is_multiple_of(size) {
         return Err(Error::invalid(format!(
             "{coll}: {buf} holds {total} elements, not a multiple of the world size {size}"
         )));

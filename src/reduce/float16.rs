@@ -98,7 +98,7 @@ impl Conv16 for Bf16 {
     fn lane(i: usize) -> usize {
         // Element 2j is the low half of word j on little-endian targets, the high half on
         // big-endian ones.
-        if (i % 2 == 0) == cfg!(target_endian = "little") {
+        if i.is_multiple_of(2) == cfg!(target_endian = "little") {
             i / 2
         } else {
             BLOCK / 2 + i / 2

@@ -121,7 +121,7 @@ pub fn finish_avg(dtype: DType, dst: &mut [u8], n: usize) {
 fn common_len(dtype: DType, dst: usize, a: usize, b: usize) -> usize {
     let size = dtype.size();
     debug_assert!(
-        dst == a && dst == b && dst % size == 0,
+        dst == a && dst == b && dst.is_multiple_of(size),
         "reduce of {dtype}: byte lengths {dst}, {a}, {b} must be equal and a multiple of {size}"
     );
     let n = dst.min(a).min(b);

@@ -176,7 +176,7 @@ impl Row {
 /// `4096` → `4K`, `1048576` → `1M` (exact multiples only; else plain bytes).
 pub(super) fn size_name(b: usize) -> String {
     for (shift, suffix) in [(30, "G"), (20, "M"), (10, "K")] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return format!("{}{suffix}", b >> shift);
         }
     }

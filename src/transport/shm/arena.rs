@@ -216,7 +216,7 @@ impl Arena {
     /// two back reduced, which call k's end implies.
     pub fn begin(&self, rounds: usize) -> u64 {
         let base = self.next_round();
-        if rounds != 1 || base % 2 == 0 {
+        if rounds != 1 || base.is_multiple_of(2) {
             return base;
         }
         // No bell: nothing waits for a skipped round alone, and this rank's stage of the next

@@ -105,7 +105,10 @@ impl Segment {
 
     /// The 8-aligned word at `off`, as an atomic.
     pub fn word64(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= self.len, "word64 at {off}");
+        assert!(
+            off.is_multiple_of(8) && off + 8 <= self.len,
+            "word64 at {off}"
+        );
         // SAFETY: checked above: aligned (the mapping is page-aligned) and inside the mapping,
         // which outlives the returned borrow; all processes access the word atomically.
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
@@ -113,7 +116,10 @@ impl Segment {
 
     /// The 4-aligned word at `off`, as an atomic.
     pub fn word32(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= self.len, "word32 at {off}");
+        assert!(
+            off.is_multiple_of(4) && off + 4 <= self.len,
+            "word32 at {off}"
+        );
         // SAFETY: as in `word64`.
         unsafe { &*(self.base.add(off) as *const AtomicU32) }
     }
