@@ -248,17 +248,5 @@ fn compile_one(compiler: &Compiler, src: &Source) -> (Vec<String>, BTreeSet<Stri
 
 /// The kernels' dtype suffix (kernels/reduce.cu).
 fn suffix(d: DType) -> &'static str {
-    match d {
-        DType::Int8 => "i8",
-        DType::Uint8 => "u8",
-        DType::Int32 => "i32",
-        DType::Uint32 => "u32",
-        DType::Int64 => "i64",
-        DType::Uint64 => "u64",
-        DType::Float16 => "f16",
-        DType::Float32 => "f32",
-        DType::Float64 => "f64",
-        DType::Bfloat16 => "bf16",
-        other => panic!("no kernel suffix for {other:?}"),
-    }
+    qccl::internal::kernels::dtype_suffix(d)
 }

@@ -7,21 +7,9 @@ use qccl::internal::{finish_avg, reduce3};
 use qccl::{DType, ReduceOp};
 use shim::{assert_same, driver, Gen, Job, COUNTS};
 
-/// The kernels' dtype suffix.
+/// The kernels' dtype suffix (kernels/reduce.cu).
 fn suffix(d: DType) -> &'static str {
-    match d {
-        DType::Int8 => "i8",
-        DType::Uint8 => "u8",
-        DType::Int32 => "i32",
-        DType::Uint32 => "u32",
-        DType::Int64 => "i64",
-        DType::Uint64 => "u64",
-        DType::Float16 => "f16",
-        DType::Float32 => "f32",
-        DType::Float64 => "f64",
-        DType::Bfloat16 => "bf16",
-        _ => unreachable!("a dtype this test does not know"),
-    }
+    qccl::internal::kernels::dtype_suffix(d)
 }
 
 /// True when element bytes `b` of dtype `d` are a NaN.

@@ -19,6 +19,24 @@ pub struct Source {
 // SOURCES and HEADERS: the folder's files, listed by build.rs.
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
+/// The dtype part of a kernel's entry name (`qccl_reduce_sum_f32`), as kernels/ spells it
+/// (every dtype has kernels: a new one fails to compile here until it has).
+pub fn dtype_suffix(d: crate::DType) -> &'static str {
+    use crate::DType;
+    match d {
+        DType::Int8 => "i8",
+        DType::Uint8 => "u8",
+        DType::Int32 => "i32",
+        DType::Uint32 => "u32",
+        DType::Int64 => "i64",
+        DType::Uint64 => "u64",
+        DType::Float16 => "f16",
+        DType::Float32 => "f32",
+        DType::Float64 => "f64",
+        DType::Bfloat16 => "bf16",
+    }
+}
+
 impl Source {
     /// The entry points this file defines, in source order; a macro-pasted name is a pattern
     /// (see the module documentation).
