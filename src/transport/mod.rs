@@ -11,6 +11,7 @@
 mod endpoint;
 pub mod engine;
 pub mod frame;
+pub mod ib;
 pub mod inproc;
 pub mod link;
 pub mod net;
