@@ -5,3 +5,7 @@
 // The link (in progress) uses it; until then nothing does.
 #[allow(dead_code)]
 pub mod verbs;
+
+// The emulated fabric; the link (in progress) selects it with QCCL_IB_EMULATE=1.
+#[allow(dead_code)]
+pub mod emu;

@@ -1,0 +1,739 @@
+//! Emulated RC queue pairs: state machine, posting, and the initiator's two threads per
+//! connected queue pair (one sends requests in order, one reads the responder's answers and
+//! completes work requests).
+
+use super::cq::EmuCq;
+use super::fault::{FaultKind, FaultPlan};
+use super::nic::Nic;
+use super::region::RegionTable;
+use super::wire::{self, Answer, Got, Hello, Request, Response, ANSWER_LEN, REQ_LEN, RESP_LEN};
+use crate::error::{Error, Result};
+use crate::transport::ib::verbs::{
+    Completion, Endpoint, PathSettings, QpCaps, QpState, QueuePair, RemoteAddr, Sge, WcOpcode,
+    WcStatus,
+};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// PSNs are 24 bits.
+pub const PSN_MASK: u32 = 0xff_ffff;
+/// Bound on connecting to the peer's NIC and on its answer to the hello.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the answer reader looks at its ACK timer.
+const ACK_POLL: Duration = Duration::from_millis(50);
+/// Shortest and longest ACK timeout: verbs' 4.096 us x 2^timeout x (retry_cnt + 1), kept
+/// within these so a lost peer is noticed in seconds, and a loaded machine is no lost peer.
+const ACK_TIMEOUT_MIN: Duration = Duration::from_millis(500);
+const ACK_TIMEOUT_MAX: Duration = Duration::from_secs(5);
+/// Bound on joining a queue pair's threads when it is dropped (they exit as soon as their
+/// socket is shut down; this only guards against a bug).
+const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the responder side knows of its connected peer (set at RTR).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The peer NIC's listener.
+    pub addr: SocketAddr,
+    /// The peer's queue pair: the only one allowed to write to this one.
+    pub qpn: u32,
+    /// The PSN the peer's next request must carry.
+    pub next_psn: u32,
+}
+
+/// A posted write not yet sent.
+#[derive(Clone, Copy)]
+struct SendWr {
+    wr_id: u64,
+    local: Sge,
+    remote: RemoteAddr,
+    imm: Option<u32>,
+    signaled: bool,
+    /// Found at post time (bad lkey or sge): completes with this when its turn comes.
+    local_error: Option<WcStatus>,
+}
+
+/// A sent write waiting for its answer.
+struct Inflight {
+    wr_id: u64,
+    signaled: bool,
+    psn: u32,
+    sent_at: Instant,
+}
+
+/// A queue pair's mutable state.
+pub struct Inner {
+    /// The verbs state.
+    pub state: QpState,
+    /// Posted receives' wr_ids, in order.
+    pub recvs: VecDeque<u64>,
+    pending: VecDeque<SendWr>,
+    inflight: VecDeque<Inflight>,
+    /// Set at RTR.
+    pub peer: Option<Peer>,
+    sq_psn: u32,
+    /// The handle was dropped: the threads exit, inbound requests are dropped.
+    pub closed: bool,
+    /// The outbound connection, shut down on error or drop (wakes the threads).
+    conn: Option<TcpStream>,
+    /// The connection ended with nothing in flight: the next write fails.
+    peer_lost: bool,
+    last_answer: Instant,
+}
+
+/// Where a failing work request sits among the others, for completion order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Position {
+    /// The oldest in flight (its answer came back).
+    Oldest,
+    /// Newer than everything in flight, older than everything pending (just taken off the
+    /// pending queue).
+    Next,
+}
+
+/// A queue pair's state shared by its handle, its threads and the NIC's responder threads.
+pub struct QpShared {
+    /// Queue pair number.
+    pub qpn: u32,
+    /// "emu0:1 qp 0x123", for messages.
+    pub name: String,
+    send_cq: Arc<EmuCq>,
+    /// Where receives complete.
+    pub recv_cq: Arc<EmuCq>,
+    caps: QpCaps,
+    inner: Mutex<Inner>,
+    /// Signalled on every change of `inner` a thread may wait for.
+    pub cond: Condvar,
+}
+
+impl QpShared {
+    /// The state, locked.
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn complete(&self, cq: &EmuCq, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
+        cq.push(Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm: 0,
+            qpn: self.qpn,
+        });
+    }
+
+    /// Moves to the error state: `failed` (a work request taken off the queues, at `pos`)
+    /// completes with its status, everything else queued or posted with `WrFlush`, in order;
+    /// the connection is shut down. Completions are pushed under the lock, so each CQ sees
+    /// this queue pair's completions in order.
+    fn fail_at(&self, g: &mut Inner, failed: Option<(u64, WcStatus)>, pos: Position) {
+        let flush =
+            |wr_id| self.complete(&self.send_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
+        let already_failed = g.state == QpState::Error;
+        let report = |(wr_id, status): (u64, WcStatus)| {
+            // Already failed: the request was queued behind the failure, so it is flushed.
+            let status = if already_failed {
+                WcStatus::WrFlush
+            } else {
+                status
+            };
+            self.complete(&self.send_cq, wr_id, status, WcOpcode::Unknown)
+        };
+        if pos == Position::Oldest {
+            failed.map(report);
+        }
+        for w in g.inflight.drain(..) {
+            flush(w.wr_id);
+        }
+        if pos == Position::Next {
+            failed.map(report);
+        }
+        for w in g.pending.drain(..) {
+            flush(w.wr_id);
+        }
+        for wr_id in g.recvs.drain(..) {
+            self.complete(&self.recv_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
+        }
+        if g.state != QpState::Error {
+            crate::qlog!(
+                Info,
+                "{}: to the error state{}",
+                self.name,
+                failed.map_or(String::new(), |(id, s)| format!(
+                    " (wr_id {id}: {})",
+                    s.describe()
+                ))
+            );
+        }
+        g.state = QpState::Error;
+        if let Some(c) = g.conn.take() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        self.cond.notify_all();
+    }
+
+    /// Moves to the error state, flushing everything (see `fail_at`).
+    pub fn fail(&self, g: &mut Inner) {
+        self.fail_at(g, None, Position::Oldest);
+    }
+
+    /// Completes a receive taken off the queue with `WrFlush`.
+    pub fn flush_recv(&self, wr_id: u64) {
+        self.complete(&self.recv_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
+    }
+
+    /// Completes a posted receive consumed by a write with immediate.
+    pub fn complete_recv(&self, wr_id: u64, byte_len: u32, imm: u32) {
+        self.recv_cq.push(Completion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::RecvWriteImm,
+            byte_len,
+            imm,
+            qpn: self.qpn,
+        });
+    }
+}
+
+/// The `QueuePair` handle.
+pub struct EmuQp {
+    shared: Arc<QpShared>,
+    nic: Arc<Nic>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl EmuQp {
+    /// A new queue pair in the Reset state, registered with `nic` as `qpn`.
+    pub fn new(
+        nic: Arc<Nic>,
+        qpn: u32,
+        send_cq: Arc<EmuCq>,
+        recv_cq: Arc<EmuCq>,
+        caps: QpCaps,
+    ) -> (EmuQp, Arc<QpShared>) {
+        let shared = Arc::new(QpShared {
+            qpn,
+            name: format!("{} qp {qpn:#x}", nic.name),
+            send_cq,
+            recv_cq,
+            caps,
+            inner: Mutex::new(Inner {
+                state: QpState::Reset,
+                recvs: VecDeque::new(),
+                pending: VecDeque::new(),
+                inflight: VecDeque::new(),
+                peer: None,
+                sq_psn: 0,
+                closed: false,
+                conn: None,
+                peer_lost: false,
+                last_answer: Instant::now(),
+            }),
+            cond: Condvar::new(),
+        });
+        let qp = EmuQp {
+            shared: shared.clone(),
+            nic,
+            threads: Vec::new(),
+        };
+        (qp, shared)
+    }
+
+    fn transition(&self, from: QpState, to: QpState) -> Result<MutexGuard<'_, Inner>> {
+        let g = self.shared.lock();
+        if g.state != from {
+            return Err(Error::InvalidUsage(format!(
+                "{}: cannot move from {:?} to {to:?}: only {from:?} -> {to:?}",
+                self.shared.name, g.state
+            )));
+        }
+        Ok(g)
+    }
+
+    /// Connects to the peer's NIC and says hello; the stream, ready for requests.
+    fn connect(&self, peer: &Peer, rnr_retry: u8) -> Result<TcpStream> {
+        let name = &self.shared.name;
+        let what = |e: std::io::Error| {
+            Error::io(
+                format!(
+                    "{name}: connecting to peer qp {:#x} at {} (its NIC)",
+                    peer.qpn, peer.addr
+                ),
+                e,
+            )
+        };
+        let mut s = TcpStream::connect_timeout(&peer.addr, CONNECT_TIMEOUT).map_err(what)?;
+        s.set_nodelay(true).map_err(what)?;
+        s.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(what)?;
+        let hello = Hello {
+            secret: self.nic.secret,
+            target_qpn: peer.qpn,
+            source_qpn: self.shared.qpn,
+            rnr_retry,
+        };
+        s.write_all(&hello.encode()).map_err(what)?;
+        let mut a = [0u8; ANSWER_LEN];
+        if let Err(e) = s.read_exact(&mut a) {
+            return Err(Error::System(format!(
+                "{name}: the NIC at {} refused the connection to qp {:#x} without an answer \
+                 (another job's NIC, a wrong secret, or gone): {e}",
+                peer.addr, peer.qpn
+            )));
+        }
+        match Answer::decode(&a) {
+            Some(Answer::Accepted) => {}
+            Some(Answer::UnknownQp) => {
+                return Err(Error::InvalidUsage(format!(
+                    "{name}: the NIC at {} has no queue pair {:#x}",
+                    peer.addr, peer.qpn
+                )))
+            }
+            None => {
+                return Err(Error::System(format!(
+                    "{name}: the NIC at {} answered the hello with garbage",
+                    peer.addr
+                )))
+            }
+        }
+        s.set_read_timeout(Some(ACK_POLL)).map_err(what)?;
+        Ok(s)
+    }
+}
+
+/// The address an endpoint names: the GID's IP (IPv4-mapped or IPv6) and the LID as port.
+fn peer_addr(remote: &Endpoint) -> Result<SocketAddr> {
+    if remote.lid == 0 {
+        return Err(Error::invalid(format!(
+            "emulated fabric: endpoint of qp {:#x} has LID 0; the emulation needs the peer \
+             NIC's port there",
+            remote.qpn
+        )));
+    }
+    let v6 = Ipv6Addr::from(remote.gid);
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    };
+    Ok(SocketAddr::new(ip, remote.lid))
+}
+
+/// The GID of `ip`: IPv4-mapped for IPv4, as RoCE v2 GIDs are.
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// verbs' ACK timeout for `path`, within the emulation's bounds.
+pub fn ack_timeout(path: &PathSettings) -> Duration {
+    let one = Duration::from_nanos(4096).saturating_mul(1u32 << path.timeout.min(31));
+    let total = one.saturating_mul(path.retry_cnt as u32 + 1);
+    if path.timeout == 0 {
+        // 0 is "infinite" in verbs.
+        return ACK_TIMEOUT_MAX;
+    }
+    total.clamp(ACK_TIMEOUT_MIN, ACK_TIMEOUT_MAX)
+}
+
+impl QueuePair for EmuQp {
+    fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    fn state(&self) -> QpState {
+        self.shared.lock().state
+    }
+
+    fn endpoint(&self, psn: u32, gid_index: u8) -> Result<Endpoint> {
+        Ok(Endpoint {
+            lid: self.nic.addr.port(),
+            gid: self.nic.gid(gid_index)?,
+            qpn: self.shared.qpn,
+            psn: psn & PSN_MASK,
+        })
+    }
+
+    fn to_init(&mut self) -> Result<()> {
+        let mut g = self.transition(QpState::Reset, QpState::Init)?;
+        g.state = QpState::Init;
+        Ok(())
+    }
+
+    fn to_rtr(&mut self, remote: &Endpoint, _path: &PathSettings) -> Result<()> {
+        let addr = peer_addr(remote)?;
+        let mut g = self.transition(QpState::Init, QpState::Rtr)?;
+        g.peer = Some(Peer {
+            addr,
+            qpn: remote.qpn,
+            next_psn: remote.psn & PSN_MASK,
+        });
+        g.state = QpState::Rtr;
+        drop(g);
+        // Requests that arrived early wait for this.
+        self.shared.cond.notify_all();
+        Ok(())
+    }
+
+    fn to_rts(&mut self, psn: u32, path: &PathSettings) -> Result<()> {
+        let peer = {
+            let g = self.transition(QpState::Rtr, QpState::Rts)?;
+            g.peer.expect("RTR has a peer")
+        };
+        let stream = self.connect(&peer, path.rnr_retry)?;
+        let clone = |s: &TcpStream| {
+            s.try_clone()
+                .map_err(|e| Error::io(format!("{}: cloning its socket", self.shared.name), e))
+        };
+        let (sender, keep) = (clone(&stream)?, clone(&stream)?);
+        let reader = stream;
+        let mut g = self.transition(QpState::Rtr, QpState::Rts)?;
+        g.sq_psn = psn & PSN_MASK;
+        g.conn = Some(keep);
+        g.last_answer = Instant::now();
+        g.state = QpState::Rts;
+        drop(g);
+        let timeout = ack_timeout(path);
+        let spawn = |what: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(format!("qccl-emu-{what}-{:x}", self.shared.qpn))
+                .spawn(f)
+        };
+        let (shared, regions, faults) = (
+            self.shared.clone(),
+            self.nic.regions.clone(),
+            self.nic.faults.clone(),
+        );
+        let started = spawn(
+            "send",
+            Box::new(move || send_loop(&shared, &regions, &faults, sender)),
+        )
+        .and_then(|t| {
+            self.threads.push(t);
+            let shared = self.shared.clone();
+            spawn(
+                "ack",
+                Box::new(move || answer_loop(&shared, reader, timeout)),
+            )
+        });
+        match started {
+            Ok(t) => {
+                self.threads.push(t);
+                Ok(())
+            }
+            Err(e) => {
+                let mut g = self.shared.lock();
+                self.shared.fail(&mut g);
+                Err(Error::io(
+                    format!("{}: spawning its NIC thread", self.shared.name),
+                    e,
+                ))
+            }
+        }
+    }
+
+    fn to_error(&mut self) -> Result<()> {
+        let mut g = self.shared.lock();
+        self.shared.fail(&mut g);
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wr_id: u64) -> Result<()> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        match g.state {
+            QpState::Reset => {
+                return Err(Error::InvalidUsage(format!(
+                    "{}: post_recv in the Reset state (allowed from Init on)",
+                    s.name
+                )))
+            }
+            QpState::Error => {
+                s.complete(&s.recv_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
+                return Ok(());
+            }
+            _ => {}
+        }
+        if g.recvs.len() >= s.caps.max_recv_wr as usize {
+            return Err(Error::System(format!(
+                "{}: receive queue full ({} posted, max_recv_wr {})",
+                s.name,
+                g.recvs.len(),
+                s.caps.max_recv_wr
+            )));
+        }
+        g.recvs.push_back(wr_id);
+        drop(g);
+        s.cond.notify_all();
+        Ok(())
+    }
+
+    fn post_write(
+        &mut self,
+        wr_id: u64,
+        local: Sge,
+        remote: RemoteAddr,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> Result<()> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        match g.state {
+            QpState::Rts => {}
+            QpState::Error => {
+                s.complete(&s.send_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
+                return Ok(());
+            }
+            st => {
+                return Err(Error::InvalidUsage(format!(
+                    "{}: post_write in the {st:?} state (writes need RTS)",
+                    s.name
+                )))
+            }
+        }
+        let outstanding = g.pending.len() + g.inflight.len();
+        if outstanding >= s.caps.max_send_wr as usize {
+            return Err(Error::System(format!(
+                "{}: send queue full ({outstanding} writes outstanding, max_send_wr {})",
+                s.name, s.caps.max_send_wr
+            )));
+        }
+        if self.nic.faults.on_post() {
+            crate::qlog!(Warn, "{}: injected fault: to the error state", s.name);
+            s.fail(&mut g);
+            s.complete(&s.send_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
+            return Ok(());
+        }
+        // A zero-length sge is not checked, as on a NIC.
+        let local_error = match self.nic.regions.get(local.lkey) {
+            _ if local.len == 0 => None,
+            None => Some(WcStatus::LocalProtection),
+            Some(e) if !e.contains(local.addr, local.len) => Some(WcStatus::LocalLength),
+            Some(_) => None,
+        };
+        g.pending.push_back(SendWr {
+            wr_id,
+            local,
+            remote,
+            imm,
+            signaled,
+            local_error,
+        });
+        drop(g);
+        s.cond.notify_all();
+        Ok(())
+    }
+}
+
+impl Drop for EmuQp {
+    fn drop(&mut self) {
+        // Destroying a queue pair completes nothing (as ibv_destroy_qp).
+        {
+            let mut g = self.shared.lock();
+            g.closed = true;
+            if let Some(c) = g.conn.take() {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+        self.shared.cond.notify_all();
+        self.nic.forget_qp(self.shared.qpn);
+        super::join_bounded(
+            std::mem::take(&mut self.threads),
+            JOIN_TIMEOUT,
+            &self.shared.name,
+        );
+    }
+}
+
+/// The initiator's sender: takes posted writes in order, copies their bytes out of the
+/// local region, and sends each as one request.
+fn send_loop(qp: &QpShared, regions: &RegionTable, faults: &FaultPlan, mut stream: TcpStream) {
+    let mut buf = Vec::new();
+    loop {
+        let wr = {
+            let mut g = qp.lock();
+            loop {
+                if g.closed || g.state != QpState::Rts {
+                    return;
+                }
+                // Left queued while its bytes are copied, so a failure meanwhile flushes it
+                // in order with the others.
+                if let Some(wr) = g.pending.front().copied() {
+                    break wr;
+                }
+                g = qp.cond.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let fault = if wr.local_error.is_none() {
+            faults.on_send(wr.signaled)
+        } else {
+            None
+        };
+        buf.clear();
+        buf.resize(REQ_LEN, 0);
+        // The region may have been deregistered since the post.
+        let copied = wr.local_error.is_some()
+            || wr.local.len == 0
+            || regions
+                .get(wr.local.lkey)
+                .is_some_and(|e| e.read(wr.local.addr, wr.local.len, &mut buf));
+        let mut g = qp.lock();
+        if g.closed || g.state != QpState::Rts {
+            // Flushed with the rest (or dropped).
+            return;
+        }
+        g.pending.pop_front();
+        let failure = if let Some(st) = wr.local_error {
+            Some(st)
+        } else if !copied {
+            Some(WcStatus::LocalProtection)
+        } else if fault == Some(FaultKind::Cqe) {
+            crate::qlog!(Warn, "{}: injected fault: error completion", qp.name);
+            Some(WcStatus::RemoteOperation)
+        } else if g.peer_lost {
+            Some(WcStatus::RetryExceeded)
+        } else {
+            None
+        };
+        if let Some(st) = failure {
+            qp.fail_at(&mut g, Some((wr.wr_id, st)), Position::Next);
+            return;
+        }
+        let psn = g.sq_psn;
+        g.sq_psn = (psn + 1) & PSN_MASK;
+        let rkey = if fault == Some(FaultKind::Rkey) {
+            crate::qlog!(Warn, "{}: injected fault: write with a wrong rkey", qp.name);
+            0
+        } else {
+            wr.remote.rkey
+        };
+        let req = Request {
+            psn,
+            addr: wr.remote.addr,
+            rkey,
+            len: wr.local.len,
+            imm: wr.imm,
+        };
+        buf[..REQ_LEN].copy_from_slice(&req.encode());
+        g.inflight.push_back(Inflight {
+            wr_id: wr.wr_id,
+            signaled: wr.signaled,
+            psn,
+            sent_at: Instant::now(),
+        });
+        drop(g);
+        if fault == Some(FaultKind::Drop) {
+            crate::qlog!(Warn, "{}: injected fault: connection cut", qp.name);
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+        if let Err(e) = stream.write_all(&buf) {
+            // The answer reader sees the connection end and fails what is in flight.
+            crate::qlog!(Info, "{}: sending a write: {e}", qp.name);
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+/// The initiator's answer reader: completes writes as the responder answers them, in order;
+/// fails the queue pair on a NAK, on a silent peer (ACK timeout) or a lost connection.
+fn answer_loop(qp: &QpShared, mut stream: TcpStream, timeout: Duration) {
+    let mut b = [0u8; RESP_LEN];
+    loop {
+        let got = wire::read_message(&mut stream, &mut b);
+        let mut g = qp.lock();
+        if g.closed || g.state == QpState::Error {
+            return;
+        }
+        let answer = match got {
+            Ok(Got::Done) => Response::decode(&b),
+            Ok(Got::Idle) => {
+                let late = g
+                    .inflight
+                    .front()
+                    .is_some_and(|w| w.sent_at.max(g.last_answer) + timeout <= Instant::now());
+                if late {
+                    let w = g.inflight.pop_front().expect("checked");
+                    crate::qlog!(
+                        Warn,
+                        "{}: no answer from peer qp {} within {timeout:?}",
+                        qp.name,
+                        g.peer
+                            .map_or(String::new(), |p| format!("{:#x} at {}", p.qpn, p.addr))
+                    );
+                    qp.fail_at(
+                        &mut g,
+                        Some((w.wr_id, WcStatus::RetryExceeded)),
+                        Position::Oldest,
+                    );
+                    return;
+                }
+                continue;
+            }
+            Ok(Got::Closed) | Err(_) => {
+                // The peer's NIC (or the process) is gone.
+                match g.inflight.pop_front() {
+                    Some(w) => {
+                        crate::qlog!(Info, "{}: connection to the peer lost", qp.name);
+                        qp.fail_at(
+                            &mut g,
+                            Some((w.wr_id, WcStatus::RetryExceeded)),
+                            Position::Oldest,
+                        );
+                    }
+                    None => {
+                        g.peer_lost = true;
+                        qp.cond.notify_all();
+                    }
+                }
+                return;
+            }
+        };
+        g.last_answer = Instant::now();
+        let (resp, psn) = match answer {
+            Ok((Response::Waiting, _)) => continue,
+            Ok(a) => a,
+            Err(e) => {
+                crate::qlog!(Warn, "{}: peer NIC sent {e}", qp.name);
+                qp.fail(&mut g);
+                return;
+            }
+        };
+        let Some(w) = g.inflight.pop_front() else {
+            crate::qlog!(
+                Warn,
+                "{}: peer NIC answered psn {psn} with nothing in flight",
+                qp.name
+            );
+            qp.fail(&mut g);
+            return;
+        };
+        let status = match resp {
+            _ if w.psn != psn => {
+                crate::qlog!(
+                    Warn,
+                    "{}: peer NIC answered psn {psn}, expected {}",
+                    qp.name,
+                    w.psn
+                );
+                WcStatus::RemoteOperation
+            }
+            Response::Ack | Response::Waiting => {
+                if w.signaled {
+                    qp.complete(&qp.send_cq, w.wr_id, WcStatus::Success, WcOpcode::Write);
+                }
+                continue;
+            }
+            Response::NakRnr => WcStatus::RnrRetryExceeded,
+            Response::NakRemoteAccess => WcStatus::RemoteAccess,
+            Response::NakDropped => WcStatus::RetryExceeded,
+        };
+        qp.fail_at(&mut g, Some((w.wr_id, status)), Position::Oldest);
+        return;
+    }
+}
