@@ -91,11 +91,17 @@ impl Nic {
         });
         let n = nic.clone();
         let t = std::thread::Builder::new()
-            .name("qccl-emu-nic".into())
+            .name(nic.thread_name('a'))
             .spawn(move || n.accept_loop(&listener))
             .map_err(|e| Error::io(format!("{}: spawning its accept thread", nic.name), e))?;
         *locked(&nic.accept_thread) = Some(t);
         Ok(nic)
+    }
+
+    /// A name for one of this NIC's threads: its port and `role` (a: accept, r: responder,
+    /// s and k: a queue pair's sender and answer reader), within Linux's 15 bytes.
+    pub fn thread_name(&self, role: char) -> String {
+        format!("qccl-emu{}{role}", self.addr.port())
     }
 
     /// True once the context is being dropped.
@@ -189,7 +195,7 @@ impl Nic {
             }
             let nic = self.clone();
             match std::thread::Builder::new()
-                .name("qccl-emu-resp".into())
+                .name(self.thread_name('r'))
                 .spawn(move || nic.connection(stream, from))
             {
                 Ok(t) => conns.threads.push(t),

@@ -398,9 +398,9 @@ impl QueuePair for EmuQp {
         g.state = QpState::Rts;
         drop(g);
         let timeout = ack_timeout(path);
-        let spawn = |what: &str, f: Box<dyn FnOnce() + Send>| {
+        let spawn = |role: char, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
-                .name(format!("qccl-emu-{what}-{:x}", self.shared.qpn))
+                .name(self.nic.thread_name(role))
                 .spawn(f)
         };
         let (shared, regions, faults) = (
@@ -409,16 +409,13 @@ impl QueuePair for EmuQp {
             self.nic.faults.clone(),
         );
         let started = spawn(
-            "send",
+            's',
             Box::new(move || send_loop(&shared, &regions, &faults, sender)),
         )
         .and_then(|t| {
             self.threads.push(t);
             let shared = self.shared.clone();
-            spawn(
-                "ack",
-                Box::new(move || answer_loop(&shared, reader, timeout)),
-            )
+            spawn('k', Box::new(move || answer_loop(&shared, reader, timeout)))
         });
         match started {
             Ok(t) => {

@@ -614,3 +614,201 @@ fn fault_variable_parses() {
         );
     }
 }
+
+/// Names of this process's threads that belong to the NIC listening on `port`.
+fn nic_threads(port: u16) -> Vec<String> {
+    let prefix = format!("qccl-emu{port}");
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| n.len() == prefix.len() + 1 && n.starts_with(&prefix))
+        .collect()
+}
+
+#[test]
+fn drops_are_quick_and_leave_no_thread_or_listener() {
+    let (mut a, mut b) = pair();
+    let ports = [a.ctx.lid(), b.ctx.lid()];
+    b.qp.post_recv(1).unwrap();
+    a.qp.post_write(1, a.sge(0, 64), b.at(0), Some(1), true)
+        .unwrap();
+    assert_eq!(next(&a.scq).status, WcStatus::Success);
+    // Outstanding when dropped: a write waiting forever for a receive.
+    a.qp.post_write(2, a.sge(0, 64), b.at(0), Some(2), true)
+        .unwrap();
+    b.qp.post_write(3, b.sge(0, 64), a.at(0), None, true)
+        .unwrap();
+    assert_eq!(next(&b.scq).status, WcStatus::Success);
+    let mut names = nic_threads(ports[0]);
+    names.sort();
+    // Accept, sender, answer reader, and the responder of b's connection.
+    assert_eq!(names.len(), 4, "{names:?}");
+    let t = Instant::now();
+    drop(a);
+    drop(b);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    for port in ports {
+        assert_eq!(nic_threads(port), Vec::<String>::new());
+        assert!(std::net::TcpStream::connect((LOOPBACK, port)).is_err());
+    }
+}
+
+/// Tells [`process_peer`] it is the child of [`across_processes`].
+const CHILD_ENV: &str = "QCCL_IB_EMU_TEST_CHILD";
+/// Writes the parent makes; the child posts exactly as many receives.
+const PROCESS_WRITES: usize = 4;
+const PROCESS_LEN: usize = 64 << 10;
+
+/// Where a peer process's region is: its address and rkey, as text.
+fn describe(s: &Side, psn: u32) -> String {
+    let e = s.qp.endpoint(psn, 0).unwrap();
+    let hex: String = e.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex} {} {}", s.region.addr(), s.region.rkey())
+}
+
+fn parse_peer(line: &str) -> (crate::transport::ib::verbs::Endpoint, RemoteAddr) {
+    let mut it = line.split_whitespace();
+    let hex = it.next().unwrap();
+    let mut b = [0u8; crate::transport::ib::verbs::Endpoint::LEN];
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let addr = it.next().unwrap().parse().unwrap();
+    let rkey = it.next().unwrap().parse().unwrap();
+    (
+        crate::transport::ib::verbs::Endpoint::from_bytes(&b),
+        RemoteAddr { addr, rkey },
+    )
+}
+
+/// The child side of [`across_processes`]; does nothing in a normal test run.
+#[test]
+fn process_peer() {
+    use std::io::BufRead;
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let f = EmuFabric::new(SECRET, LOOPBACK);
+    let mut me = Side::open(&f, caps());
+    me.qp.to_init().unwrap();
+    for i in 0..PROCESS_WRITES {
+        me.qp.post_recv(i as u64).unwrap();
+    }
+    println!("EMU {}", describe(&me, 7));
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    let (peer, parent_region) = parse_peer(&line);
+    let path = PathSettings::default();
+    me.qp.to_rtr(&peer, &path).unwrap();
+    me.qp.to_rts(7, &path).unwrap();
+    // The sum of every byte received, in f64 (an independent reference for the parent).
+    let mut sum = 0f64;
+    for i in 0..PROCESS_WRITES {
+        let c = next(&me.rcq);
+        assert_eq!(
+            (c.wr_id, c.imm, c.status),
+            (i as u64, i as u32, WcStatus::Success)
+        );
+        sum += me
+            .bytes(i * PROCESS_LEN, PROCESS_LEN)
+            .iter()
+            .map(|&b| b as f64)
+            .sum::<f64>();
+    }
+    me.fill(0, &sum.to_le_bytes());
+    me.qp
+        .post_write(9, me.sge(0, 8), parent_region, Some(99), true)
+        .unwrap();
+    assert_eq!(next(&me.scq).status, WcStatus::Success);
+    println!("EMU done");
+    // Stays until killed (or its stdin closes).
+    let _ = std::io::stdin().lock().read_line(&mut line);
+}
+
+/// Two processes: writes with immediate carry bytes both ways, then the peer is killed while a
+/// write is outstanding and the write fails within a bounded time.
+#[test]
+fn across_processes() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "transport::ib::emu::tests::process_peer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The child's lines, read by a thread so that waiting for them is bounded. Its test
+    // harness prints on the same line, so ours are found by their "EMU " mark.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(|l| l.ok()) {
+            if let Some(at) = l.find("EMU ") {
+                let _ = tx.send(l[at + 4..].to_string());
+            }
+        }
+    });
+    let ours = |child: &mut std::process::Child| match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = child.kill();
+            panic!("no line from the peer process: {e}");
+        }
+    };
+    let f = EmuFabric::new(SECRET, LOOPBACK);
+    let mut me = Side::open(&f, caps());
+    me.qp.to_init().unwrap();
+    me.qp.post_recv(42).unwrap();
+    let (peer, child_region) = parse_peer(&ours(&mut child));
+    let path = PathSettings::default();
+    me.qp.to_rtr(&peer, &path).unwrap();
+    me.qp.to_rts(3, &path).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", describe(&me, 3)).unwrap();
+    let mut want = 0f64;
+    for i in 0..PROCESS_WRITES {
+        let data = pattern(PROCESS_LEN, i as u8 + 1);
+        want += data.iter().map(|&b| b as f64).sum::<f64>();
+        me.fill(i * PROCESS_LEN, &data);
+        let to = RemoteAddr {
+            addr: child_region.addr + (i * PROCESS_LEN) as u64,
+            ..child_region
+        };
+        me.qp
+            .post_write(
+                i as u64,
+                me.sge(i * PROCESS_LEN, PROCESS_LEN),
+                to,
+                Some(i as u32),
+                false,
+            )
+            .unwrap();
+    }
+    let c = next(&me.rcq);
+    assert_eq!((c.wr_id, c.imm, c.byte_len), (42, 99, 8));
+    let got = f64::from_le_bytes(me.bytes(0, 8).try_into().unwrap());
+    assert_eq!(got, want);
+    assert_eq!(ours(&mut child), "done");
+    // The child has no receive left: this write waits (RNR, forever) until the child dies.
+    me.qp
+        .post_write(100, me.sge(0, 8), child_region, Some(0), true)
+        .unwrap();
+    quiet(&me.scq, Duration::from_millis(50));
+    child.kill().unwrap();
+    let t = Instant::now();
+    let c = next(&me.scq);
+    child.wait().unwrap();
+    assert_eq!((c.wr_id, c.status), (100, WcStatus::RetryExceeded));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
