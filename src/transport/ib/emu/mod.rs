@@ -39,11 +39,12 @@
 //!   process is gone) fails the oldest outstanding write with `RetryExceeded` and flushes the
 //!   rest; with nothing outstanding, the next write fails so. A peer that stays connected but
 //!   silent fails it after the ACK timeout: 4.096 us x 2^timeout x (retry_cnt + 1), within
-//!   0.5 to 5 s.
+//!   1 to 5 s.
 //! - Completion queues are bounded; an overrun is reported by every later `poll` (see
 //!   `cq.rs`).
 //! - Drop: a region returns only once no NIC thread copies into or out of it; a queue pair
-//!   closes its connection and the ones to it, and joins its threads; a context stops its
+//!   closes its connection and the ones to it, joins its threads, and returns only once no
+//!   write for it is being placed (none is after); a context stops its
 //!   NIC (listener, connection threads, all joined within a bound) and moves its queue pairs
 //!   still open to the error state.
 //!
@@ -61,6 +62,7 @@
 
 mod cq;
 pub mod fault;
+mod initiator;
 mod nic;
 mod qp;
 mod region;

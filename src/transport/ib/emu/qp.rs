@@ -1,12 +1,10 @@
-//! Emulated RC queue pairs: state machine, posting, and the initiator's two threads per
-//! connected queue pair (one sends requests in order, one reads the responder's answers and
-//! completes work requests).
+//! Emulated RC queue pairs: the state shared with the NIC's threads, the state machine,
+//! posting, the connection to the peer's NIC, and the error state's flush.
 
 use super::cq::EmuCq;
-use super::fault::{FaultKind, FaultPlan};
+use super::initiator;
 use super::nic::Nic;
-use super::region::RegionTable;
-use super::wire::{self, Answer, Got, Hello, Request, Response, ANSWER_LEN, REQ_LEN, RESP_LEN};
+use super::wire::{Answer, Hello, ANSWER_LEN};
 use crate::error::{Error, Result};
 use crate::transport::ib::verbs::{
     Completion, Endpoint, PathSettings, QpCaps, QpState, QueuePair, RemoteAddr, Sge, WcOpcode,
@@ -15,7 +13,7 @@ use crate::transport::ib::verbs::{
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -27,7 +25,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const ACK_POLL: Duration = Duration::from_millis(50);
 /// Shortest and longest ACK timeout: verbs' 4.096 us x 2^timeout x (retry_cnt + 1), kept
 /// within these so a lost peer is noticed in seconds, and a loaded machine is no lost peer.
-const ACK_TIMEOUT_MIN: Duration = Duration::from_millis(500);
+const ACK_TIMEOUT_MIN: Duration = Duration::from_secs(1);
 const ACK_TIMEOUT_MAX: Duration = Duration::from_secs(5);
 /// Bound on joining a queue pair's threads when it is dropped (they exit as soon as their
 /// socket is shut down; this only guards against a bug).
@@ -46,22 +44,22 @@ pub struct Peer {
 
 /// A posted write not yet sent.
 #[derive(Clone, Copy)]
-struct SendWr {
-    wr_id: u64,
-    local: Sge,
-    remote: RemoteAddr,
-    imm: Option<u32>,
-    signaled: bool,
+pub struct SendWr {
+    pub wr_id: u64,
+    pub local: Sge,
+    pub remote: RemoteAddr,
+    pub imm: Option<u32>,
+    pub signaled: bool,
     /// Found at post time (bad lkey or sge): completes with this when its turn comes.
-    local_error: Option<WcStatus>,
+    pub local_error: Option<WcStatus>,
 }
 
 /// A sent write waiting for its answer.
-struct Inflight {
-    wr_id: u64,
-    signaled: bool,
-    psn: u32,
-    sent_at: Instant,
+pub struct Inflight {
+    pub wr_id: u64,
+    pub signaled: bool,
+    pub psn: u32,
+    pub sent_at: Instant,
 }
 
 /// A queue pair's mutable state.
@@ -70,23 +68,23 @@ pub struct Inner {
     pub state: QpState,
     /// Posted receives' wr_ids, in order.
     pub recvs: VecDeque<u64>,
-    pending: VecDeque<SendWr>,
-    inflight: VecDeque<Inflight>,
+    pub pending: VecDeque<SendWr>,
+    pub inflight: VecDeque<Inflight>,
     /// Set at RTR.
     pub peer: Option<Peer>,
-    sq_psn: u32,
+    pub sq_psn: u32,
     /// The handle was dropped: the threads exit, inbound requests are dropped.
     pub closed: bool,
     /// The outbound connection, shut down on error or drop (wakes the threads).
     conn: Option<TcpStream>,
     /// The connection ended with nothing in flight: the next write fails.
-    peer_lost: bool,
-    last_answer: Instant,
+    pub peer_lost: bool,
+    pub last_answer: Instant,
 }
 
 /// Where a failing work request sits among the others, for completion order.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Position {
+pub enum Position {
     /// The oldest in flight (its answer came back).
     Oldest,
     /// Newer than everything in flight, older than everything pending (just taken off the
@@ -100,13 +98,17 @@ pub struct QpShared {
     pub qpn: u32,
     /// "emu0:1 qp 0x123", for messages.
     pub name: String,
-    send_cq: Arc<EmuCq>,
+    /// Where sends complete.
+    pub send_cq: Arc<EmuCq>,
     /// Where receives complete.
     pub recv_cq: Arc<EmuCq>,
     caps: QpCaps,
     inner: Mutex<Inner>,
     /// Signalled on every change of `inner` a thread may wait for.
     pub cond: Condvar,
+    /// Held (read) by a responder while it places bytes for this queue pair; dropping the
+    /// queue pair takes it (write) after closing it, so no write lands after the drop.
+    pub placing: RwLock<()>,
 }
 
 impl QpShared {
@@ -115,7 +117,7 @@ impl QpShared {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn complete(&self, cq: &EmuCq, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
+    pub fn complete(&self, cq: &EmuCq, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
         cq.push(Completion {
             wr_id,
             status,
@@ -130,7 +132,7 @@ impl QpShared {
     /// completes with its status, everything else queued or posted with `WrFlush`, in order;
     /// the connection is shut down. Completions are pushed under the lock, so each CQ sees
     /// this queue pair's completions in order.
-    fn fail_at(&self, g: &mut Inner, failed: Option<(u64, WcStatus)>, pos: Position) {
+    pub fn fail_at(&self, g: &mut Inner, failed: Option<(u64, WcStatus)>, pos: Position) {
         let flush =
             |wr_id| self.complete(&self.send_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
         let already_failed = g.state == QpState::Error;
@@ -144,13 +146,17 @@ impl QpShared {
             self.complete(&self.send_cq, wr_id, status, WcOpcode::Unknown)
         };
         if pos == Position::Oldest {
-            failed.map(report);
+            if let Some(f) = failed {
+                report(f);
+            }
         }
         for w in g.inflight.drain(..) {
             flush(w.wr_id);
         }
         if pos == Position::Next {
-            failed.map(report);
+            if let Some(f) = failed {
+                report(f);
+            }
         }
         for w in g.pending.drain(..) {
             flush(w.wr_id);
@@ -234,6 +240,7 @@ impl EmuQp {
                 last_answer: Instant::now(),
             }),
             cond: Condvar::new(),
+            placing: RwLock::new(()),
         });
         let qp = EmuQp {
             shared: shared.clone(),
@@ -410,12 +417,15 @@ impl QueuePair for EmuQp {
         );
         let started = spawn(
             's',
-            Box::new(move || send_loop(&shared, &regions, &faults, sender)),
+            Box::new(move || initiator::send_loop(&shared, &regions, &faults, sender)),
         )
         .and_then(|t| {
             self.threads.push(t);
             let shared = self.shared.clone();
-            spawn('k', Box::new(move || answer_loop(&shared, reader, timeout)))
+            spawn(
+                'k',
+                Box::new(move || initiator::answer_loop(&shared, reader, timeout)),
+            )
         });
         match started {
             Ok(t) => {
@@ -537,200 +547,18 @@ impl Drop for EmuQp {
             }
         }
         self.shared.cond.notify_all();
+        // Waits for a placement in progress (a memcpy); none starts after `closed`.
+        drop(
+            self.shared
+                .placing
+                .write()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         self.nic.forget_qp(self.shared.qpn);
         super::join_bounded(
             std::mem::take(&mut self.threads),
             JOIN_TIMEOUT,
             &self.shared.name,
         );
-    }
-}
-
-/// The initiator's sender: takes posted writes in order, copies their bytes out of the
-/// local region, and sends each as one request.
-fn send_loop(qp: &QpShared, regions: &RegionTable, faults: &FaultPlan, mut stream: TcpStream) {
-    let mut buf = Vec::new();
-    loop {
-        let wr = {
-            let mut g = qp.lock();
-            loop {
-                if g.closed || g.state != QpState::Rts {
-                    return;
-                }
-                // Left queued while its bytes are copied, so a failure meanwhile flushes it
-                // in order with the others.
-                if let Some(wr) = g.pending.front().copied() {
-                    break wr;
-                }
-                g = qp.cond.wait(g).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        let fault = if wr.local_error.is_none() {
-            faults.on_send(wr.signaled)
-        } else {
-            None
-        };
-        buf.clear();
-        buf.resize(REQ_LEN, 0);
-        // The region may have been deregistered since the post.
-        let copied = wr.local_error.is_some()
-            || wr.local.len == 0
-            || regions
-                .get(wr.local.lkey)
-                .is_some_and(|e| e.read(wr.local.addr, wr.local.len, &mut buf));
-        let mut g = qp.lock();
-        if g.closed || g.state != QpState::Rts {
-            // Flushed with the rest (or dropped).
-            return;
-        }
-        g.pending.pop_front();
-        let failure = if let Some(st) = wr.local_error {
-            Some(st)
-        } else if !copied {
-            Some(WcStatus::LocalProtection)
-        } else if fault == Some(FaultKind::Cqe) {
-            crate::qlog!(Warn, "{}: injected fault: error completion", qp.name);
-            Some(WcStatus::RemoteOperation)
-        } else if g.peer_lost {
-            Some(WcStatus::RetryExceeded)
-        } else {
-            None
-        };
-        if let Some(st) = failure {
-            qp.fail_at(&mut g, Some((wr.wr_id, st)), Position::Next);
-            return;
-        }
-        let psn = g.sq_psn;
-        g.sq_psn = (psn + 1) & PSN_MASK;
-        let rkey = if fault == Some(FaultKind::Rkey) {
-            crate::qlog!(Warn, "{}: injected fault: write with a wrong rkey", qp.name);
-            0
-        } else {
-            wr.remote.rkey
-        };
-        let req = Request {
-            psn,
-            addr: wr.remote.addr,
-            rkey,
-            len: wr.local.len,
-            imm: wr.imm,
-        };
-        buf[..REQ_LEN].copy_from_slice(&req.encode());
-        g.inflight.push_back(Inflight {
-            wr_id: wr.wr_id,
-            signaled: wr.signaled,
-            psn,
-            sent_at: Instant::now(),
-        });
-        drop(g);
-        if fault == Some(FaultKind::Drop) {
-            crate::qlog!(Warn, "{}: injected fault: connection cut", qp.name);
-            let _ = stream.shutdown(Shutdown::Both);
-            return;
-        }
-        if let Err(e) = stream.write_all(&buf) {
-            // The answer reader sees the connection end and fails what is in flight.
-            crate::qlog!(Info, "{}: sending a write: {e}", qp.name);
-            let _ = stream.shutdown(Shutdown::Both);
-            return;
-        }
-    }
-}
-
-/// The initiator's answer reader: completes writes as the responder answers them, in order;
-/// fails the queue pair on a NAK, on a silent peer (ACK timeout) or a lost connection.
-fn answer_loop(qp: &QpShared, mut stream: TcpStream, timeout: Duration) {
-    let mut b = [0u8; RESP_LEN];
-    loop {
-        let got = wire::read_message(&mut stream, &mut b);
-        let mut g = qp.lock();
-        if g.closed || g.state == QpState::Error {
-            return;
-        }
-        let answer = match got {
-            Ok(Got::Done) => Response::decode(&b),
-            Ok(Got::Idle) => {
-                let late = g
-                    .inflight
-                    .front()
-                    .is_some_and(|w| w.sent_at.max(g.last_answer) + timeout <= Instant::now());
-                if late {
-                    let w = g.inflight.pop_front().expect("checked");
-                    crate::qlog!(
-                        Warn,
-                        "{}: no answer from peer qp {} within {timeout:?}",
-                        qp.name,
-                        g.peer
-                            .map_or(String::new(), |p| format!("{:#x} at {}", p.qpn, p.addr))
-                    );
-                    qp.fail_at(
-                        &mut g,
-                        Some((w.wr_id, WcStatus::RetryExceeded)),
-                        Position::Oldest,
-                    );
-                    return;
-                }
-                continue;
-            }
-            Ok(Got::Closed) | Err(_) => {
-                // The peer's NIC (or the process) is gone.
-                match g.inflight.pop_front() {
-                    Some(w) => {
-                        crate::qlog!(Info, "{}: connection to the peer lost", qp.name);
-                        qp.fail_at(
-                            &mut g,
-                            Some((w.wr_id, WcStatus::RetryExceeded)),
-                            Position::Oldest,
-                        );
-                    }
-                    None => {
-                        g.peer_lost = true;
-                        qp.cond.notify_all();
-                    }
-                }
-                return;
-            }
-        };
-        g.last_answer = Instant::now();
-        let (resp, psn) = match answer {
-            Ok((Response::Waiting, _)) => continue,
-            Ok(a) => a,
-            Err(e) => {
-                crate::qlog!(Warn, "{}: peer NIC sent {e}", qp.name);
-                qp.fail(&mut g);
-                return;
-            }
-        };
-        let Some(w) = g.inflight.pop_front() else {
-            crate::qlog!(
-                Warn,
-                "{}: peer NIC answered psn {psn} with nothing in flight",
-                qp.name
-            );
-            qp.fail(&mut g);
-            return;
-        };
-        let status = match resp {
-            _ if w.psn != psn => {
-                crate::qlog!(
-                    Warn,
-                    "{}: peer NIC answered psn {psn}, expected {}",
-                    qp.name,
-                    w.psn
-                );
-                WcStatus::RemoteOperation
-            }
-            Response::Ack | Response::Waiting => {
-                if w.signaled {
-                    qp.complete(&qp.send_cq, w.wr_id, WcStatus::Success, WcOpcode::Write);
-                }
-                continue;
-            }
-            Response::NakRnr => WcStatus::RnrRetryExceeded,
-            Response::NakRemoteAccess => WcStatus::RemoteAccess,
-            Response::NakDropped => WcStatus::RetryExceeded,
-        };
-        qp.fail_at(&mut g, Some((w.wr_id, status)), Position::Oldest);
-        return;
     }
 }

@@ -100,6 +100,11 @@ fn handle(
         },
         None => None,
     };
+    // No placement once the queue pair is dropped (its drop waits for this one).
+    let _placing = qp.placing.read().unwrap_or_else(|p| p.into_inner());
+    if qp.lock().closed {
+        return Err(Close);
+    }
     if let Some(e) = target {
         if !e.write(req.addr, payload) {
             crate::qlog!(
