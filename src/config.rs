@@ -46,7 +46,11 @@ pub struct Config {
     /// TCP sockets per peer pair (QCCL_NSOCKS_PERPEER, default 1).
     pub nsocks_per_peer: usize,
     /// Per-peer transport selection (QCCL_TRANSPORT=auto|tcp|shm; QCCL_SHM_DISABLE=1 = tcp).
+    /// `Tcp` means no shared memory: the network link (`ib`) still decides between RDMA and
+    /// sockets.
     pub transport: TransportChoice,
+    /// The RDMA link's settings (QCCL_NET, QCCL_IB_*).
+    pub ib: crate::transport::ib::config::IbConfig,
     /// Microseconds a wait spins (or, with more local ranks than cores, yields) before it
     /// blocks (QCCL_SPIN_US, default 250: longer than one wake-up of a blocked process).
     pub spin_us: u64,
@@ -72,6 +76,7 @@ impl Default for Config {
             socket_ifname: None,
             nsocks_per_peer: 1,
             transport: TransportChoice::Auto,
+            ib: Default::default(),
             spin_us: 250,
             seed: 0,
             compression: None,
@@ -221,6 +226,7 @@ impl Config {
             }
             c.transport = TransportChoice::Tcp;
         }
+        c.ib = crate::transport::ib::config::IbConfig::from_env()?;
         if let Some(us) = env_num("QCCL_SPIN_US")? {
             c.spin_us = us;
         }

@@ -20,6 +20,9 @@ pub struct PeerInfo {
     /// one machine together may use the union: that, not the machine's CPU count, decides
     /// whether they have a core each to spin on (taskset, cpusets, Slurm's cgroups).
     pub cpus: Vec<usize>,
+    /// The rank has a usable RDMA device and may use it (`transport::ib`): a pair whose ranks
+    /// both do talks over RDMA across hosts.
+    pub rdma: bool,
 }
 
 /// The result of a successful rendezvous, identical on every rank.

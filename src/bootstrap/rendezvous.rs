@@ -236,6 +236,7 @@ mod tests {
             addr: SocketAddr::new(LO, 20000 + rank as u16),
             pid: 1000 + rank as u32,
             cpus: vec![rank],
+            rdma: false,
         }
     }
 

@@ -535,6 +535,7 @@ mod tests {
             addr: "127.0.0.1:9".parse().unwrap(),
             pid: 1,
             cpus: vec![0],
+            rdma: false,
         };
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();

@@ -242,6 +242,15 @@ fn cpus(rd: &mut Rd<'_>) -> Result<Vec<usize>> {
     Ok(list)
 }
 
+/// A 0/1 byte.
+fn flag(rd: &mut Rd<'_>) -> Result<bool> {
+    match rd.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        b => Err(malformed(rd.what, format!("flag byte {b} is not 0 or 1"))),
+    }
+}
+
 /// Frame: length prefix then body.
 fn framed(body: Vec<u8>) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + body.len());
@@ -263,6 +272,7 @@ pub(crate) fn encode_hello(version: u32, secret: &[u8; 16], me: &PeerInfo, size:
     put_host_id(&mut b, &me.host_id);
     put_host_id(&mut b, &me.machine_id);
     put_cpus(&mut b, &me.cpus);
+    b.push(u8::from(me.rdma));
     framed(b)
 }
 
@@ -286,6 +296,7 @@ pub(crate) fn decode_hello(body: &[u8], ours: u32) -> Result<Hello> {
         let host_id = host_id(&mut rd)?;
         let machine_id = self::host_id(&mut rd)?;
         let cpus = self::cpus(&mut rd)?;
+        let rdma = flag(&mut rd)?;
         rd.finish()?;
         Some(PeerInfo {
             rank: rank as usize,
@@ -294,6 +305,7 @@ pub(crate) fn decode_hello(body: &[u8], ours: u32) -> Result<Hello> {
             addr,
             pid,
             cpus,
+            rdma,
         })
     } else {
         None
@@ -321,6 +333,7 @@ pub(crate) fn encode_table(world: &World) -> Vec<u8> {
         put_host_id(&mut b, &p.host_id);
         put_host_id(&mut b, &p.machine_id);
         put_cpus(&mut b, &p.cpus);
+        b.push(u8::from(p.rdma));
     }
     framed(b)
 }
@@ -356,8 +369,8 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply> {
                     format!("table of {n} ranks exceeds the limit of {MAX_WORLD_SIZE}"),
                 ));
             }
-            // Each entry is at least 29 bytes: never reserve more than the body can hold.
-            let mut peers = Vec::with_capacity(n.min(body.len() / 29));
+            // Each entry is at least 30 bytes: never reserve more than the body can hold.
+            let mut peers = Vec::with_capacity(n.min(body.len() / 30));
             for _ in 0..n {
                 let rank = rd.u32()? as usize;
                 let pid = rd.u32()?;
@@ -365,6 +378,7 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply> {
                 let host_id = host_id(&mut rd)?;
                 let machine_id = self::host_id(&mut rd)?;
                 let cpus = self::cpus(&mut rd)?;
+                let rdma = flag(&mut rd)?;
                 peers.push(PeerInfo {
                     rank,
                     host_id,
@@ -372,6 +386,7 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply> {
                     addr,
                     pid,
                     cpus,
+                    rdma,
                 });
             }
             Reply::Table(World { comm_id, peers })
@@ -459,6 +474,7 @@ mod tests {
             },
             pid: 77 + rank as u32,
             cpus: [vec![], vec![3], vec![0, 7, 8, 63], vec![1000]][rank % 4].clone(),
+            rdma: rank % 3 == 1,
         }
     }
 

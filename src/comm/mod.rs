@@ -21,6 +21,7 @@ use crate::bootstrap::{
 use crate::coll::Engine;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::transport::ib;
 use crate::transport::inproc::InProcConnector;
 use crate::transport::link::Connector;
 use crate::transport::net::select::{self, Kind};
@@ -37,7 +38,12 @@ use std::time::{Duration, Instant};
 /// How this comm reaches its peers; split comms use the same kind.
 #[derive(Clone)]
 enum Fabric {
-    Tcp { ip: IpAddr, peers: Vec<SocketAddr> },
+    Tcp {
+        ip: IpAddr,
+        peers: Vec<SocketAddr>,
+        /// This rank's usable RDMA port, if any.
+        rdma: Option<Arc<ib::Device>>,
+    },
     InProc,
 }
 
@@ -46,6 +52,8 @@ enum Fabric {
 struct Placement {
     /// Host of every rank: ranks of one host share memory.
     host_ids: Vec<String>,
+    /// Which ranks have a usable RDMA device (`transport::ib`).
+    rdma: Vec<bool>,
     /// Ranks of the job (the comm this one was split from, if any) on this machine, whatever
     /// hosts they emulate: with more of them than cores, waits yield instead of spinning.
     machine_ranks: usize,
@@ -180,6 +188,7 @@ impl Comm {
             .local_addr()
             .map_err(|e| Error::io("reading the listener's address", e))?;
         crate::qlog!(Info, "rank {rank}: listening on {addr} ({ifname})");
+        let rdma = ib::Device::probe(&config.ib, id.secret(), ip)?;
         let me = PeerInfo {
             rank,
             host_id: host_id(),
@@ -187,6 +196,7 @@ impl Comm {
             addr,
             pid: std::process::id(),
             cpus: crate::launch::allowed_cpus().unwrap_or_default(),
+            rdma: rdma.is_some(),
         };
         let world = join(id, &me, size, Instant::now() + config.init_timeout)?;
         let peers: Vec<SocketAddr> = world.peers.iter().map(|p| p.addr).collect();
@@ -197,6 +207,7 @@ impl Comm {
                 .filter(|p| p.machine_id == me.machine_id)
                 .count(),
             machine_cores: machine_cores(&world.peers, &me),
+            rdma: world.peers.iter().map(|p| p.rdma).collect(),
             host_ids: world.peers.into_iter().map(|p| p.host_id).collect(),
         };
         Comm::build(
@@ -206,7 +217,7 @@ impl Comm {
             id.secret(),
             config,
             tuning,
-            Fabric::Tcp { ip, peers },
+            Fabric::Tcp { ip, peers, rdma },
             Some(listener),
         )
     }
@@ -250,6 +261,7 @@ impl Comm {
             .map(|r| {
                 let place = Placement {
                     host_ids: host_ids.to_vec(),
+                    rdma: vec![false; host_ids.len()],
                     machine_ranks: host_ids.len(),
                     // Threads share this process's CPUs.
                     machine_cores: cores_in(std::iter::once(
@@ -286,7 +298,8 @@ impl Comm {
         let topo = Topology::new(host_ids, rank);
         let abort = Arc::new(AtomicBool::new(false));
         let mut link = link_config(rank, size, &place, &config, abort.clone());
-        let mut over_sockets = false;
+        // Some peer over sockets or RDMA (no comm-wide arena then).
+        let mut over_network = false;
         let rescue = match &listener {
             Some(l) => Some(
                 l.try_clone()
@@ -295,17 +308,27 @@ impl Comm {
             None => None,
         };
         let connector: Box<dyn Connector> = match (&fabric, listener) {
-            (Fabric::Tcp { peers, .. }, Some(l)) => {
-                // Each pair's link kind, as NCCL picks a transport per pair.
+            (Fabric::Tcp { peers, rdma, .. }, Some(l)) => {
+                // Each pair's link kind, as NCCL picks a transport per pair; both ranks know
+                // both ranks' devices, so they agree.
                 let kinds: Vec<Kind> = (0..size)
                     .map(|p| {
                         select::choose(&select::Pair {
                             choice: config.transport,
                             same_host: host_ids[p] == host_ids[rank],
+                            rdma: place.rdma[p] && place.rdma[rank],
                         })
                     })
                     .collect();
-                over_sockets = (0..size).any(|p| p != rank && kinds[p] == Kind::Socket);
+                over_network =
+                    (0..size).any(|p| p != rank && matches!(kinds[p], Kind::Socket | Kind::Ib));
+                // One opened port per comm, for its RDMA links.
+                let ib = match rdma {
+                    Some(dev) if (0..size).any(|p| p != rank && kinds[p] == Kind::Ib) => {
+                        Some(Arc::new(ib::setup::IbNet::open(dev)?))
+                    }
+                    _ => None,
+                };
                 Box::new(NetConnector::new(
                     l,
                     peers.clone(),
@@ -313,6 +336,7 @@ impl Comm {
                     secret,
                     config.nsocks_per_peer,
                     kinds,
+                    ib,
                     &mut link,
                 )?)
             }
@@ -333,7 +357,7 @@ impl Comm {
         );
         let transport_name = transport.name();
         let inspector = transport.inspector();
-        let links = match (&fabric, over_sockets) {
+        let links = match (&fabric, over_network) {
             (_, true) if topo.nnodes > 1 => Links::Network,
             (_, true) => Links::Sockets,
             (Fabric::Tcp { .. }, false) => Links::Arena,
@@ -489,6 +513,7 @@ mod tests {
             addr: "127.0.0.1:9".parse().unwrap(),
             pid: rank as u32,
             cpus: cpus.to_vec(),
+            rdma: false,
         }
     }
 

@@ -487,7 +487,7 @@ impl Comm {
     }
 
     fn shrink_as(&self, leaving: Leaving) -> Result<Comm> {
-        let (Fabric::Tcp { ip, peers }, Some(rescue)) = (&self.fabric, &self.rescue) else {
+        let (Fabric::Tcp { ip, peers, .. }, Some(rescue)) = (&self.fabric, &self.rescue) else {
             return Err(Error::Unsupported(
                 "shrink: comms of threads (init_threads, qcclCommInitAll) cannot lose a rank; \
                  shrink works on comms of processes"

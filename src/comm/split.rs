@@ -199,14 +199,19 @@ impl Comm {
                 .iter()
                 .map(|&(_, r, _)| self.place.host_ids[r].clone())
                 .collect(),
+            rdma: members
+                .iter()
+                .map(|&(_, r, _)| self.place.rdma[r])
+                .collect(),
             // The parent's processes still share this machine's cores.
             machine_ranks: self.place.machine_ranks,
             machine_cores: self.place.machine_cores,
         };
         let fabric = match &self.fabric {
-            Fabric::Tcp { ip, .. } => Fabric::Tcp {
+            Fabric::Tcp { ip, rdma, .. } => Fabric::Tcp {
                 ip: *ip,
                 peers: members.iter().map(|&(_, _, a)| a).collect(),
+                rdma: rdma.clone(),
             },
             Fabric::InProc => Fabric::InProc,
         };

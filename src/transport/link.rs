@@ -25,6 +25,8 @@ pub struct Pair {
     pub choice: crate::config::TransportChoice,
     /// Both ranks share a host id.
     pub same_host: bool,
+    /// Both ranks have a usable RDMA device (and may use it: QCCL_NET, QCCL_IB_DISABLE).
+    pub rdma: bool,
 }
 
 /// Which way a pending job moves bytes.

@@ -44,15 +44,19 @@ fn peer() -> impl Strategy<Value = PeerInfo> {
         addr(),
         any::<u32>(),
         cpus(),
+        any::<bool>(),
     )
-        .prop_map(|(rank, host_id, machine_id, addr, pid, cpus)| PeerInfo {
-            rank: rank as usize,
-            host_id,
-            machine_id,
-            addr,
-            pid,
-            cpus,
-        })
+        .prop_map(
+            |(rank, host_id, machine_id, addr, pid, cpus, rdma)| PeerInfo {
+                rank: rank as usize,
+                host_id,
+                machine_id,
+                addr,
+                pid,
+                cpus,
+                rdma,
+            },
+        )
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -350,6 +354,7 @@ fn huge_length_fields_are_refused() {
         addr: "127.0.0.1:9".parse().unwrap(),
         pid: 5,
         cpus: vec![1, 2],
+        rdma: false,
     };
     let hello = body(&encode_hello(VERSION, &[0; 16], &p, 2));
     // Host id, machine id and CPU mask lengths (u16) at their offsets.

@@ -1,5 +1,6 @@
 //! The listening side of a TCP comm: a thread that accepts, checks each hello, sets up the
-//! shared-memory link for a same-host peer, and hands verified connections to the transport.
+//! shared-memory or RDMA link of a peer whose pair uses one, and hands verified connections to
+//! the transport.
 //! Doing both halves of the accepting side here means a rank that connects never waits on
 //! the other rank's main thread (which may itself be connecting elsewhere), so lazy
 //! connection cannot deadlock.
@@ -11,13 +12,15 @@
 //! [`HELLO_TIMEOUT`] from its accept to deliver a valid hello (secret, version, comm id), else
 //! it is dropped; at most [`MAX_UNVERIFIED`] such connections wait at a time, and a new one
 //! beyond that pushes out the oldest (a real peer sends its hello as soon as it connected, so
-//! the oldest waiting connection is the likeliest stranger). A verified same-host peer's
-//! shared-memory setup, which waits on that peer, runs in a thread of its own so it cannot hold
-//! up the others either.
+//! the oldest waiting connection is the likeliest stranger). A verified peer's shared-memory or
+//! RDMA setup, which waits on that peer, runs in a thread of its own so it cannot hold up the
+//! others either.
 
 use super::handshake::{self, HELLO_LEN};
+use super::select::Kind;
 use crate::error::{Error, Result};
 use crate::log::Level;
+use crate::transport::ib::setup::{self as ib_setup, Conn, IbNet};
 use crate::transport::shm::{self, Rings};
 use crate::transport::stall::Inspector;
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -37,12 +40,20 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most accepted connections whose hello is incomplete, per listener; a new one beyond this
 /// pushes out the oldest.
 pub const MAX_UNVERIFIED: usize = 64;
-/// Bound on each read of a verified same-host peer's shared-memory setup.
+/// Bound on each read of a verified peer's shared-memory or RDMA setup.
 const SHM_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A verified incoming connection: peer rank, socket index, stream, and the shared-memory
-/// rings when the pair talks over shared memory (set up on its first socket).
-pub type Incoming = (usize, usize, TcpStream, Option<Rings>);
+/// What a pair's link needs that is set up over its first socket.
+pub enum Prepared {
+    /// The shared-memory rings.
+    Shm(Rings),
+    /// The RDMA queue pair and slot rings.
+    Ib(Conn),
+}
+
+/// A verified incoming connection: peer rank, socket index, stream, and what was set up over
+/// it when the pair talks over shared memory or RDMA (on its first socket).
+pub type Incoming = (usize, usize, TcpStream, Option<Prepared>);
 
 /// The accept thread; stops (and closes the listener) when dropped.
 pub struct Acceptor {
@@ -58,7 +69,8 @@ struct Job {
     comm_id: u64,
     size: usize,
     me: usize,
-    shm_peers: Vec<bool>,
+    kinds: Vec<Kind>,
+    ib: Option<Arc<IbNet>>,
     inspector: Arc<Inspector>,
 }
 
@@ -83,15 +95,18 @@ enum Step {
 }
 
 impl Acceptor {
-    /// Starts accepting on `listener` for comm `comm_id` of `size` ranks; probes get
-    /// `inspector`'s status, and once it says the comm failed, peers are refused.
+    /// Starts accepting on `listener` for comm `comm_id` of `size` ranks, whose pairs with
+    /// this rank use links of `kinds` (RDMA ones over `ib`); probes get `inspector`'s status,
+    /// and once it says the comm failed, peers are refused.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         listener: TcpListener,
         secret: [u8; 16],
         comm_id: u64,
         size: usize,
         me: usize,
-        shm_peers: Vec<bool>,
+        kinds: Vec<Kind>,
+        ib: Option<Arc<IbNet>>,
         inspector: Arc<Inspector>,
     ) -> Result<Acceptor> {
         listener
@@ -105,7 +120,8 @@ impl Acceptor {
             comm_id,
             size,
             me,
-            shm_peers,
+            kinds,
+            ib,
             inspector,
         };
         let thread = std::thread::Builder::new()
@@ -286,37 +302,45 @@ impl Job {
         Step::Verified(rank, sock as usize)
     }
 
-    /// Hands a verified connection to the transport: at once, or after the shared-memory setup
-    /// (in a thread of its own) for a same-host peer's first socket. False once the transport
-    /// is gone.
+    /// Hands a verified connection to the transport: at once, or after the shared-memory or
+    /// RDMA setup (in a thread of its own) on the first socket of a pair that uses one. False
+    /// once the transport is gone.
     fn hand_over(&self, rank: usize, sock: usize, s: TcpStream, tx: &Sender<Incoming>) -> bool {
-        if sock != 0 || !self.shm_peers[rank] {
+        let kind = self.kinds[rank];
+        if sock != 0 || kind == Kind::Socket {
             return tx.send((rank, sock, s, None)).is_ok();
         }
-        let (me, comm_id, tx) = (self.me, self.comm_id, tx.clone());
+        let (me, comm_id, tx, ib) = (self.me, self.comm_id, tx.clone(), self.ib.clone());
         let setup = move || {
             let mut s = s;
             let link = s
                 .set_nonblocking(false)
                 .and_then(|()| s.set_read_timeout(Some(SHM_SETUP_TIMEOUT)))
                 .map_err(|e| Error::io("configuring the setup socket", e))
-                .and_then(|()| shm::setup(&mut s, comm_id, me, rank));
+                .and_then(|()| match (kind, &ib) {
+                    (Kind::Ib, Some(net)) => ib_setup::connect(net, &mut s).map(Prepared::Ib),
+                    (Kind::Ib, None) => Err(Error::Internal("an RDMA pair without a port".into())),
+                    _ => shm::setup(&mut s, comm_id, me, rank).map(Prepared::Shm),
+                });
             match link {
                 Ok(l) => {
                     let _ = tx.send((rank, sock, s, Some(l)));
                 }
                 Err(e) => {
-                    crate::qlog!(Warn, "rank {me}: shm setup with rank {rank} failed: {e}")
+                    crate::qlog!(
+                        Warn,
+                        "rank {me}: {kind:?} setup with rank {rank} failed: {e}"
+                    )
                 }
             }
         };
         if let Err(e) = std::thread::Builder::new()
-            .name(format!("qccl-shm-setup-{me}-{rank}"))
+            .name(format!("qccl-link-setup-{me}-{rank}"))
             .spawn(setup)
         {
             crate::qlog!(
                 Warn,
-                "rank {me}: spawning the shm setup thread for rank {rank}: {e}"
+                "rank {me}: spawning the link setup thread for rank {rank}: {e}"
             );
         }
         true
@@ -353,7 +377,17 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let inspector = Arc::new(Inspector::new(1, SECRET, COMM, vec![addr, addr]));
-        let a = Acceptor::spawn(listener, SECRET, COMM, 2, 1, vec![false; 2], inspector).unwrap();
+        let a = Acceptor::spawn(
+            listener,
+            SECRET,
+            COMM,
+            2,
+            1,
+            vec![Kind::Socket; 2],
+            None,
+            inspector,
+        )
+        .unwrap();
         (a, addr)
     }
 
@@ -477,7 +511,17 @@ mod probe_tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addrs = vec!["127.0.0.1:9".parse().unwrap(), l.local_addr().unwrap(), two];
         let i = Arc::new(Inspector::new(1, SECRET, COMM, addrs.clone()));
-        let a = Acceptor::spawn(l, SECRET, COMM, 3, 1, vec![false; 3], i.clone()).unwrap();
+        let a = Acceptor::spawn(
+            l,
+            SECRET,
+            COMM,
+            3,
+            1,
+            vec![Kind::Socket; 3],
+            None,
+            i.clone(),
+        )
+        .unwrap();
         (a, i, addrs)
     }
 

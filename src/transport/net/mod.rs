@@ -2,29 +2,32 @@
 //! TCP sockets, each introduced by a hello: `handshake.rs`), the higher rank's accept thread
 //! (`acceptor.rs`) verifies the hello, and the pair's link kind, chosen per pair by
 //! `select.rs`, is built over the verified sockets: a socket link (`transport::socket`), or
-//! shared-memory rings (`transport::shm`) set up over the first socket, which then stays open
-//! only as the setup channel. Links open lazily, at a pair's first exchange.
+//! shared-memory rings (`transport::shm`) or an RDMA queue pair (`transport::ib`) set up over
+//! the first socket, which then stays open only as the setup channel (and, having no end of
+//! file of their own, to tell that the peer is gone). Links open lazily, at a pair's first
+//! exchange.
 
 mod acceptor;
 pub mod handshake;
 pub mod select;
 
 use super::frame::OpDesc;
+use super::ib::{self, link::IbLink, setup::IbNet};
 use super::link::{Connector, Link};
-use super::shm::{self, link::ShmLink, Rings};
+use super::shm::{self, link::ShmLink};
 use super::socket::{self, SocketLink};
 use super::stall::{self, Inspector, Stalled};
 use super::LinkConfig;
 use crate::error::{Error, Result};
-use acceptor::Acceptor;
+use acceptor::{Acceptor, Prepared};
 use select::Kind;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Incoming sockets of a peer whose set is not complete yet, and its rings.
-type Stash = (Vec<Option<TcpStream>>, Option<Rings>);
+/// Incoming sockets of a peer whose set is not complete yet, and what was set up over them.
+type Stash = (Vec<Option<TcpStream>>, Option<Prepared>);
 
 /// One rank's connection setup for a network comm.
 pub struct NetConnector {
@@ -35,6 +38,8 @@ pub struct NetConnector {
     nsocks: usize,
     /// The link kind of each peer pair (this rank's own entry unused).
     kinds: Vec<Kind>,
+    /// The opened RDMA port, where some pair uses it.
+    ib: Option<Arc<IbNet>>,
     inspector: Arc<Inspector>,
     /// Lives as long as the comm: after an abort it refuses peers and answers probes.
     acceptor: Acceptor,
@@ -45,8 +50,9 @@ pub struct NetConnector {
 
 impl NetConnector {
     /// Accepts on `listener` (its address is `peers[cfg.rank]`) and reaches peer `i` at
-    /// `peers[i]` over a link of `kinds[i]`. Sets `cfg.inspector` to the comm's stall
-    /// inspector, which the accept thread serves.
+    /// `peers[i]` over a link of `kinds[i]` (RDMA ones over `ib`). Sets `cfg.inspector` to the
+    /// comm's stall inspector, which the accept thread serves.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         listener: TcpListener,
         peers: Vec<SocketAddr>,
@@ -54,20 +60,24 @@ impl NetConnector {
         secret: [u8; 16],
         nsocks: usize,
         kinds: Vec<Kind>,
+        ib: Option<Arc<IbNet>>,
         cfg: &mut LinkConfig,
     ) -> Result<NetConnector> {
+        if ib.is_none() && kinds.contains(&Kind::Ib) {
+            return Err(Error::Internal("RDMA pairs without an opened port".into()));
+        }
         let inspector = Arc::new(Inspector::new(cfg.rank, secret, comm_id, peers.clone()));
         cfg.inspector = Some(inspector.clone());
-        let shm_peers = (0..cfg.size)
-            .map(|p| p != cfg.rank && kinds[p] == Kind::Shm)
-            .collect();
+        let mut accept_kinds = kinds.clone();
+        accept_kinds[cfg.rank] = Kind::Socket;
         let acceptor = Acceptor::spawn(
             listener,
             secret,
             comm_id,
             cfg.size,
             cfg.rank,
-            shm_peers,
+            accept_kinds,
+            ib.clone(),
             inspector.clone(),
         )?;
         Ok(NetConnector {
@@ -77,6 +87,7 @@ impl NetConnector {
             peers,
             nsocks: nsocks.max(1),
             kinds,
+            ib,
             inspector,
             acceptor,
             stash: HashMap::new(),
@@ -140,32 +151,39 @@ impl NetConnector {
         }
     }
 
-    /// The connecting side: opens the sockets, then runs this rank's half of the rings'
-    /// setup (the peer's accept thread runs its half).
+    /// The connecting side: opens the sockets, then runs this rank's half of the rings' or
+    /// queue pair's setup (the peer's accept thread runs its half).
     fn dial(
         &self,
         cfg: &LinkConfig,
         peer: usize,
         deadline: Instant,
-    ) -> Result<(Vec<TcpStream>, Option<Rings>)> {
+    ) -> Result<(Vec<TcpStream>, Option<Prepared>)> {
         let mut socks = (0..self.nsocks)
             .map(|i| self.connect_sock(cfg, peer, i, deadline))
             .collect::<Result<Vec<_>>>()?;
-        let rings = if self.kinds[peer] == Kind::Shm {
-            let s = &mut socks[0];
-            let left = deadline.saturating_duration_since(Instant::now());
-            let _ = s.set_read_timeout(Some(left.max(Duration::from_millis(10))));
-            let rings =
-                shm::setup(s, self.comm_id, self.rank, peer).map_err(|e| Error::Remote {
-                    rank: peer,
-                    addr: self.peers[peer].to_string(),
-                    msg: format!("shared memory setup failed: {e}"),
-                })?;
-            Some(rings)
-        } else {
-            None
+        let s = &mut socks[0];
+        let left = deadline.saturating_duration_since(Instant::now());
+        let remote = |what: &str, e: Error| Error::Remote {
+            rank: peer,
+            addr: self.peers[peer].to_string(),
+            msg: format!("{what} setup failed: {e}"),
         };
-        Ok((socks, rings))
+        let prepared = match (self.kinds[peer], &self.ib) {
+            (Kind::Shm, _) => {
+                let _ = s.set_read_timeout(Some(left.max(Duration::from_millis(10))));
+                let rings = shm::setup(s, self.comm_id, self.rank, peer)
+                    .map_err(|e| remote("shared memory", e))?;
+                Some(Prepared::Shm(rings))
+            }
+            (Kind::Ib, Some(net)) => {
+                let _ = s.set_read_timeout(Some(left.max(Duration::from_millis(10))));
+                let conn = ib::setup::connect(net, s).map_err(|e| remote("RDMA", e))?;
+                Some(Prepared::Ib(conn))
+            }
+            _ => None,
+        };
+        Ok((socks, prepared))
     }
 
     /// The accepting side: waits for the accept thread to hand over `peer`'s sockets.
@@ -174,18 +192,25 @@ impl NetConnector {
         cfg: &LinkConfig,
         peer: usize,
         deadline: Instant,
-    ) -> Result<(Vec<TcpStream>, Option<Rings>)> {
+    ) -> Result<(Vec<TcpStream>, Option<Prepared>)> {
         let incoming = self.acceptor.incoming.clone();
         loop {
             if let Some((v, _)) = self.stash.get(&peer) {
                 if v.iter().all(Option::is_some) {
-                    let (v, rings) = self.stash.remove(&peer).unwrap();
-                    if self.kinds[peer] == Kind::Shm && rings.is_none() {
+                    let (v, prepared) = self.stash.remove(&peer).unwrap();
+                    let matching = matches!(
+                        (self.kinds[peer], &prepared),
+                        (Kind::Shm, Some(Prepared::Shm(_)))
+                            | (Kind::Ib, Some(Prepared::Ib(_)))
+                            | (Kind::Socket, None)
+                    );
+                    if !matching {
                         return Err(Error::Internal(format!(
-                            "rank {peer} connected without a shared-memory link"
+                            "rank {peer} connected without its {:?} link",
+                            self.kinds[peer]
                         )));
                     }
-                    return Ok((v.into_iter().map(Option::unwrap).collect(), rings));
+                    return Ok((v.into_iter().map(Option::unwrap).collect(), prepared));
                 }
             }
             if abort_requested(cfg) {
@@ -202,7 +227,8 @@ impl NetConnector {
                     None => stall::plain_timeout(cfg.rank, cfg.timeout, stalled),
                 });
             }
-            if let Ok((rank, sock, s, rings)) = incoming.recv_timeout(Duration::from_millis(100)) {
+            if let Ok((rank, sock, s, prepared)) = incoming.recv_timeout(Duration::from_millis(100))
+            {
                 if sock >= self.nsocks || self.linked[rank] {
                     crate::qlog!(
                         Warn,
@@ -216,8 +242,8 @@ impl NetConnector {
                     .entry(rank)
                     .or_insert_with(|| ((0..self.nsocks).map(|_| None).collect(), None));
                 slots[sock] = Some(s);
-                if rings.is_some() {
-                    *stashed = rings;
+                if prepared.is_some() {
+                    *stashed = prepared;
                 }
             }
         }
@@ -231,7 +257,7 @@ fn abort_requested(cfg: &LinkConfig) -> bool {
 impl Connector for NetConnector {
     fn connect(&mut self, peer: usize, cfg: &LinkConfig) -> Result<Box<dyn Link>> {
         let deadline = Instant::now() + cfg.timeout;
-        let (socks, rings) = if peer > self.rank {
+        let (socks, prepared) = if peer > self.rank {
             self.dial(cfg, peer, deadline)?
         } else {
             self.await_incoming(cfg, peer, deadline)?
@@ -240,8 +266,9 @@ impl Connector for NetConnector {
             socket::configure(s)?;
         }
         let addr = self.peers[peer];
-        let link: Box<dyn Link> = match rings {
-            Some(r) => Box::new(ShmLink::new(r, socks, addr)),
+        let link: Box<dyn Link> = match prepared {
+            Some(Prepared::Shm(r)) => Box::new(ShmLink::new(r, socks, addr)),
+            Some(Prepared::Ib(c)) => Box::new(IbLink::new(c, socks, addr, peer, cfg)),
             None => Box::new(SocketLink::new(socks, addr)),
         };
         self.linked[peer] = true;
@@ -279,10 +306,18 @@ impl Connector for NetConnector {
     }
 
     fn name(&self) -> &'static str {
-        if (0..self.kinds.len()).any(|p| self.shares_memory(p)) {
-            "tcp+shm"
-        } else {
-            "tcp"
+        let uses = |k: Kind| (0..self.kinds.len()).any(|p| p != self.rank && self.kinds[p] == k);
+        match (
+            uses(Kind::Ib),
+            uses(Kind::Shm),
+            self.ib.as_ref().map(|n| n.kind),
+        ) {
+            (true, true, Some("emulated")) => "tcp+shm+ib-emulated",
+            (true, false, Some("emulated")) => "tcp+ib-emulated",
+            (true, true, _) => "tcp+shm+ib",
+            (true, false, _) => "tcp+ib",
+            (false, true, _) => "tcp+shm",
+            (false, false, _) => "tcp",
         }
     }
 }

@@ -12,6 +12,8 @@ pub use crate::transport::link::Pair;
 pub enum Kind {
     /// Rings in shared memory (`transport::shm`).
     Shm,
+    /// RDMA writes into registered slot rings (`transport::ib`).
+    Ib,
     /// TCP sockets (`transport::socket`).
     Socket,
 }
@@ -22,6 +24,7 @@ type CanConnect = fn(&Pair) -> bool;
 /// The kinds by preference, each with its test.
 const ORDER: &[(Kind, CanConnect)] = &[
     (Kind::Shm, crate::transport::shm::can_connect),
+    (Kind::Ib, crate::transport::ib::can_connect),
     (Kind::Socket, crate::transport::socket::can_connect),
 ];
 
@@ -39,10 +42,34 @@ mod tests {
 
     #[test]
     fn shared_memory_on_one_host_unless_told_otherwise() {
-        let pick = |choice, same_host| choose(&Pair { choice, same_host });
+        let pick = |choice, same_host| {
+            choose(&Pair {
+                choice,
+                same_host,
+                rdma: false,
+            })
+        };
         assert_eq!(pick(TransportChoice::Auto, true), Kind::Shm);
         assert_eq!(pick(TransportChoice::Auto, false), Kind::Socket);
         assert_eq!(pick(TransportChoice::Tcp, true), Kind::Socket);
         assert_eq!(pick(TransportChoice::Shm, false), Kind::Shm);
+    }
+
+    #[test]
+    fn rdma_between_hosts_and_where_shared_memory_is_off() {
+        let pick = |choice, same_host, rdma| {
+            choose(&Pair {
+                choice,
+                same_host,
+                rdma,
+            })
+        };
+        // As NCCL: the network between hosts, RDMA when both ranks have a device.
+        assert_eq!(pick(TransportChoice::Auto, false, true), Kind::Ib);
+        assert_eq!(pick(TransportChoice::Auto, false, false), Kind::Socket);
+        // One host stays on shared memory unless it is disabled.
+        assert_eq!(pick(TransportChoice::Auto, true, true), Kind::Shm);
+        assert_eq!(pick(TransportChoice::Tcp, true, true), Kind::Ib);
+        assert_eq!(pick(TransportChoice::Shm, false, true), Kind::Shm);
     }
 }

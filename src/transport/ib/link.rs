@@ -1,0 +1,561 @@
+//! The RDMA link: frames through the peer's registered slot ring (`slots.rs`) over one RC
+//! queue pair (`setup.rs`). `send` copies what fits into free staging slots and posts each as
+//! an RDMA write with immediate into the peer's slot of the same index; `recv` polls the
+//! completion queue and hands out the arrived bytes in order, returning a credit for each slot
+//! read to its end. Frames are padded to 8 bytes and slots are multiples of 8, so no element
+//! straddles two slots and a receive reduces straight out of the slot.
+//!
+//! Registered memory may be written by the NIC at any time its queue pair allows, so it is
+//! only touched through raw pointers, and only where the protocol gives this side the bytes: a
+//! receive slot from its arrival until its credit is posted, a staging slot from its write's
+//! completion until the next write from it is posted.
+//!
+//! A completion with an error fails the link with the verbs status and the peer's rank; bytes
+//! that arrived before it are still handed out first (they may hold the peer's abort frame).
+//! The bootstrap socket stays open, unused, so a peer process that is gone shows as its end of
+//! file (`gone`).
+
+use super::setup::{Conn, CREDIT_WORD, RECV_TAG};
+use super::slots::{Arrivals, Imm, Window, MAX_CREDIT_WRITES, SLOTS, SLOT_BYTES};
+use super::verbs::{Completion, RemoteAddr, Sge, WcOpcode, WcStatus};
+use crate::transport::frame::{FrameKind, Header, HEADER_LEN};
+use crate::transport::link::{Dir, Link, Wait};
+use crate::transport::{LinkConfig, RecvReduce};
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// wr_id tag of data writes (the low bits count them).
+const DATA_TAG: u64 = 2 << 60;
+/// wr_id tag of credit writes.
+const CREDIT_TAG: u64 = 3 << 60;
+const TAG_MASK: u64 = 0xf << 60;
+/// Completions taken per poll.
+const POLL_BATCH: usize = 32;
+/// Longest wait for the writes already posted when the link closes (their bytes must reach
+/// the peer before the queue pair goes away).
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// The queue pair and slot rings to one peer.
+pub struct IbLink {
+    conn: Conn,
+    /// The bootstrap sockets, kept open: the peer's end of file tells it is gone.
+    socks: Vec<TcpStream>,
+    addr: SocketAddr,
+    peer: usize,
+    tx: Window,
+    rx: Arrivals,
+    credit_writes: usize,
+    wcs: Vec<Completion>,
+    /// Why the link failed (the first error completion, or a protocol error).
+    failed: Option<String>,
+    /// True while a frame is half written.
+    mid_frame: bool,
+    /// The comm's timeout, bounding the drain on close.
+    timeout: Duration,
+}
+
+impl IbLink {
+    /// A link over `conn`, set up over `socks` with rank `peer` at `addr`.
+    pub fn new(
+        conn: Conn,
+        socks: Vec<TcpStream>,
+        addr: SocketAddr,
+        peer: usize,
+        cfg: &LinkConfig,
+    ) -> IbLink {
+        IbLink {
+            conn,
+            socks,
+            addr,
+            peer,
+            tx: Window::default(),
+            rx: Arrivals::default(),
+            credit_writes: 0,
+            wcs: Vec::with_capacity(POLL_BATCH),
+            failed: None,
+            mid_frame: false,
+            timeout: cfg.timeout,
+        }
+    }
+
+    /// Notes the link's first failure (a flush error only until a real one is known: a flush
+    /// follows the error that caused it).
+    fn fail(&mut self, why: String, flush: bool) {
+        match &self.failed {
+            None => self.failed = Some(why),
+            Some(f) if !flush && f.contains(WcStatus::WrFlush.describe().as_str()) => {
+                self.failed = Some(why)
+            }
+            _ => {}
+        }
+    }
+
+    fn failure(&self) -> io::Error {
+        io::Error::other(self.failed.clone().unwrap_or_default())
+    }
+
+    /// Takes every completion that is ready; then returns owed credits.
+    fn progress(&mut self) {
+        loop {
+            self.wcs.clear();
+            match self.conn.cq.poll(&mut self.wcs, POLL_BATCH) {
+                Ok(0) => break,
+                Ok(_) => {
+                    let wcs = std::mem::take(&mut self.wcs);
+                    for wc in &wcs {
+                        self.complete(wc);
+                    }
+                    self.wcs = wcs;
+                }
+                Err(e) => {
+                    self.fail(format!("polling the completion queue failed: {e}"), false);
+                    break;
+                }
+            }
+        }
+        self.return_credits();
+    }
+
+    fn complete(&mut self, wc: &Completion) {
+        let what = match wc.wr_id & TAG_MASK {
+            DATA_TAG => "RDMA write to",
+            CREDIT_TAG => "credit write to",
+            _ => "receive from",
+        };
+        if wc.status != WcStatus::Success {
+            let flush = wc.status == WcStatus::WrFlush;
+            self.fail(
+                format!(
+                    "{what} rank {} failed: {} (verbs completion status; qp {} on {})",
+                    self.peer,
+                    wc.status.describe(),
+                    wc.qpn,
+                    self.conn.port
+                ),
+                flush,
+            );
+            return;
+        }
+        let res = match (wc.wr_id & TAG_MASK, wc.opcode) {
+            (DATA_TAG, _) => self.tx.completed_one(),
+            (CREDIT_TAG, _) => {
+                self.credit_writes = self.credit_writes.saturating_sub(1);
+                Ok(())
+            }
+            (RECV_TAG, WcOpcode::RecvWriteImm) => self.arrived(wc),
+            _ => Err(format!("unexpected completion {wc:?}")),
+        };
+        if let Err(e) = res {
+            self.fail(
+                format!("rank {} is out of step on the RDMA link: {e}", self.peer),
+                false,
+            );
+        }
+    }
+
+    /// A receive consumed by the peer's write with immediate: a slot's bytes or a credit.
+    fn arrived(&mut self, wc: &Completion) -> Result<(), String> {
+        match Imm::decode(wc.imm) {
+            Imm::Credit(n) => self.tx.credit(n)?,
+            Imm::Data { slot, len } => {
+                if wc.byte_len != len {
+                    return Err(format!(
+                        "slot {slot} announced {len} bytes but {} arrived",
+                        wc.byte_len
+                    ));
+                }
+                self.rx.arrive(slot, len)?;
+            }
+        }
+        // The receive is used up: post it again.
+        self.conn
+            .qp
+            .post_recv(wc.wr_id)
+            .map_err(|e| format!("posting a receive: {e}"))
+    }
+
+    /// Posts one credit write for the slots read to their end, when there is room.
+    fn return_credits(&mut self) {
+        if self.rx.owed == 0 || self.credit_writes >= MAX_CREDIT_WRITES || self.failed.is_some() {
+            return;
+        }
+        let n = self.rx.owed;
+        let ring = (SLOTS * SLOT_BYTES) as u64;
+        // The 8 bytes carried are not read (the immediate is the credit): any stable source.
+        let local = Sge {
+            addr: self.conn.outbox.addr() + ring,
+            len: 8,
+            lkey: self.conn.outbox.lkey(),
+        };
+        let remote = RemoteAddr {
+            addr: self.conn.remote.addr + ring,
+            rkey: self.conn.remote.rkey,
+        };
+        debug_assert!(8 <= CREDIT_WORD);
+        let id = CREDIT_TAG | (self.credit_writes as u64);
+        match self
+            .conn
+            .qp
+            .post_write(id, local, remote, Some(Imm::Credit(n).encode()), true)
+        {
+            Ok(()) => {
+                self.rx.owed = 0;
+                self.credit_writes += 1;
+            }
+            Err(e) => self.fail(
+                format!("returning credits to rank {} failed: {e}", self.peer),
+                false,
+            ),
+        }
+    }
+
+    /// Copies what fits of `parts` into free staging slots and posts each; the bytes taken.
+    fn write(&mut self, parts: &[&[u8]]) -> Result<usize, String> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut done = 0;
+        while done < total && self.tx.free() > 0 {
+            let n = (total - done).min(SLOT_BYTES);
+            let slot = self.tx.next_slot();
+            let at = slot * SLOT_BYTES;
+            // SAFETY: the staging slot lies inside the outbox region (SLOTS * SLOT_BYTES
+            // bytes), and no write reads it now: the window counts it free only after the
+            // last write from it completed.
+            unsafe { copy_out(parts, done, self.conn.outbox.ptr().add(at), n) };
+            let local = Sge {
+                addr: self.conn.outbox.addr() + at as u64,
+                len: n as u32,
+                lkey: self.conn.outbox.lkey(),
+            };
+            let remote = RemoteAddr {
+                addr: self.conn.remote.addr + at as u64,
+                rkey: self.conn.remote.rkey,
+            };
+            let imm = Imm::Data {
+                slot: slot as u32,
+                len: n as u32,
+            };
+            self.conn
+                .qp
+                .post_write(
+                    DATA_TAG | self.tx.posted,
+                    local,
+                    remote,
+                    Some(imm.encode()),
+                    true,
+                )
+                .map_err(|e| format!("posting an RDMA write to rank {}: {e}", self.peer))?;
+            self.tx.posted += 1;
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// Hands out up to `max` arrived bytes, in order, to `take` (called once per slot piece
+    /// with the piece's bytes, returning how many it used); the bytes used.
+    fn read(&mut self, max: usize, mut take: impl FnMut(&[u8]) -> usize) -> usize {
+        let mut got = 0;
+        while got < max {
+            let Some((at, avail)) = self.rx.front() else {
+                break;
+            };
+            let n = avail.min(max - got);
+            // SAFETY: the piece lies inside the inbox ring, and the peer does not write this
+            // slot until this side credits it, which happens only once it is read to its end
+            // (`Arrivals::consume`); the slice does not outlive this call.
+            let piece = unsafe { std::slice::from_raw_parts(self.conn.inbox.ptr().add(at), n) };
+            let used = take(piece);
+            if used == 0 {
+                break;
+            }
+            self.rx.consume(used);
+            got += used;
+        }
+        if got > 0 {
+            self.return_credits();
+        }
+        got
+    }
+
+    /// Waits for completions until `deadline`, the comm's abort flag, or failure; false then.
+    fn wait_more(&mut self, deadline: Instant, cfg: Option<&LinkConfig>) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || cfg.is_some_and(|c| c.abort.load(Ordering::Relaxed)) {
+            return false;
+        }
+        self.conn.cq.wait(left.min(Duration::from_millis(10)));
+        self.progress();
+        true
+    }
+
+    /// Reads exactly `buf.len()` bytes by `deadline`.
+    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant, cfg: Option<&LinkConfig>) -> bool {
+        let mut got = 0;
+        loop {
+            self.progress();
+            got += self.read(buf.len() - got, |p| {
+                buf[got..got + p.len()].copy_from_slice(p);
+                p.len()
+            });
+            if got == buf.len() {
+                return true;
+            }
+            if !self.wait_more(deadline, cfg) {
+                return false;
+            }
+        }
+    }
+
+    /// Drops `n` bytes by `deadline`.
+    fn skip_exact(&mut self, mut n: usize, deadline: Instant, cfg: &LinkConfig) -> bool {
+        loop {
+            self.progress();
+            n -= self.read(n, |p| p.len());
+            if n == 0 {
+                return true;
+            }
+            if !self.wait_more(deadline, Some(cfg)) {
+                return false;
+            }
+        }
+    }
+}
+
+/// Copies `n` bytes of `parts`, from byte `skip` of their concatenation, to `dst`.
+///
+/// # Safety
+/// `dst..dst+n` must be valid for writes and not overlap `parts`.
+unsafe fn copy_out(parts: &[&[u8]], mut skip: usize, mut dst: *mut u8, mut n: usize) {
+    for p in parts {
+        if n == 0 {
+            break;
+        }
+        if skip >= p.len() {
+            skip -= p.len();
+            continue;
+        }
+        let k = (p.len() - skip).min(n);
+        // SAFETY: the caller's contract; `k` bytes are left of both.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p.as_ptr().add(skip), dst, k);
+            dst = dst.add(k);
+        }
+        n -= k;
+        skip = 0;
+    }
+}
+
+/// "Nothing now", or the failure once nothing arrived is left.
+fn some_or(n: usize, failed: Option<io::Error>) -> io::Result<usize> {
+    match (n, failed) {
+        (0, Some(e)) => Err(e),
+        (0, None) => Err(io::ErrorKind::WouldBlock.into()),
+        (n, _) => Ok(n),
+    }
+}
+
+impl Link for IbLink {
+    fn pad(&self, len: usize) -> usize {
+        (8 - len % 8) % 8
+    }
+
+    fn send(&mut self, _stream: usize, parts: [&[u8]; 3]) -> io::Result<usize> {
+        self.progress();
+        if self.failed.is_some() {
+            return Err(self.failure());
+        }
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let n = match self.write(&parts) {
+            Ok(n) => n,
+            Err(e) => {
+                self.fail(e, false);
+                return Err(self.failure());
+            }
+        };
+        self.mid_frame = n < total && (n > 0 || self.mid_frame);
+        some_or(n, None)
+    }
+
+    fn recv(&mut self, _stream: usize, buf: &mut [u8]) -> io::Result<usize> {
+        self.progress();
+        // `read` hands out at most what is left of `buf`, in order.
+        let mut got = 0;
+        let n = self.read(buf.len(), |p| {
+            buf[got..got + p.len()].copy_from_slice(p);
+            got += p.len();
+            p.len()
+        });
+        some_or(n, self.failed.is_some().then(|| self.failure()))
+    }
+
+    fn reduces_on_receive(&self) -> bool {
+        true
+    }
+
+    fn recv_reduce(&mut self, dst: &mut [u8], at: usize, reduce: &RecvReduce<'_>) -> usize {
+        self.progress();
+        let es = reduce.dtype.size();
+        let mut got = 0;
+        // Whole elements only; frames and slots are 8-aligned, so none straddles two slots.
+        self.read(dst.len(), |p| {
+            let n = p.len() / es * es;
+            if n > 0 {
+                reduce.apply(&mut dst[got..got + n], at + got, &p[..n]);
+                got += n;
+            }
+            n
+        })
+    }
+
+    fn skip(&mut self, n: usize) -> usize {
+        self.progress();
+        self.read(n, |p| p.len())
+    }
+
+    fn wait(&self, _stream: usize, _dir: Dir) -> Wait<'_> {
+        Wait::Bell
+    }
+
+    fn sleep(&mut self, dir: Dir, d: Duration) {
+        self.progress();
+        let ready = self.failed.is_some()
+            || match dir {
+                Dir::Send => self.tx.free() > 0,
+                Dir::Recv => !self.rx.is_empty(),
+            };
+        if !ready {
+            self.conn.cq.wait(d);
+        }
+    }
+
+    fn gone(&self) -> Option<String> {
+        // Non-blocking (`socket::configure`): end of file only when the peer closed it.
+        matches!(self.socks.first()?.peek(&mut [0u8]), Ok(0)).then(|| {
+            "its process is gone (the setup connection reached end of file: it exited, was \
+             killed, or aborted)"
+                .into()
+        })
+    }
+
+    fn lost(&self, dir: Dir, err: Option<&io::Error>) -> String {
+        match err {
+            Some(e) => e.to_string(),
+            None => match dir {
+                Dir::Send => "the RDMA link closed while sending".into(),
+                Dir::Recv => "the RDMA link closed while receiving".into(),
+            },
+        }
+    }
+
+    fn read_reason(&mut self, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let deadline = Instant::now() + Duration::from_millis(500);
+        self.read_exact(&mut buf, deadline, None).then_some(buf)
+    }
+
+    fn pending_abort(
+        &mut self,
+        cfg: &LinkConfig,
+        peer: usize,
+        skip: usize,
+        head: &[u8],
+    ) -> Option<(String, Option<usize>)> {
+        const MAX_FRAMES: usize = 16;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut h = [0u8; HEADER_LEN];
+        h[..head.len()].copy_from_slice(head);
+        let mut skip = skip;
+        let mut got = head.len();
+        for _ in 0..MAX_FRAMES {
+            if !self.skip_exact(skip, deadline, cfg) {
+                return None;
+            }
+            if !self.read_exact(&mut h[got..], deadline, Some(cfg)) {
+                return None;
+            }
+            let header = Header::decode(&h, peer).ok()?;
+            if header.kind == FrameKind::Abort {
+                let reason = self
+                    .read_reason(header.len as usize)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .unwrap_or_else(|| "(reason lost)".into());
+                return Some((reason, header.culprit()));
+            }
+            let len = usize::try_from(header.len).ok()?;
+            skip = len.checked_add(self.pad(len))?;
+            got = 0;
+        }
+        None
+    }
+
+    fn abort(&mut self, head: &[u8], reason: &[u8]) {
+        self.progress();
+        // All or nothing, in one slot: a partial abort frame would be garbage to the peer.
+        let fits = head.len() + reason.len() <= SLOT_BYTES && self.tx.free() > 0;
+        if !self.mid_frame && self.failed.is_none() && fits && self.write(&[head, reason]).is_ok() {
+            // Bounded: its bytes must be in the peer's ring before the queue pair errors.
+            let deadline = Instant::now() + Duration::from_millis(200);
+            while !self.tx.drained() && self.failed.is_none() && self.wait_more(deadline, None) {}
+        }
+        let _ = self.conn.qp.to_error();
+        for s in &self.socks {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+
+    fn describe(&self) -> String {
+        let qpn = self.conn.qp.qpn();
+        match self.conn.kind {
+            "emulated" => format!("ib emulated {} (qp {qpn})", self.conn.port),
+            _ => format!("ib {} (qp {qpn})", self.conn.port),
+        }
+    }
+}
+
+impl Drop for IbLink {
+    /// Waits (bounded) for the writes already posted: the engine counts a frame sent once it
+    /// is posted, and its bytes must reach the peer before the queue pair goes away.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + self.timeout.min(DRAIN);
+        self.progress();
+        while !self.tx.drained() && self.failed.is_none() && self.wait_more(deadline, None) {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_are_copied_across_their_boundaries() {
+        let parts: [&[u8]; 3] = [b"head", b"payload", &[0, 0, 0]];
+        for skip in 0..14 {
+            for n in 0..=(14 - skip) {
+                let mut out = vec![9u8; n];
+                // SAFETY: `out` has `n` bytes and is not part of `parts`.
+                unsafe { copy_out(&parts, skip, out.as_mut_ptr(), n) };
+                assert_eq!(out, b"headpayload\0\0\0"[skip..skip + n].to_vec());
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_is_would_block_and_a_failure_comes_after_the_data() {
+        assert_eq!(
+            some_or(0, None).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert_eq!(some_or(5, Some(io::Error::other("x"))).unwrap(), 5);
+        assert_eq!(
+            some_or(0, Some(io::Error::other("boom")))
+                .unwrap_err()
+                .to_string(),
+            "boom"
+        );
+    }
+}
