@@ -528,8 +528,174 @@ impl Drop for IbLink {
 }
 
 #[cfg(test)]
+mod fake;
+
+#[cfg(test)]
 mod tests {
+    use super::super::setup::{connect, IbNet};
+    use super::super::Device;
     use super::*;
+    use crate::transport::engine;
+    use crate::transport::frame::{CollKind, OpDesc};
+    use crate::transport::{RecvReq, SendReq};
+    use crate::{DType, ReduceOp};
+    use std::net::TcpListener;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    fn cfg(rank: usize) -> LinkConfig {
+        LinkConfig {
+            rank,
+            size: 2,
+            timeout: Duration::from_secs(20),
+            spin: Duration::ZERO,
+            yield_for: Duration::ZERO,
+            abort: Arc::new(AtomicBool::new(false)),
+            arena_chunk: None,
+            inspector: None,
+        }
+    }
+
+    fn desc() -> OpDesc {
+        OpDesc {
+            coll: CollKind::AllReduce,
+            dtype: DType::Float64 as u8,
+            op: 0,
+            algo: 0,
+            root: 0,
+            count: 0,
+        }
+    }
+
+    /// Two links over the in-process fake fabric, set up as the connector does.
+    fn pair() -> (IbLink, IbLink) {
+        pair_failing(0)
+    }
+
+    /// A pair whose `n`-th data write fails (0: none).
+    fn pair_failing(n: u32) -> (IbLink, IbLink) {
+        let dev = Device {
+            fabric: Arc::new(fake::FakeFabric::new(n)),
+            name: "fake0".into(),
+            port: 1,
+            path: Default::default(),
+        };
+        let net = Arc::new(IbNet::open(&dev).unwrap());
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let net2 = net.clone();
+        let t = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let c = connect(&net2, &mut s).unwrap();
+            s.set_nonblocking(true).unwrap();
+            IbLink::new(c, vec![s], addr, 1, &cfg(0))
+        });
+        let (mut s, _) = l.accept().unwrap();
+        let c = connect(&net, &mut s).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let b = IbLink::new(c, vec![s], addr, 0, &cfg(1));
+        (t.join().unwrap(), b)
+    }
+
+    fn links(rank: usize, l: IbLink) -> Vec<Option<Box<dyn Link>>> {
+        let mut v: Vec<Option<Box<dyn Link>>> = vec![None, None];
+        v[1 - rank] = Some(Box::new(l));
+        v
+    }
+
+    fn f64s(seed: u64, n: usize) -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| ((seed * 1000 + i as u64) as f64 * 0.5).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn frames_of_every_size_cross_in_both_directions_and_reduce_from_the_slots() {
+        let (a, b) = pair();
+        let sizes = [0usize, 1, 5, 40, 4099, SLOT_BYTES - 40, SLOT_BYTES * 3 + 5, 9 << 20];
+        let run = move |rank: usize, link: IbLink| {
+            let mut links = links(rank, link);
+            let c = cfg(rank);
+            let peer = 1 - rank;
+            for (i, &n) in sizes.iter().enumerate() {
+                // Plain bytes, both ways at once.
+                let out: Vec<u8> = (0..n).map(|k| (k * 7 + i + rank) as u8).collect();
+                let mut got = vec![0u8; n];
+                let sends = [SendReq { peer, data: &out }];
+                let mut recvs = [RecvReq::new(peer, &mut got)];
+                engine::exchange(&mut links, &c, &desc(), &sends, &mut recvs).unwrap();
+                let want: Vec<u8> = (0..n).map(|k| (k * 7 + i + peer) as u8).collect();
+                assert_eq!(got, want, "{n} bytes");
+                // Float64 sums reduced straight out of the slots.
+                let elems = n / 8 + 1;
+                let mine = f64s(rank as u64 + 1, elems);
+                let mut acc = f64s(10, elems);
+                let sends = [SendReq { peer, data: &mine }];
+                let red = RecvReduce {
+                    dtype: DType::Float64,
+                    op: ReduceOp::Sum,
+                    with: None,
+                };
+                let mut recvs = [RecvReq::reducing(peer, &mut acc, red)];
+                engine::exchange(&mut links, &c, &desc(), &sends, &mut recvs).unwrap();
+                let theirs = f64s(peer as u64 + 1, elems);
+                let base = f64s(10, elems);
+                for k in 0..elems {
+                    let v = |b: &[u8]| f64::from_le_bytes(b[k * 8..k * 8 + 8].try_into().unwrap());
+                    assert_eq!(v(&acc), v(&base) + v(&theirs), "element {k} of {elems}");
+                }
+            }
+        };
+        let t = std::thread::spawn(move || run(0, a));
+        run(1, b);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn an_abort_frame_reaches_the_peer_with_its_reason() {
+        let (mut a, b) = pair();
+        let reason = b"rank 0 failed: something broke";
+        a.abort(&Header::abort(reason.len(), Some(3)).encode(), reason);
+        let mut links = links(1, b);
+        let mut got = vec![0u8; 16];
+        let mut recvs = [RecvReq::new(0, &mut got)];
+        let e = engine::exchange(&mut links, &cfg(1), &desc(), &[], &mut recvs)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("peer aborted: rank 0 failed: something broke"), "{e}");
+        drop(a);
+    }
+
+    #[test]
+    fn a_failed_write_names_the_peer_and_the_verbs_status() {
+        let (a, b) = pair_failing(1);
+        let mut links = links(0, a);
+        let data = vec![1u8; 64];
+        let sends = [SendReq { peer: 1, data: &data }];
+        let mut got = vec![0u8; 64];
+        let mut recvs = [RecvReq::new(1, &mut got)];
+        let e = engine::exchange(&mut links, &cfg(0), &desc(), &sends, &mut recvs)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 1") && e.contains("remote access error") && e.contains("fake0:1"),
+            "{e}"
+        );
+        drop(b);
+    }
+
+    #[test]
+    fn a_peer_whose_socket_closed_is_gone() {
+        let (a, b) = pair();
+        assert_eq!(a.gone(), None);
+        drop(b);
+        let start = Instant::now();
+        while a.gone().is_none() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(a.gone().unwrap().contains("its process is gone"));
+        assert!(a.describe().starts_with("ib fake0:1 (qp "), "{}", a.describe());
+    }
 
     #[test]
     fn parts_are_copied_across_their_boundaries() {
