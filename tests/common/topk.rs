@@ -59,3 +59,52 @@ pub fn max_rel_diff(a: &[f32], b: &[f64]) -> f64 {
         .map(|(&x, &y)| (x as f64 - y).abs() / (1.0 + y.abs()))
         .fold(0.0, f64::max)
 }
+
+/// HiTopKComm over processes: every rank checks the whole result against the float64
+/// simulation of Algorithm 2, with every rank's selected indices gathered (TEST_HOSTS lists
+/// the emulated host of each rank).
+pub fn check_over_processes(comm: &qccl::Comm) -> Result<(), String> {
+    let hosts_env = std::env::var("TEST_HOSTS").map_err(|e| e.to_string())?;
+    let hosts: Vec<&str> = hosts_env.split(',').collect();
+    let e = |e: qccl::Error| e.to_string();
+    for (count, density) in [(100_003usize, 0.01), (999, 0.1)] {
+        let mut g = super::coded::grad(comm.rank(), count, 9);
+        let o = qccl::TopK {
+            record_indices: true,
+            ..qccl::TopK::new(density).error_feedback(false)
+        };
+        let rep = comm
+            .topk_all_reduce(&mut g, qccl::TopKScheme::HiTopK, &o)
+            .map_err(e)?;
+        let mine = rep.indices.unwrap_or_default();
+        // Everyone's indices: counts first, then lists padded to the longest.
+        let mut ks = vec![0u64; comm.size()];
+        comm.all_gather(&[mine.len() as u64], &mut ks).map_err(e)?;
+        let kmax = *ks.iter().max().unwrap_or(&0) as usize;
+        let mut padded = mine.clone();
+        padded.resize(kmax, 0);
+        let mut all = vec![0u32; kmax * comm.size()];
+        comm.all_gather(&padded, &mut all).map_err(e)?;
+        let indices: Vec<Vec<u32>> = (0..comm.size())
+            .map(|r| all[r * kmax..r * kmax + ks[r] as usize].to_vec())
+            .collect();
+        let sim = simulate(&hosts, count, 9, &indices);
+        let d = max_rel_diff(&g, &sim);
+        if d > 1e-5 {
+            return Err(format!("count {count}: differs from Algorithm 2 by {d}"));
+        }
+        let mut hashes = vec![0u64; comm.size()];
+        comm.all_gather(&[super::coded::hash(&g)], &mut hashes)
+            .map_err(e)?;
+        if hashes.iter().any(|&h| h != hashes[0]) {
+            return Err(format!("count {count}: ranks ended with different results"));
+        }
+        if rep.steps.iter().any(|s| s.is_zero()) && count > 1000 {
+            return Err(format!(
+                "count {count}: a step took no time: {:?}",
+                rep.steps
+            ));
+        }
+    }
+    Ok(())
+}

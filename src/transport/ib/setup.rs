@@ -58,7 +58,7 @@ impl IbNet {
 /// the real devices (feature `rdma`).
 pub fn fabric(emulate: bool, secret: [u8; 16], ip: IpAddr) -> Result<Arc<dyn Fabric>> {
     if emulate {
-        return Ok(Arc::new(super::emu::EmuFabric::new(secret, ip)));
+        return Ok(Arc::new(super::emu::EmuFabric::from_env(secret, ip)?));
     }
     real_fabric()
 }

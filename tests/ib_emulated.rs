@@ -1,0 +1,188 @@
+//! The RDMA link over the emulated fabric (QCCL_IB_EMULATE=1), with ranks as OS processes and
+//! shared memory disabled, so that every peer pair talks over an RC queue pair: the collective
+//! suite, compressed all-reduces and HiTopK at 2, 3 and 5 processes (float64 references,
+//! bit-identical ranks), and the faults a NIC reports (a completion with an error, a queue
+//! pair in the error state, an rkey out of bounds, a killed rank): every survivor fails
+//! cleanly, naming the peer, within the timeout.
+//!
+//! The test binary re-executes itself: `child` is the rank's entry point, a no-op unless
+//! QCCL_TEST_CHILD names a scenario.
+
+mod common;
+
+use common::job::{leftover_segments, text, wait, Job, CHILD};
+use common::suite::{cases, run_all, run_case, Case};
+use qccl::{Comm, DType, ReduceOp};
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+/// Exit code of a rank whose collective returned an error.
+const FAILED_CLEANLY: i32 = 3;
+
+/// Every pair over the emulated RDMA link.
+const IB: [(&str, &str); 4] = [
+    ("QCCL_IB_EMULATE", "1"),
+    ("QCCL_NET", "IB"),
+    ("QCCL_SHM_DISABLE", "1"),
+    ("QCCL_DEBUG", "INFO"),
+];
+
+/// Codecs checked over the link, with the relative error each may reach.
+const COMPRESSED_SPECS: &[(&str, f64)] = &[
+    ("fp16", 2e-3),
+    ("qsgd:bits=4,bucket=128", 0.35),
+    ("topk:density=0.01,ef=1", 1.5),
+];
+
+#[test]
+fn child() {
+    let Ok(scenario) = std::env::var(CHILD) else {
+        return;
+    };
+    let code = match run_child(&scenario) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("QCCL-TEST-ERROR: {e}");
+            FAILED_CLEANLY
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run_child(scenario: &str) -> Result<(), String> {
+    let comm = Comm::from_env().map_err(|e| e.to_string())?;
+    match scenario {
+        "suite" => {
+            // Every collective, dtype and op at small counts; large ones cross many slots.
+            run_all(&comm, &cases(false))?;
+            for (i, count) in [1_000_003, 131_075].into_iter().enumerate() {
+                let c = Case {
+                    dtype: DType::Float32,
+                    op: ReduceOp::Sum,
+                    count,
+                };
+                run_case(&comm, &c, 1000 + i as u64)?;
+            }
+            let c = Case {
+                dtype: DType::Float64,
+                op: ReduceOp::Max,
+                count: 65_537,
+            };
+            run_case(&comm, &c, 2000)?;
+            for (spec, bound) in COMPRESSED_SPECS {
+                common::coded::check_spec(&comm, spec, *bound)?;
+            }
+            if std::env::var("TEST_HOSTS").is_ok() {
+                common::topk::check_over_processes(&comm)?;
+            }
+            Ok(())
+        }
+        "loop" => {
+            // All-reduces until something fails (a fault, or the parent kills a rank).
+            let mut buf = vec![1f32; 1 << 20];
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30) {
+                let t = Instant::now();
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
+                    return Err(format!("after {} ms: {e}", t.elapsed().as_millis()));
+                }
+            }
+            Err("no failure within 30 s".into())
+        }
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
+
+/// The suite on `hosts.len()` processes (emulated hosts, for HiTopK's hierarchy); every
+/// connection over the emulated RDMA link.
+fn suite(hosts: &[&str]) {
+    let n = hosts.len();
+    let job = Job::new(n);
+    let all = hosts.join(",");
+    let children: Vec<Child> = hosts
+        .iter()
+        .enumerate()
+        .map(|(r, h)| {
+            let mut env = IB.to_vec();
+            env.extend([("QCCL_HOSTID", *h), ("TEST_HOSTS", &all)]);
+            job.spawn(r, "suite", &env)
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(300));
+        assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(&o));
+        let log = String::from_utf8_lossy(&o.stderr);
+        let connected = log.lines().filter(|l| l.contains("connected to rank"));
+        assert!(connected.clone().count() >= n - 1, "{log}");
+        assert!(
+            connected
+                .clone()
+                .all(|l| l.contains(" over ib emulated emu0:1 (qp ")),
+            "rank {r}: {log}"
+        );
+        assert!(log.contains(" on tcp+ib-emulated "), "rank {r}: {log}");
+    }
+}
+
+#[test]
+fn suite_over_ib_2_processes() {
+    suite(&["a", "a"]);
+}
+
+#[test]
+fn suite_over_ib_3_processes() {
+    suite(&["a", "b", "c"]);
+}
+
+#[test]
+fn suite_over_ib_5_processes() {
+    suite(&["a", "b", "c", "d", "e"]);
+}
+
+/// Without a device to use, QCCL_NET=IB fails at init, saying why.
+#[test]
+fn qccl_net_ib_without_a_usable_device_fails_at_init() {
+    let env = [
+        ("QCCL_IB_EMULATE", "1"),
+        ("QCCL_NET", "IB"),
+        ("QCCL_IB_HCA", "mlx5"),
+    ];
+    let outs = Job::new(2).run("suite", &env, Duration::from_secs(60));
+    for (r, o) in outs.iter().enumerate() {
+        let err = failed_cleanly(&format!("rank {r}"), o);
+        assert!(
+            err.contains("QCCL_NET=IB: no usable RDMA port (emu0:1 excluded by QCCL_IB_HCA)"),
+            "rank {r}: {err}"
+        );
+    }
+}
+
+fn failed_cleanly(who: &str, o: &Output) -> String {
+    assert_eq!(o.status.code(), Some(FAILED_CLEANLY), "{who}: {}", text(o));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Rank 1 of 3 is killed mid-loop: the others fail within the timeout, naming it, and leave
+/// no shared-memory segment.
+#[test]
+fn a_killed_rank_makes_the_others_fail_naming_it() {
+    let job = Job::new(3);
+    let mut env = IB.to_vec();
+    env.push(("QCCL_TIMEOUT_MS", "3000"));
+    let mut children: Vec<Child> = (0..3).map(|r| job.spawn(r, "loop", &env)).collect();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut victim = children.remove(1);
+    victim.kill().unwrap();
+    let killed_at = Instant::now();
+    let _ = wait(victim, Duration::from_secs(5));
+    for c in children {
+        let o = wait(c, Duration::from_secs(20));
+        let took = killed_at.elapsed();
+        let err = failed_cleanly("survivor", &o);
+        assert!(took < Duration::from_millis(5000), "survivor took {took:?}");
+        assert!(err.contains("rank 1"), "error should name rank 1: {err}");
+    }
+    let left = leftover_segments(&pids);
+    assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
+}
