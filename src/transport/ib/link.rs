@@ -612,7 +612,16 @@ mod tests {
     #[test]
     fn frames_of_every_size_cross_in_both_directions_and_reduce_from_the_slots() {
         let (a, b) = pair();
-        let sizes = [0usize, 1, 5, 40, 4099, SLOT_BYTES - 40, SLOT_BYTES * 3 + 5, 9 << 20];
+        let sizes = [
+            0usize,
+            1,
+            5,
+            40,
+            4099,
+            SLOT_BYTES - 40,
+            SLOT_BYTES * 3 + 5,
+            9 << 20,
+        ];
         let run = move |rank: usize, link: IbLink| {
             let mut links = links(rank, link);
             let c = cfg(rank);
@@ -662,7 +671,10 @@ mod tests {
         let e = engine::exchange(&mut links, &cfg(1), &desc(), &[], &mut recvs)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("peer aborted: rank 0 failed: something broke"), "{e}");
+        assert!(
+            e.contains("peer aborted: rank 0 failed: something broke"),
+            "{e}"
+        );
         drop(a);
     }
 
@@ -671,7 +683,10 @@ mod tests {
         let (a, b) = pair_failing(1);
         let mut links = links(0, a);
         let data = vec![1u8; 64];
-        let sends = [SendReq { peer: 1, data: &data }];
+        let sends = [SendReq {
+            peer: 1,
+            data: &data,
+        }];
         let mut got = vec![0u8; 64];
         let mut recvs = [RecvReq::new(1, &mut got)];
         let e = engine::exchange(&mut links, &cfg(0), &desc(), &sends, &mut recvs)
@@ -694,7 +709,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(a.gone().unwrap().contains("its process is gone"));
-        assert!(a.describe().starts_with("ib fake0:1 (qp "), "{}", a.describe());
+        assert!(
+            a.describe().starts_with("ib fake0:1 (qp "),
+            "{}",
+            a.describe()
+        );
     }
 
     #[test]

@@ -237,7 +237,9 @@ impl QueuePair for Qp {
     }
     fn post_recv(&mut self, wr_id: u64) -> Result<()> {
         if *self.s.error.lock().unwrap() {
-            self.s.recv_cq.push(wc(wr_id, WcStatus::WrFlush, self.s.qpn));
+            self.s
+                .recv_cq
+                .push(wc(wr_id, WcStatus::WrFlush, self.s.qpn));
         } else {
             self.s.recvs.lock().unwrap().push_back(wr_id);
         }
@@ -295,7 +297,8 @@ impl QueuePair for Qp {
         let peer = peer.expect("checked");
         if let Some(imm) = imm {
             let Some(id) = peer.recvs.lock().unwrap().pop_front() else {
-                self.send_cq.push(wc(wr_id, WcStatus::RnrRetryExceeded, qpn));
+                self.send_cq
+                    .push(wc(wr_id, WcStatus::RnrRetryExceeded, qpn));
                 return Ok(());
             };
             peer.recv_cq.push(Completion {
