@@ -186,3 +186,70 @@ fn a_killed_rank_makes_the_others_fail_naming_it() {
     let left = leftover_segments(&pids);
     assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
 }
+
+/// Rank 1 of 3 meets `fault` (QCCL_IB_EMULATE_FAULT) mid-loop: it fails with the verbs
+/// status `status`, and every rank fails cleanly within the timeout with an error naming a
+/// peer; nothing is left in /dev/shm.
+fn fault(fault: &str, status: &str) {
+    let job = Job::new(3);
+    let mut env = IB.to_vec();
+    env.push(("QCCL_TIMEOUT_MS", "3000"));
+    let start = Instant::now();
+    let children: Vec<Child> = (0..3)
+        .map(|r| {
+            let mut env = env.clone();
+            if r == 1 {
+                env.push(("QCCL_IB_EMULATE_FAULT", fault));
+            }
+            job.spawn(r, "loop", &env)
+        })
+        .collect();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(30));
+        let err = failed_cleanly(&format!("{fault}: rank {r}"), &o);
+        let last = err
+            .lines()
+            .find(|l| l.starts_with("QCCL-TEST-ERROR"))
+            .unwrap_or_default()
+            .to_string();
+        eprintln!("{fault}: rank {r}: {last}");
+        if r == 1 {
+            assert!(
+                last.contains(status) && last.contains("verbs completion status"),
+                "{fault}: rank 1 should report {status:?}: {err}"
+            );
+        }
+        let named = (0..3).any(|p| p != r && last.contains(&format!("rank {p}")));
+        assert!(named, "{fault}: rank {r} names no peer: {err}");
+    }
+    // Each rank's collectives start within a second or two; the failure then takes at most
+    // about the timeout.
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{fault}: took {:?}",
+        start.elapsed()
+    );
+    let left = leftover_segments(&pids);
+    assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
+}
+
+#[test]
+fn a_completion_with_an_error_fails_every_rank_cleanly() {
+    fault("cqe@40", "remote operation error");
+}
+
+#[test]
+fn a_queue_pair_in_the_error_state_fails_every_rank_cleanly() {
+    fault("qp@40", "work request flushed error");
+}
+
+#[test]
+fn an_rkey_the_peer_refuses_fails_every_rank_cleanly() {
+    fault("rkey@40", "remote access error");
+}
+
+#[test]
+fn a_cut_connection_fails_every_rank_cleanly() {
+    fault("drop@40", "transport retry counter exceeded");
+}

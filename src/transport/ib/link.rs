@@ -278,10 +278,15 @@ impl IbLink {
         got
     }
 
-    /// Waits for completions until `deadline`, the comm's abort flag, or failure; false then.
+    /// Waits for completions until `deadline`, the comm's abort flag, or failure; false then
+    /// (a failed queue pair is in the error state: nothing more arrives, and what arrived
+    /// before the error was polled with it).
     fn wait_more(&mut self, deadline: Instant, cfg: Option<&LinkConfig>) -> bool {
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || cfg.is_some_and(|c| c.abort.load(Ordering::Relaxed)) {
+        if left.is_zero()
+            || self.failed.is_some()
+            || cfg.is_some_and(|c| c.abort.load(Ordering::Relaxed))
+        {
             return false;
         }
         self.conn.cq.wait(left.min(Duration::from_millis(10)));
