@@ -31,13 +31,17 @@ pub struct Sink {
     pub rows: Vec<Row>,
     /// Largest send + receive buffers of one table section, bytes (`-M`).
     pub buffer_bytes: u64,
+    /// Rows measured over the emulated RDMA fabric: printed with an `emulated` mark after
+    /// every column, since they measure the emulation, not a NIC.
+    pub emulated: bool,
 }
 
 impl Sink {
     fn push(&mut self, r: Row) {
         if self.print {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{}", report::row(&r));
+            let mark = if self.emulated { "  emulated" } else { "" };
+            let _ = writeln!(out, "{}{mark}", report::row(&r));
             let _ = out.flush();
         }
         self.rows.push(r);

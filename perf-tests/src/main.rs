@@ -67,12 +67,13 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// (pid, host) of every rank, for the "Using devices" lines.
+/// (pid, host, CPUs, links) of every rank, for the "Using devices" lines.
 fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
-    // pid, then the host name and the CPU list, each NUL-padded.
-    const REC: usize = 128;
+    // pid, then the host name, the CPU list and the link kinds, each NUL-padded.
+    const REC: usize = 160;
     const HOST: std::ops::Range<usize> = 4..68;
-    const CPUS: std::ops::Range<usize> = 68..REC;
+    const CPUS: std::ops::Range<usize> = 68..128;
+    const LINKS: std::ops::Range<usize> = 128..REC;
     let mut mine = [0u8; REC];
     mine[..4].copy_from_slice(&std::process::id().to_le_bytes());
     let put = |rec: &mut [u8], at: std::ops::Range<usize>, s: &str| {
@@ -83,6 +84,7 @@ fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
     let cpus =
         qccl::launch::allowed_cpus().map_or_else(|_| "?".into(), |c| qccl::launch::cpu_list(&c));
     put(&mut mine, CPUS, &cpus);
+    put(&mut mine, LINKS, comm.transport_name());
     let mut all = vec![0u8; REC * comm.size()];
     comm.all_gather(&mine[..], &mut all)?;
     let text = |b: &[u8]| {
@@ -96,6 +98,7 @@ fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
             pid: u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]),
             host: text(&rec[HOST]),
             cpus: text(&rec[CPUS]),
+            links: text(&rec[LINKS]),
         })
         .collect())
 }
@@ -181,6 +184,7 @@ fn rank_main(a: &Args) -> i32 {
             print: rank == 0,
             rows: Vec::new(),
             buffer_bytes: 0,
+            emulated: report::emulated(&ranks),
         };
         let wrong = bench::run(&comm, a, &mut sink)?;
         // Every rank takes part in the maxima; rank 0 prints them.

@@ -213,6 +213,13 @@ pub struct RankInfo {
     pub host: String,
     /// The CPUs it may run on (`0-3,8`).
     pub cpus: String,
+    /// Its comm's link kinds (`tcp+shm`, `tcp+ib-emulated`).
+    pub links: String,
+}
+
+/// True when some rank's links run over the emulated RDMA fabric (QCCL_IB_EMULATE=1).
+pub fn emulated(ranks: &[RankInfo]) -> bool {
+    ranks.iter().any(|r| r.links.contains("ib-emulated"))
 }
 
 /// The header: nccl-tests' parameter line, qccl's run line, the ranks, the table head.
@@ -335,8 +342,16 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
     for (r, i) in ranks.iter().enumerate() {
         let _ = writeln!(
             s,
-            "#  Rank {r:2} Group  0 Pid {:6} on {:>10} device {:2} [host] cpu memory, cpus {}",
-            i.pid, i.host, 0, i.cpus
+            "#  Rank {r:2} Group  0 Pid {:6} on {:>10} device {:2} [host] cpu memory, cpus {}, \
+             links {}",
+            i.pid, i.host, 0, i.cpus, i.links
+        );
+    }
+    if emulated(ranks) {
+        let _ = writeln!(
+            s,
+            "# RDMA links over the emulated fabric (QCCL_IB_EMULATE=1): rows marked emulated \
+             time the emulation over TCP, not a NIC; no speed claim"
         );
     }
     let _ = writeln!(s, "#");

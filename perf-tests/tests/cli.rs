@@ -1700,3 +1700,31 @@ fn ranks_confined_to_fewer_cores_than_the_machine_has_yield() {
         }
     }
 }
+
+/// Over the emulated RDMA fabric the device lines name the links and every row is marked
+/// emulated (one column after nccl-tests' 13): no speed claim.
+#[test]
+fn emulated_rdma_rows_are_marked() {
+    let mut all = vec!["-np", "2"];
+    all.extend_from_slice(QUICK);
+    let o = Command::new(BIN)
+        .args(&all)
+        .env("QCCL_IB_EMULATE", "1")
+        .env("QCCL_NET", "IB")
+        .env("QCCL_SHM_DISABLE", "1")
+        .output()
+        .expect("run qccl-perf");
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(out.matches(", links tcp+ib-emulated").count(), 2, "{out}");
+    assert!(
+        out.contains("# RDMA links over the emulated fabric"),
+        "{out}"
+    );
+    let rows = rows(&out, 1);
+    assert_eq!(rows.len(), NOMINAL.len(), "{out}");
+    assert!(
+        rows.iter().all(|(_, extra)| extra == &["emulated"]),
+        "{out}"
+    );
+}
