@@ -33,6 +33,8 @@ const CREDIT_TAG: u64 = 3 << 60;
 const TAG_MASK: u64 = 0xf << 60;
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
+const _: () = assert!(8 <= CREDIT_WORD);
+
 /// Longest wait for the writes already posted when the link closes (their bytes must reach
 /// the peer before the queue pair goes away).
 const DRAIN: Duration = Duration::from_secs(10);
@@ -193,7 +195,6 @@ impl IbLink {
             addr: self.conn.remote.addr + ring,
             rkey: self.conn.remote.rkey,
         };
-        debug_assert!(8 <= CREDIT_WORD);
         let id = CREDIT_TAG | (self.credit_writes as u64);
         match self
             .conn

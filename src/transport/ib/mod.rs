@@ -70,3 +70,69 @@ impl Device {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn rdma_off_or_unavailable_is_none_unless_qccl_net_asks_for_it() {
+        let off = IbConfig {
+            disable: true,
+            emulate: true,
+            ..Default::default()
+        };
+        assert!(Device::probe(&off, [0; 16], LOCAL).unwrap().is_none());
+        let socket = IbConfig {
+            net: NetChoice::Socket,
+            emulate: true,
+            ..Default::default()
+        };
+        assert!(Device::probe(&socket, [0; 16], LOCAL).unwrap().is_none());
+        // The emulated fabric's one port, unless QCCL_IB_HCA leaves it out.
+        let emu = IbConfig {
+            emulate: true,
+            ..Default::default()
+        };
+        let dev = Device::probe(&emu, [0; 16], LOCAL).unwrap().unwrap();
+        assert_eq!((dev.name.as_str(), dev.port), ("emu0", 1));
+        let excluded = IbConfig {
+            hca: Some(config::HcaFilter::parse("^emu").unwrap()),
+            ..emu.clone()
+        };
+        assert!(Device::probe(&excluded, [0; 16], LOCAL).unwrap().is_none());
+        let required = IbConfig {
+            net: NetChoice::Ib,
+            ..excluded
+        };
+        let e = Device::probe(&required, [0; 16], LOCAL)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("QCCL_NET=IB: no usable RDMA port (emu0:1 excluded by QCCL_IB_HCA)"),
+            "{e}"
+        );
+    }
+
+    #[cfg(not(feature = "rdma"))]
+    #[test]
+    fn devices_need_feature_rdma() {
+        let ib = IbConfig {
+            net: NetChoice::Ib,
+            ..Default::default()
+        };
+        let e = Device::probe(&ib, [0; 16], LOCAL).err().unwrap();
+        assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("qccl was built without feature `rdma`"),
+            "{e}"
+        );
+        // Not asked for: no RDMA, no error.
+        let auto = IbConfig::default();
+        assert!(Device::probe(&auto, [0; 16], LOCAL).unwrap().is_none());
+    }
+}

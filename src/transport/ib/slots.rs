@@ -27,7 +27,7 @@ const CREDIT_FLAG: u32 = 1 << 31;
 const LEN_BITS: u32 = 20;
 const SLOT_BITS: u32 = 11;
 
-const _: () = assert!(SLOT_BYTES % 8 == 0 && SLOT_BYTES < 1 << LEN_BITS);
+const _: () = assert!(SLOT_BYTES.is_multiple_of(8) && SLOT_BYTES < 1 << LEN_BITS);
 const _: () = assert!(SLOTS < 1 << SLOT_BITS);
 
 /// What an immediate value says.
