@@ -50,6 +50,8 @@ pub struct IbLink {
     rx: Arrivals,
     credit_writes: usize,
     wcs: Vec<Completion>,
+    /// Bytes handed out so far: frames start at multiples of 8.
+    consumed: u64,
     /// Why the link failed (the first error completion, or a protocol error).
     failed: Option<String>,
     /// True while a frame is half written.
@@ -75,6 +77,7 @@ impl IbLink {
             tx: Window::default(),
             rx: Arrivals::default(),
             credit_writes: 0,
+            consumed: 0,
             wcs: Vec::with_capacity(POLL_BATCH),
             failed: None,
             mid_frame: false,
@@ -271,6 +274,7 @@ impl IbLink {
                 break;
             }
             self.rx.consume(used);
+            self.consumed += used as u64;
             got += used;
         }
         if got > 0 {
@@ -477,6 +481,12 @@ impl Link for IbLink {
             if !self.skip_exact(skip, deadline, cfg) {
                 return None;
             }
+            // The engine counts what is left of the payload, not of its padding: the next
+            // frame starts at the next multiple of 8.
+            let pad = (8 - self.consumed % 8) % 8;
+            if got == 0 && !self.skip_exact(pad as usize, deadline, cfg) {
+                return None;
+            }
             if !self.read_exact(&mut h[got..], deadline, Some(cfg)) {
                 return None;
             }
@@ -488,8 +498,7 @@ impl Link for IbLink {
                     .unwrap_or_else(|| "(reason lost)".into());
                 return Some((reason, header.culprit()));
             }
-            let len = usize::try_from(header.len).ok()?;
-            skip = len.checked_add(self.pad(len))?;
+            skip = usize::try_from(header.len).ok()?;
             got = 0;
         }
         None
@@ -682,6 +691,39 @@ mod tests {
             "{e}"
         );
         drop(a);
+    }
+
+    /// A send that fails finds the abort frame the peer queued behind a padded data frame
+    /// this side had half read.
+    #[test]
+    fn a_queued_abort_frame_is_found_behind_a_half_read_frame() {
+        let (mut a, mut b) = pair();
+        let data = [7u8; 13];
+        let head = Header {
+            kind: FrameKind::Data,
+            desc: desc(),
+            len: 13,
+        }
+        .encode();
+        let pad = [0u8; 3];
+        assert_eq!(a.pad(13), 3);
+        assert_eq!(a.send(0, [&head, &data, &pad]).unwrap(), 56);
+        let mut h = [0u8; HEADER_LEN + 5];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(b.read_exact(&mut h, deadline, None));
+        let next = Header {
+            kind: FrameKind::Data,
+            desc: desc(),
+            len: 8,
+        }
+        .encode();
+        assert_eq!(a.send(0, [&next, &[1; 8], &[]]).unwrap(), 48);
+        let reason = b"rank 0 failed: rank 3 is gone";
+        a.abort(&Header::abort(reason.len(), Some(3)).encode(), reason);
+        assert_eq!(
+            b.pending_abort(&cfg(1), 0, 8, &[]),
+            Some((String::from_utf8_lossy(reason).into_owned(), Some(3)))
+        );
     }
 
     #[test]
