@@ -49,7 +49,23 @@ fn child() {
     std::process::exit(code);
 }
 
+/// This process's threads, by name.
+fn threads() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                .map(|n| n.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 fn run_child(scenario: &str) -> Result<(), String> {
+    if scenario == "threads" {
+        return no_thread_outlives_its_comm();
+    }
     let comm = Comm::from_env().map_err(|e| e.to_string())?;
     match scenario {
         "suite" => {
@@ -91,6 +107,35 @@ fn run_child(scenario: &str) -> Result<(), String> {
         }
         other => Err(format!("unknown scenario {other}")),
     }
+}
+
+/// A comm and a split of it over the link, then dropped: every thread they started (the
+/// emulated NICs', the accept and link setup threads, the workers) is gone within a bound.
+fn no_thread_outlives_its_comm() -> Result<(), String> {
+    let before = threads();
+    {
+        let comm = Comm::from_env().map_err(|e| e.to_string())?;
+        let mut buf = vec![1f32; 1 << 20];
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let half = comm
+            .split((comm.rank() % 2) as i32, 0)
+            .map_err(|e| e.to_string())?
+            .ok_or("split gave no comm")?;
+        half.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        comm.barrier().map_err(|e| e.to_string())?;
+    }
+    let start = Instant::now();
+    let mut now = threads();
+    while now.len() > before.len() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        now = threads();
+    }
+    if now.len() > before.len() {
+        return Err(format!("threads before the comm {before:?}, after {now:?}"));
+    }
+    Ok(())
 }
 
 /// The suite on `hosts.len()` processes (emulated hosts, for HiTopK's hierarchy); every
@@ -160,6 +205,14 @@ fn qccl_net_ib_without_a_usable_device_fails_at_init() {
 fn failed_cleanly(who: &str, o: &Output) -> String {
     assert_eq!(o.status.code(), Some(FAILED_CLEANLY), "{who}: {}", text(o));
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn no_thread_outlives_its_comm_over_ib() {
+    let outs = Job::new(3).run("threads", &IB, Duration::from_secs(60));
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r}:\n{}", text(o));
+    }
 }
 
 /// Rank 1 of 3 is killed mid-loop: the others fail within the timeout, naming it, and leave
