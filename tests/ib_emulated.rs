@@ -93,6 +93,23 @@ fn run_child(scenario: &str) -> Result<(), String> {
             }
             Ok(())
         }
+        "allreduce" => {
+            // Exact sums of small integers, flat and hierarchical.
+            for algo in [qccl::Algo::Ring, qccl::Algo::Hier] {
+                let send: Vec<f32> = (0..100_000).map(|i| (comm.rank() + i % 5) as f32).collect();
+                let mut recv = vec![0f32; send.len()];
+                comm.all_reduce_with(Some(&send), &mut recv, ReduceOp::Sum, algo)
+                    .map_err(|e| e.to_string())?;
+                let n = comm.size();
+                for (i, &x) in recv.iter().enumerate() {
+                    let want: usize = (0..n).map(|r| r + i % 5).sum();
+                    if x != want as f32 {
+                        return Err(format!("{algo:?}: element {i} is {x}, want {want}"));
+                    }
+                }
+            }
+            Ok(())
+        }
         "loop" => {
             // All-reduces until something fails (a fault, or the parent kills a rank).
             let mut buf = vec![1f32; 1 << 20];
@@ -182,6 +199,58 @@ fn suite_over_ib_3_processes() {
 #[test]
 fn suite_over_ib_5_processes() {
     suite(&["a", "b", "c", "d", "e"]);
+}
+
+/// As NCCL chooses: ranks of one (emulated) host keep shared memory, hosts talk RDMA.
+#[test]
+fn shared_memory_inside_a_host_and_rdma_between_hosts() {
+    let job = Job::new(4);
+    let children: Vec<Child> = (0..4)
+        .map(|r| {
+            let host = if r < 2 { "host-a" } else { "host-b" };
+            let env = [
+                ("QCCL_IB_EMULATE", "1"),
+                ("QCCL_HOSTID", host),
+                ("QCCL_DEBUG", "INFO"),
+            ];
+            job.spawn(r, "allreduce", &env)
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(120));
+        assert_eq!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
+        let log = String::from_utf8_lossy(&o.stderr);
+        let world = log
+            .lines()
+            .find_map(|l| l.split(&format!("rank {r}/4: comm ")).nth(1))
+            .map(|rest| rest[..18].to_string())
+            .expect("the world comm's id is logged");
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("comm {world}: connected to rank")))
+            .collect();
+        // The ring's neighbours: one on this host, one on the other.
+        assert!(lines.len() >= 2, "rank {r}: {log}");
+        assert!(
+            lines.iter().any(|l| l.contains(" over shm ")),
+            "rank {r}: {log}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains(" over ib ")),
+            "rank {r}: {log}"
+        );
+        for line in lines {
+            let peer: usize = line.split("connected to rank ").nth(1).unwrap()[..1]
+                .parse()
+                .unwrap();
+            let want = if (peer < 2) == (r < 2) {
+                " over shm "
+            } else {
+                " over ib emulated "
+            };
+            assert!(line.contains(want), "rank {r}: {line}");
+        }
+    }
 }
 
 /// Without a device to use, QCCL_NET=IB fails at init, saying why.
