@@ -214,13 +214,18 @@ fn mix(x: u64) -> u64 {
 fn trial(n: usize, victim: usize, die_ms: u64, scenario: &str, transport: &str) {
     let job = Job::new(n);
     let (v, d) = (victim.to_string(), die_ms.to_string());
-    let env = [
+    // "ib": every pair over the emulated RDMA link.
+    let ib = transport == "ib";
+    let mut env = vec![
         ("SHRINK_VICTIM", v.as_str()),
         ("SHRINK_DIE_AFTER_MS", d.as_str()),
-        ("QCCL_TRANSPORT", transport),
+        ("QCCL_TRANSPORT", if ib { "tcp" } else { transport }),
         ("QCCL_TIMEOUT_MS", "10000"),
         ("QCCL_DEBUG", "WARN"),
     ];
+    if ib {
+        env.extend([("QCCL_IB_EMULATE", "1"), ("QCCL_NET", "IB")]);
+    }
     let children: Vec<_> = (0..n).map(|r| job.spawn(r, scenario, &env)).collect();
     let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
     let what = format!("{scenario} {n} ranks over {transport}, rank {victim} dies at {die_ms} ms");
@@ -282,6 +287,11 @@ fn survivors_shrink_with_the_lost_rank_named() {
     for (n, victim, transport) in [(4, 0, "tcp"), (5, 3, "shm"), (4, 1, "shm")] {
         trial(n, victim, 300, "given", transport);
     }
+}
+
+#[test]
+fn survivors_shrink_over_the_emulated_rdma_link() {
+    trial(4, 1, 300, "given", "ib");
 }
 
 /// Survivors that disagree on who leaves: every one of them gets an error, within the
