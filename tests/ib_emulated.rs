@@ -375,3 +375,14 @@ fn an_rkey_the_peer_refuses_fails_every_rank_cleanly() {
 fn a_cut_connection_fails_every_rank_cleanly() {
     fault("drop@40", "transport retry counter exceeded");
 }
+
+/// A malformed fault plan fails init by name, even where RDMA is optional.
+#[test]
+fn a_bad_fault_plan_fails_at_init() {
+    let env = [("QCCL_IB_EMULATE", "1"), ("QCCL_IB_EMULATE_FAULT", "cqe")];
+    let outs = Job::new(2).run("allreduce", &env, Duration::from_secs(60));
+    for (r, o) in outs.iter().enumerate() {
+        let err = failed_cleanly(&format!("rank {r}"), o);
+        assert!(err.contains("QCCL_IB_EMULATE_FAULT"), "rank {r}: {err}");
+    }
+}

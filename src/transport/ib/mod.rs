@@ -40,13 +40,18 @@ pub struct Device {
 impl Device {
     /// The first port QCCL_IB_HCA allows on the fabric QCCL_IB_EMULATE selects, the emulated
     /// one listening on `ip`; None where RDMA is off or no port is usable, and an error
-    /// naming why where QCCL_NET=IB asks for it.
+    /// naming why where QCCL_NET=IB asks for it. The emulated fabric's own settings
+    /// (QCCL_IB_EMULATE_FAULT) are checked whenever it is asked for.
     pub fn probe(cfg: &IbConfig, secret: [u8; 16], ip: IpAddr) -> Result<Option<Arc<Device>>> {
         if !cfg.allowed() {
             return Ok(None);
         }
         let required = cfg.net == NetChoice::Ib;
-        let found = setup::fabric(cfg.emulate, secret, ip).and_then(|fabric| {
+        let fabric = match setup::fabric(cfg.emulate, secret, ip) {
+            Err(e) if cfg.emulate => return Err(e),
+            f => f,
+        };
+        let found = fabric.and_then(|fabric| {
             let devices = fabric.devices()?;
             config::pick_port(&devices, cfg.hca.as_ref())
                 .map(|(name, port)| (fabric, name, port))
