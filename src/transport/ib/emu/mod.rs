@@ -50,7 +50,7 @@
 //!
 //! # Fault injection
 //! `QCCL_IB_EMULATE_FAULT=<kind>@<n>` (read by [`EmuFabric::from_env`]; counts are per
-//! process) or [`EmuFabric::with_fault`] (per fabric):
+//! process) or `EmuFabric::with_fault` (this crate's tests; counts per fabric):
 //! - `cqe@n`: the n-th signaled write completes with `RemoteOperation` instead of being sent;
 //! - `qp@n`: the queue pair goes to the error state before the n-th `post_write`;
 //! - `rkey@n`: the n-th write is sent with an rkey no NIC issues, so the peer refuses it
@@ -72,7 +72,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-use fault::{Fault, FaultPlan};
+use fault::FaultPlan;
 
 use crate::error::{Error, Result};
 use crate::transport::ib::verbs::{
@@ -117,7 +117,8 @@ impl EmuFabric {
     }
 
     /// The same fabric injecting `fault`, counted over this fabric's queue pairs (tests).
-    pub fn with_fault(self, fault: Fault) -> EmuFabric {
+    #[cfg(test)]
+    pub fn with_fault(self, fault: fault::Fault) -> EmuFabric {
         EmuFabric {
             faults: Arc::new(FaultPlan::new(Some(fault))),
             ..self
