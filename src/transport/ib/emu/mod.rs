@@ -9,7 +9,8 @@
 //!   process's registered memory.
 //! - Endpoints: the GID (index 0, the only one) is the listener's IP, IPv4-mapped
 //!   (`::ffff:a.b.c.d`, as RoCE v2 GIDs are) or IPv6 as is; the LID is the listener's TCP port
-//!   (a real RoCE port has LID 0: here it is what makes the address complete).
+//!   (a real RoCE port has LID 0: here it is what makes the address complete). The bind
+//!   address must be one the peers can reach: it is what the GID tells them.
 //! - A queue pair moving to RTS opens one TCP connection to its peer's NIC; every request of
 //!   the queue pair travels on it, in order, and the peer's NIC answers each (ACK or NAK) on
 //!   the same connection. The connection opens with a hello carrying the job's secret

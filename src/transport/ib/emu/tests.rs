@@ -887,3 +887,22 @@ fn zero_length_writes_check_no_rkey() {
     let c = next(&b.rcq);
     assert_eq!((c.wr_id, c.imm, c.byte_len), (5, 77, 0));
 }
+
+#[test]
+fn ipv6_gids_are_used_as_they_are() {
+    let v6 = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
+    if std::net::TcpListener::bind((v6, 0)).is_err() {
+        return; // No IPv6 loopback on this machine.
+    }
+    let f = EmuFabric::new(SECRET, v6);
+    let (mut a, b) = pair_with(&f, &f, &PathSettings::default());
+    assert_eq!(
+        a.ctx.gid(0).unwrap(),
+        std::net::Ipv6Addr::LOCALHOST.octets()
+    );
+    a.fill(0, b"over v6");
+    a.qp.post_write(1, a.sge(0, 7), b.at(0), None, true)
+        .unwrap();
+    assert_eq!(next(&a.scq).status, WcStatus::Success);
+    assert_eq!(b.bytes(0, 7), b"over v6");
+}
