@@ -1,5 +1,5 @@
 //! Fault injection: one planned failure, for the link's fault tests. Set programmatically
-//! ([`EmuFabric::with_fault`](super::EmuFabric::with_fault)) or, for real processes, with
+//! (`EmuFabric::with_fault`, in this crate's tests) or, for real processes, with
 //! `QCCL_IB_EMULATE_FAULT=<kind>@<n>` ([`EmuFabric::from_env`](super::EmuFabric::from_env)).
 
 use crate::error::{Error, Result};

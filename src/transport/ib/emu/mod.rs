@@ -9,7 +9,8 @@
 //!   process's registered memory.
 //! - Endpoints: the GID (index 0, the only one) is the listener's IP, IPv4-mapped
 //!   (`::ffff:a.b.c.d`, as RoCE v2 GIDs are) or IPv6 as is; the LID is the listener's TCP port
-//!   (a real RoCE port has LID 0: here it is what makes the address complete).
+//!   (a real RoCE port has LID 0: here it is what makes the address complete). The bind
+//!   address must be one the peers can reach: it is what the GID tells them.
 //! - A queue pair moving to RTS opens one TCP connection to its peer's NIC; every request of
 //!   the queue pair travels on it, in order, and the peer's NIC answers each (ACK or NAK) on
 //!   the same connection. The connection opens with a hello carrying the job's secret
@@ -50,7 +51,7 @@
 //!
 //! # Fault injection
 //! `QCCL_IB_EMULATE_FAULT=<kind>@<n>` (read by [`EmuFabric::from_env`]; counts are per
-//! process) or [`EmuFabric::with_fault`] (per fabric):
+//! process) or `EmuFabric::with_fault` (this crate's tests; counts per fabric):
 //! - `cqe@n`: the n-th signaled write completes with `RemoteOperation` instead of being sent;
 //! - `qp@n`: the queue pair goes to the error state before the n-th `post_write`;
 //! - `rkey@n`: the n-th write is sent with an rkey no NIC issues, so the peer refuses it
@@ -72,7 +73,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-use fault::{Fault, FaultPlan};
+use fault::FaultPlan;
 
 use crate::error::{Error, Result};
 use crate::transport::ib::verbs::{
@@ -117,7 +118,8 @@ impl EmuFabric {
     }
 
     /// The same fabric injecting `fault`, counted over this fabric's queue pairs (tests).
-    pub fn with_fault(self, fault: Fault) -> EmuFabric {
+    #[cfg(test)]
+    pub fn with_fault(self, fault: fault::Fault) -> EmuFabric {
         EmuFabric {
             faults: Arc::new(FaultPlan::new(Some(fault))),
             ..self

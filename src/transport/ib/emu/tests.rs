@@ -554,6 +554,7 @@ fn big_write_is_quick() {
     assert_eq!(next(&a.scq).status, WcStatus::Success);
     let took = t.elapsed();
     // Generous for a debug build on a loaded machine; a few ms in release.
+    println!("a 4 MiB write took {took:?}");
     assert!(
         took < Duration::from_millis(500),
         "a 4 MiB write took {took:?}"
@@ -811,4 +812,97 @@ fn across_processes() {
     child.wait().unwrap();
     assert_eq!((c.wr_id, c.status), (100, WcStatus::RetryExceeded));
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_silent_peer_fails_after_the_ack_timeout() {
+    use super::wire::{Answer, HELLO_LEN};
+    use std::io::{Read, Write};
+    // A "NIC" that accepts the hello, then reads requests and never answers (a hung process).
+    let fake = std::net::TcpListener::bind((LOOPBACK, 0)).unwrap();
+    let port = fake.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = fake.accept().unwrap();
+        let mut hello = [0u8; HELLO_LEN];
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(&Answer::Accepted.encode()).unwrap();
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    });
+    let f = EmuFabric::new(SECRET, LOOPBACK);
+    let mut a = Side::open(&f, caps());
+    let mut peer = a.qp.endpoint(0, 0).unwrap();
+    peer.lid = port;
+    // 4.096 us x 2^12 x 2: under the emulation's shortest ACK timeout, 1 s.
+    let path = PathSettings {
+        timeout: 12,
+        retry_cnt: 1,
+        ..PathSettings::default()
+    };
+    a.qp.to_init().unwrap();
+    a.qp.to_rtr(&peer, &path).unwrap();
+    a.qp.to_rts(0, &path).unwrap();
+    let t = Instant::now();
+    a.qp.post_write(1, a.sge(0, 8), a.at(0), None, false)
+        .unwrap();
+    let c = next(&a.scq);
+    assert_eq!((c.wr_id, c.status), (1, WcStatus::RetryExceeded));
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    drop(a);
+    server.join().unwrap();
+}
+
+#[test]
+fn strangers_do_not_hold_up_the_nic() {
+    use std::io::Write;
+    let f = EmuFabric::new(SECRET, LOOPBACK);
+    let (mut a, b) = (Side::open(&f, caps()), Side::open(&f, caps()));
+    // One connects and says nothing, one sends garbage, before the real peer connects.
+    let _silent = std::net::TcpStream::connect((LOOPBACK, b.ctx.lid())).unwrap();
+    let mut garbage = std::net::TcpStream::connect((LOOPBACK, b.ctx.lid())).unwrap();
+    garbage.write_all(&[0x55; 64]).unwrap();
+    let mut b = b;
+    connect(&mut a, &mut b, &PathSettings::default());
+    a.qp.post_write(1, a.sge(0, 8), b.at(0), None, true)
+        .unwrap();
+    assert_eq!(next(&a.scq).status, WcStatus::Success);
+}
+
+#[test]
+fn zero_length_writes_check_no_rkey() {
+    let (mut a, mut b) = pair();
+    b.qp.post_recv(5).unwrap();
+    let nowhere = RemoteAddr { addr: 0, rkey: 0 };
+    let no_sge = Sge {
+        addr: 0,
+        len: 0,
+        lkey: 0,
+    };
+    a.qp.post_write(1, no_sge, nowhere, Some(77), true).unwrap();
+    assert_eq!(next(&a.scq).status, WcStatus::Success);
+    let c = next(&b.rcq);
+    assert_eq!((c.wr_id, c.imm, c.byte_len), (5, 77, 0));
+}
+
+#[test]
+fn ipv6_gids_are_used_as_they_are() {
+    let v6 = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
+    if std::net::TcpListener::bind((v6, 0)).is_err() {
+        return; // No IPv6 loopback on this machine.
+    }
+    let f = EmuFabric::new(SECRET, v6);
+    let (mut a, b) = pair_with(&f, &f, &PathSettings::default());
+    assert_eq!(
+        a.ctx.gid(0).unwrap(),
+        std::net::Ipv6Addr::LOCALHOST.octets()
+    );
+    a.fill(0, b"over v6");
+    a.qp.post_write(1, a.sge(0, 7), b.at(0), None, true)
+        .unwrap();
+    assert_eq!(next(&a.scq).status, WcStatus::Success);
+    assert_eq!(b.bytes(0, 7), b"over v6");
 }
