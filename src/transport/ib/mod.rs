@@ -4,8 +4,6 @@
 //! `slots.rs` and connection setup in `setup.rs`) and its settings (`config.rs`).
 
 pub mod config;
-// `EmuFabric::with_fault` serves the emulator's own tests only.
-#[allow(dead_code)]
 pub mod emu;
 pub mod link;
 pub mod setup;
