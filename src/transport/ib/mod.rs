@@ -5,3 +5,7 @@
 // The link (in progress) uses it; until then nothing does.
 #[allow(dead_code)]
 pub mod verbs;
+
+// The real device: libibverbs through the `ibverbs` crate.
+#[cfg(feature = "rdma")]
+pub mod device;
