@@ -185,5 +185,12 @@ pub(super) fn query_gid(name: &str, ctx: &CtxHandle, port: u8, index: u8) -> Res
         )));
     }
     // SAFETY: every bit pattern of the union is a valid [u8; 16].
-    Ok(unsafe { gid.raw })
+    let raw = unsafe { gid.raw };
+    // An unpopulated entry of a RoCE GID table reads as zeros rather than failing.
+    if raw == [0; 16] {
+        return Err(Error::invalid(format!(
+            "{name} has no GID at index {index} (the entry is empty); check QCCL_IB_GID_INDEX"
+        )));
+    }
+    Ok(raw)
 }

@@ -148,14 +148,13 @@ fn completion(wc: &ffi::ibv_wc) -> Completion {
 
 impl CompletionQueue for VerbsCq {
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        // Held across the stash and the queue: completions leave in the order they came.
+        let mut stash = self.stash.lock().unwrap_or_else(|p| p.into_inner());
         let mut taken = 0;
-        {
-            let mut stash = self.stash.lock().unwrap_or_else(|p| p.into_inner());
-            while taken < max {
-                let Some(c) = stash.pop_front() else { break };
-                out.push(c);
-                taken += 1;
-            }
+        while taken < max {
+            let Some(c) = stash.pop_front() else { break };
+            out.push(c);
+            taken += 1;
         }
         while taken < max {
             let n = self.poll_raw(out, max - taken)?;
@@ -168,28 +167,27 @@ impl CompletionQueue for VerbsCq {
     }
 
     fn wait(&self, d: Duration) {
-        if !self
-            .stash
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
         {
-            return;
+            let mut stash = self.stash.lock().unwrap_or_else(|p| p.into_inner());
+            if !stash.is_empty() {
+                return;
+            }
+            if !self.arm() {
+                drop(stash);
+                // Cannot sleep on the channel: a short sleep keeps the caller's loop bounded
+                // without spinning.
+                std::thread::sleep(d.min(Duration::from_millis(1)));
+                return;
+            }
+            // A completion that arrived before the arm raises no event: look once more, and
+            // keep what is found for the next poll (under the lock, so order holds).
+            let mut found = Vec::new();
+            if self.poll_raw(&mut found, POLL_BATCH).is_err() || !found.is_empty() {
+                stash.extend(found);
+                return;
+            }
         }
-        if !self.arm() {
-            // Cannot sleep on the channel: a short sleep keeps the caller's loop bounded
-            // without spinning.
-            std::thread::sleep(d.min(Duration::from_millis(1)));
-            return;
-        }
-        // A completion that arrived before the arm raises no event: look once more, and keep
-        // what is found for the next poll.
-        let mut found = Vec::new();
-        if self.poll_raw(&mut found, POLL_BATCH).is_ok() && !found.is_empty() {
-            self.stash
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend(found);
+        if d.is_zero() {
             return;
         }
         let mut pfd = libc::pollfd {
@@ -197,9 +195,14 @@ impl CompletionQueue for VerbsCq {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd for the channel's open fd.
-        let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // ppoll: nanosecond timeout, so the wait is never longer than `d`.
+        let ts = libc::timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd for the channel's open fd; a valid timespec; no signal
+        // mask change (null).
+        let ready = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
         if ready > 0 {
             self.drain_events();
         }
