@@ -79,7 +79,7 @@ impl Endpoint {
     pub const LEN: usize = 26;
 
     /// The wire form (little-endian), for the bootstrap exchange.
-    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+    pub fn to_bytes(self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         b[0..2].copy_from_slice(&self.lid.to_le_bytes());
         b[2..18].copy_from_slice(&self.gid);
