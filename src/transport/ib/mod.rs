@@ -6,6 +6,6 @@
 #[allow(dead_code)]
 pub mod verbs;
 
-// The real device: libibverbs through the `ibverbs` crate.
+// The real device: libibverbs through the `ibverbs` crate's raw bindings (ibverbs-sys).
 #[cfg(feature = "rdma")]
 pub mod device;
