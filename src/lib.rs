@@ -85,6 +85,9 @@ pub mod internal {
     pub use crate::gpu::nvrtc;
     pub use crate::reduce::{finish_avg, reduce3, reduce_into};
     pub use crate::transport::frame::{CollKind, OpDesc};
+    /// The verbs contract and the real device, for tests/ib_device.rs.
+    #[cfg(feature = "rdma")]
+    pub use crate::transport::ib::{device::VerbsFabric, verbs};
     pub use crate::transport::{RecvReq, SendReq};
     pub use crate::tuning::{Links, Pick, Row, Tuning, Workload, HEADER as TUNING_HEADER};
     #[cfg(feature = "cuda")]

@@ -4,9 +4,6 @@
 //! sends its endpoint, its ring's address and rkey and the ring's shape; then both move their
 //! queue pairs INIT -> RTR -> RTS and confirm to each other before anything is written.
 
-// Feature `rdma` comes with the real device (`ib::device`), on its own branch until merged.
-#![allow(unexpected_cfgs)]
-
 use super::slots::{RECVS, SLOTS, SLOT_BYTES};
 use super::verbs::{
     CompletionQueue, Context, Endpoint, Fabric, PathSettings, QpCaps, QueuePair, Region, RemoteAddr,
