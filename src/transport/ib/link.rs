@@ -543,18 +543,17 @@ impl Drop for IbLink {
 }
 
 #[cfg(test)]
-mod fake;
-
-#[cfg(test)]
 mod tests {
     use super::super::setup::{connect, IbNet};
     use super::super::Device;
     use super::*;
     use crate::transport::engine;
     use crate::transport::frame::{CollKind, OpDesc};
+    use crate::transport::ib::emu::fault::{Fault, FaultKind};
+    use crate::transport::ib::emu::EmuFabric;
     use crate::transport::{RecvReq, SendReq};
     use crate::{DType, ReduceOp};
-    use std::net::TcpListener;
+    use std::net::{Ipv4Addr, TcpListener};
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
@@ -582,16 +581,24 @@ mod tests {
         }
     }
 
-    /// Two links over the in-process fake fabric, set up as the connector does.
+    /// Two links over the emulated fabric (both ends in this process, over loopback), set up
+    /// as the connector does.
     fn pair() -> (IbLink, IbLink) {
         pair_failing(0)
     }
 
-    /// A pair whose `n`-th data write fails (0: none).
-    fn pair_failing(n: u32) -> (IbLink, IbLink) {
+    /// A pair whose `n`-th write is refused by the responder, a remote access error (0: none).
+    fn pair_failing(n: u64) -> (IbLink, IbLink) {
+        let mut fabric = EmuFabric::new([7; 16], Ipv4Addr::LOCALHOST.into());
+        if n > 0 {
+            fabric = fabric.with_fault(Fault {
+                kind: FaultKind::Rkey,
+                n,
+            });
+        }
         let dev = Device {
-            fabric: Arc::new(fake::FakeFabric::new(n)),
-            name: "fake0".into(),
+            fabric: Arc::new(fabric),
+            name: "emu0".into(),
             port: 1,
             path: Default::default(),
         };
@@ -741,7 +748,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("rank 1") && e.contains("remote access error") && e.contains("fake0:1"),
+            e.contains("rank 1") && e.contains("remote access error") && e.contains("emu0:1"),
             "{e}"
         );
         drop(b);
@@ -758,7 +765,7 @@ mod tests {
         }
         assert!(a.gone().unwrap().contains("its process is gone"));
         assert!(
-            a.describe().starts_with("ib fake0:1 (qp "),
+            a.describe().starts_with("ib emulated emu0:1 (qp "),
             "{}",
             a.describe()
         );
