@@ -18,6 +18,7 @@ mod context;
 mod cq;
 mod handles;
 mod memory;
+mod port;
 mod qp;
 
 use super::verbs::{Context, DeviceInfo, Fabric, PortInfo};
@@ -140,7 +141,7 @@ impl Fabric for VerbsFabric {
             let ctx = open_device(&name, dev)?;
             let mut ports = Vec::new();
             for num in 1..=port_count(&name, &ctx)? {
-                let attr = context::query_port(&name, &ctx, num)?;
+                let attr = port::query_port(&name, &ctx, num)?;
                 ports.push(PortInfo {
                     num,
                     active: attr.state == ffi::ibv_port_state::IBV_PORT_ACTIVE,

@@ -1,8 +1,8 @@
 //! An RC queue pair: the contract's `QueuePair`.
 
 use super::attrs::{self, PortParams};
-use super::context::query_gid;
 use super::handles::{CtxHandle, QpHandle};
+use super::port::{query_gid, query_port};
 use crate::error::{Error, Result};
 use crate::transport::ib::verbs::{
     Endpoint, LinkLayer, PathSettings, QpState, QueuePair, RemoteAddr, Sge,
@@ -217,5 +217,5 @@ impl QueuePair for VerbsQp {
 
 /// The port's current LID (it changes when the subnet manager reassigns it).
 fn port_lid(name: &str, ctx: &CtxHandle, port: u8) -> Result<u16> {
-    Ok(super::context::query_port(name, ctx, port)?.lid)
+    Ok(query_port(name, ctx, port)?.lid)
 }

@@ -2,8 +2,8 @@
 //! reads the responder's answers and completes the writes.
 
 use super::fault::{FaultKind, FaultPlan};
-use super::qp::{Inflight, Position, QpShared, PSN_MASK};
 use super::region::RegionTable;
+use super::shared::{Inflight, Position, QpShared, PSN_MASK};
 use super::wire::{self, Got, Request, Response, REQ_LEN, RESP_LEN};
 use crate::transport::ib::verbs::{QpState, WcOpcode, WcStatus};
 use std::io::Write;

@@ -68,6 +68,7 @@ mod nic;
 mod qp;
 mod region;
 mod responder;
+mod shared;
 mod wire;
 
 #[cfg(test)]

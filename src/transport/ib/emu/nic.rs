@@ -4,14 +4,15 @@
 
 use super::cq::EmuCq;
 use super::fault::FaultPlan;
-use super::qp::QpShared;
 use super::region::RegionTable;
+use super::responder::{self, Target};
+use super::shared::QpShared;
 use super::wire::{Answer, Hello, HELLO_LEN};
 use crate::error::{Error, Result};
 use nix::poll::{poll, PollFd, PollFlags};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -117,7 +118,7 @@ impl Nic {
                 self.name
             )));
         }
-        Ok(super::qp::gid_of(self.addr.ip()))
+        Ok(gid_of(self.addr.ip()))
     }
 
     /// Keeps `cq` so that queue pairs created with it can be given its completions.
@@ -276,7 +277,11 @@ impl Nic {
                 hello.target_qpn,
                 hello.source_qpn
             );
-            super::responder::serve(self, &qp, &hello, stream);
+            let target = Target {
+                regions: &self.regions,
+                stop: &self.stop,
+            };
+            responder::serve(&target, &qp, &hello, stream);
         }
     }
 
@@ -305,5 +310,13 @@ impl Nic {
             threads.append(&mut conns.threads);
         }
         super::join_bounded(threads, JOIN_TIMEOUT, &self.name);
+    }
+}
+
+/// The GID of `ip`: IPv4-mapped for IPv4, as RoCE v2 GIDs are.
+fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
     }
 }

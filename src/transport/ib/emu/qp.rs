@@ -1,24 +1,21 @@
-//! Emulated RC queue pairs: the state shared with the NIC's threads, the state machine,
-//! posting, the connection to the peer's NIC, and the error state's flush.
+//! Emulated RC queue pairs: the `QueuePair` handle, its state machine, posting, and the
+//! connection to the peer's NIC (the state it shares with the NIC's threads: `shared.rs`).
 
 use super::cq::EmuCq;
 use super::initiator;
 use super::nic::Nic;
+use super::shared::{Inner, Peer, QpShared, SendWr, PSN_MASK};
 use super::wire::{Answer, Hello, ANSWER_LEN};
 use crate::error::{Error, Result};
 use crate::transport::ib::verbs::{
-    Completion, Endpoint, PathSettings, QpCaps, QpState, QueuePair, RemoteAddr, Sge, WcOpcode,
-    WcStatus,
+    Endpoint, PathSettings, QpCaps, QpState, QueuePair, RemoteAddr, Sge, WcOpcode, WcStatus,
 };
-use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// PSNs are 24 bits.
-pub const PSN_MASK: u32 = 0xff_ffff;
 /// Bound on connecting to the peer's NIC and on its answer to the hello.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the answer reader looks at its ACK timer.
@@ -30,180 +27,6 @@ const ACK_TIMEOUT_MAX: Duration = Duration::from_secs(5);
 /// Bound on joining a queue pair's threads when it is dropped (they exit as soon as their
 /// socket is shut down; this only guards against a bug).
 const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// What the responder side knows of its connected peer (set at RTR).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer {
-    /// The peer NIC's listener.
-    pub addr: SocketAddr,
-    /// The peer's queue pair: the only one allowed to write to this one.
-    pub qpn: u32,
-    /// The PSN the peer's next request must carry.
-    pub next_psn: u32,
-}
-
-/// A posted write not yet sent.
-#[derive(Clone, Copy)]
-pub struct SendWr {
-    pub wr_id: u64,
-    pub local: Sge,
-    pub remote: RemoteAddr,
-    pub imm: Option<u32>,
-    pub signaled: bool,
-    /// Found at post time (bad lkey or sge): completes with this when its turn comes.
-    pub local_error: Option<WcStatus>,
-}
-
-/// A sent write waiting for its answer.
-pub struct Inflight {
-    pub wr_id: u64,
-    pub signaled: bool,
-    pub psn: u32,
-    pub sent_at: Instant,
-}
-
-/// A queue pair's mutable state.
-pub struct Inner {
-    /// The verbs state.
-    pub state: QpState,
-    /// Posted receives' wr_ids, in order.
-    pub recvs: VecDeque<u64>,
-    pub pending: VecDeque<SendWr>,
-    pub inflight: VecDeque<Inflight>,
-    /// Set at RTR.
-    pub peer: Option<Peer>,
-    pub sq_psn: u32,
-    /// The handle was dropped: the threads exit, inbound requests are dropped.
-    pub closed: bool,
-    /// The outbound connection, shut down on error or drop (wakes the threads).
-    conn: Option<TcpStream>,
-    /// The connection ended with nothing in flight: the next write fails.
-    pub peer_lost: bool,
-    pub last_answer: Instant,
-}
-
-/// Where a failing work request sits among the others, for completion order.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Position {
-    /// The oldest in flight (its answer came back).
-    Oldest,
-    /// Newer than everything in flight, older than everything pending (just taken off the
-    /// pending queue).
-    Next,
-}
-
-/// A queue pair's state shared by its handle, its threads and the NIC's responder threads.
-pub struct QpShared {
-    /// Queue pair number.
-    pub qpn: u32,
-    /// "emu0:1 qp 0x123", for messages.
-    pub name: String,
-    /// Where sends complete.
-    pub send_cq: Arc<EmuCq>,
-    /// Where receives complete.
-    pub recv_cq: Arc<EmuCq>,
-    caps: QpCaps,
-    inner: Mutex<Inner>,
-    /// Signalled on every change of `inner` a thread may wait for.
-    pub cond: Condvar,
-    /// Held (read) by a responder while it places bytes for this queue pair; dropping the
-    /// queue pair takes it (write) after closing it, so no write lands after the drop.
-    pub placing: RwLock<()>,
-}
-
-impl QpShared {
-    /// The state, locked.
-    pub fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn complete(&self, cq: &EmuCq, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
-        cq.push(Completion {
-            wr_id,
-            status,
-            opcode,
-            byte_len: 0,
-            imm: 0,
-            qpn: self.qpn,
-        });
-    }
-
-    /// Moves to the error state: `failed` (a work request taken off the queues, at `pos`)
-    /// completes with its status, everything else queued or posted with `WrFlush`, in order;
-    /// the connection is shut down. Completions are pushed under the lock, so each CQ sees
-    /// this queue pair's completions in order.
-    pub fn fail_at(&self, g: &mut Inner, failed: Option<(u64, WcStatus)>, pos: Position) {
-        let flush =
-            |wr_id| self.complete(&self.send_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
-        let already_failed = g.state == QpState::Error;
-        let report = |(wr_id, status): (u64, WcStatus)| {
-            // Already failed: the request was queued behind the failure, so it is flushed.
-            let status = if already_failed {
-                WcStatus::WrFlush
-            } else {
-                status
-            };
-            self.complete(&self.send_cq, wr_id, status, WcOpcode::Unknown)
-        };
-        if pos == Position::Oldest {
-            if let Some(f) = failed {
-                report(f);
-            }
-        }
-        for w in g.inflight.drain(..) {
-            flush(w.wr_id);
-        }
-        if pos == Position::Next {
-            if let Some(f) = failed {
-                report(f);
-            }
-        }
-        for w in g.pending.drain(..) {
-            flush(w.wr_id);
-        }
-        for wr_id in g.recvs.drain(..) {
-            self.complete(&self.recv_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
-        }
-        if g.state != QpState::Error {
-            crate::qlog!(
-                Info,
-                "{}: to the error state{}",
-                self.name,
-                failed.map_or(String::new(), |(id, s)| format!(
-                    " (wr_id {id}: {})",
-                    s.describe()
-                ))
-            );
-        }
-        g.state = QpState::Error;
-        if let Some(c) = g.conn.take() {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-        self.cond.notify_all();
-    }
-
-    /// Moves to the error state, flushing everything (see `fail_at`).
-    pub fn fail(&self, g: &mut Inner) {
-        self.fail_at(g, None, Position::Oldest);
-    }
-
-    /// Completes a receive taken off the queue with `WrFlush`.
-    pub fn flush_recv(&self, wr_id: u64) {
-        self.complete(&self.recv_cq, wr_id, WcStatus::WrFlush, WcOpcode::Unknown);
-    }
-
-    /// Completes a posted receive consumed by a write with immediate.
-    pub fn complete_recv(&self, wr_id: u64, byte_len: u32, imm: u32) {
-        self.recv_cq.push(Completion {
-            wr_id,
-            status: WcStatus::Success,
-            opcode: WcOpcode::RecvWriteImm,
-            byte_len,
-            imm,
-            qpn: self.qpn,
-        });
-    }
-}
 
 /// The `QueuePair` handle.
 pub struct EmuQp {
@@ -221,27 +44,8 @@ impl EmuQp {
         recv_cq: Arc<EmuCq>,
         caps: QpCaps,
     ) -> (EmuQp, Arc<QpShared>) {
-        let shared = Arc::new(QpShared {
-            qpn,
-            name: format!("{} qp {qpn:#x}", nic.name),
-            send_cq,
-            recv_cq,
-            caps,
-            inner: Mutex::new(Inner {
-                state: QpState::Reset,
-                recvs: VecDeque::new(),
-                pending: VecDeque::new(),
-                inflight: VecDeque::new(),
-                peer: None,
-                sq_psn: 0,
-                closed: false,
-                conn: None,
-                peer_lost: false,
-                last_answer: Instant::now(),
-            }),
-            cond: Condvar::new(),
-            placing: RwLock::new(()),
-        });
+        let name = format!("{} qp {qpn:#x}", nic.name);
+        let shared = Arc::new(QpShared::new(qpn, name, send_cq, recv_cq, caps));
         let qp = EmuQp {
             shared: shared.clone(),
             nic,
@@ -326,14 +130,6 @@ fn peer_addr(remote: &Endpoint) -> Result<SocketAddr> {
         None => IpAddr::V6(v6),
     };
     Ok(SocketAddr::new(ip, remote.lid))
-}
-
-/// The GID of `ip`: IPv4-mapped for IPv4, as RoCE v2 GIDs are.
-pub fn gid_of(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
 }
 
 /// verbs' ACK timeout for `path`, within the emulation's bounds.

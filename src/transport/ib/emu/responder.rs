@@ -4,12 +4,13 @@
 //! retries allow), then its bytes placed and only then the receive completed and the write
 //! acknowledged, so both sides see the bytes before any completion about them.
 
-use super::nic::Nic;
-use super::qp::{QpShared, PSN_MASK};
+use super::region::RegionTable;
+use super::shared::{QpShared, PSN_MASK};
 use super::wire::{self, Got, Hello, Request, Response, REQ_LEN};
 use crate::transport::ib::verbs::QpState;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a write may wait for its queue pair to reach RTR (the peer connected first):
@@ -20,11 +21,26 @@ const RNR_STEP: Duration = Duration::from_millis(10);
 /// `rnr_retry` value meaning "retry forever".
 const RNR_FOREVER: u8 = 7;
 
+/// What a responder needs of its NIC: the registered memory, and whether the NIC is
+/// stopping.
+pub struct Target<'a> {
+    /// The NIC's regions, by rkey.
+    pub regions: &'a RegionTable,
+    /// Set while the NIC is being dropped.
+    pub stop: &'a AtomicBool,
+}
+
+impl Target<'_> {
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
 /// Why a request got no answer: the connection is to be closed.
 struct Close;
 
 /// Serves requests on `stream` for `qp` until the connection ends or fails.
-pub fn serve(nic: &Nic, qp: &QpShared, hello: &Hello, stream: &mut TcpStream) {
+pub fn serve(nic: &Target<'_>, qp: &QpShared, hello: &Hello, stream: &mut TcpStream) {
     let mut head = [0u8; REQ_LEN];
     let mut payload = Vec::new();
     loop {
@@ -52,7 +68,7 @@ pub fn serve(nic: &Nic, qp: &QpShared, hello: &Hello, stream: &mut TcpStream) {
 }
 
 fn handle(
-    nic: &Nic,
+    nic: &Target<'_>,
     qp: &QpShared,
     hello: &Hello,
     req: &Request,
@@ -139,7 +155,7 @@ fn handle(
 /// sender, and the PSN is the next one. A NAK when not (logged), `Close` when the queue pair
 /// or the NIC is going away.
 fn accept(
-    nic: &Nic,
+    nic: &Target<'_>,
     qp: &QpShared,
     hello: &Hello,
     req: &Request,
@@ -204,7 +220,7 @@ fn accept(
 /// Takes the next posted receive for a write with immediate, waiting up to the initiator's
 /// RNR retries (forever for 7) and telling it the responder is still there meanwhile.
 fn take_recv(
-    nic: &Nic,
+    nic: &Target<'_>,
     qp: &QpShared,
     hello: &Hello,
     req: &Request,
