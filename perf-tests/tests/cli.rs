@@ -1605,11 +1605,14 @@ fn plan_errors_name_the_file_and_field() {
     }
 }
 
-/// The CPU list each rank's header line reports.
+/// The CPU list each rank's header line reports (`cpus 0-3, links tcp+shm`).
 fn rank_cpus(out: &str) -> Vec<String> {
     out.lines()
         .filter(|l| l.starts_with("#  Rank "))
-        .map(|l| l.rsplit("cpus ").next().unwrap_or("").to_string())
+        .map(|l| {
+            let cpus = l.rsplit("cpus ").next().unwrap_or("");
+            cpus.split(", links ").next().unwrap_or("").to_string()
+        })
         .collect()
 }
 
