@@ -61,7 +61,9 @@ pub use bootstrap::UniqueId;
 pub use codec::ef::TensorKey;
 pub use codec::layout::{Layer, Layout};
 pub use codec::{Codec, CodecSpec};
-pub use comm::{Comm, Compression, Report, Request, TopK, TopKReport, TopKScheme};
+pub use comm::{
+    Comm, Compression, RegHandle, Registrations, Report, Request, TopK, TopKReport, TopKScheme,
+};
 pub use config::{Config, TransportChoice};
 pub use error::{Error, Result};
 pub use types::{DType, Element, ReduceOp};

@@ -6,6 +6,7 @@ mod hier;
 mod hitopk;
 mod pipeline;
 mod queue;
+mod register;
 mod route;
 mod shrink;
 mod split;
@@ -13,6 +14,7 @@ mod split;
 pub use compress::{Compression, PreparedAllReduce, Report};
 pub use hitopk::{PreparedTopK, TopK, TopKReport, TopKScheme};
 pub use queue::Request;
+pub use register::{RegHandle, Registrations};
 pub use route::AllReduceCall;
 
 use crate::bootstrap::{
@@ -103,6 +105,8 @@ pub struct Comm {
     /// Over TCP: the transport's stall inspector (`transport::stall`), whose accept thread
     /// a shrink stops, answering its probes itself.
     inspector: Option<Arc<crate::transport::stall::Inspector>>,
+    /// Buffers registered with the comm (`register`), shared with its links.
+    registry: Arc<crate::transport::registry::Registry>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -169,6 +173,7 @@ fn link_config(
         abort,
         arena_chunk: config.shm_arena_chunk,
         inspector: None,
+        registry: Default::default(),
     }
 }
 
@@ -345,6 +350,7 @@ impl Comm {
                 return Err(Error::Internal("tcp comm without a listener".into()))
             }
         };
+        let registry = link.registry.clone();
         let transport = Transport::new(link, connector);
         crate::qlog!(
             Info,
@@ -412,6 +418,7 @@ impl Comm {
             rescue,
             shrinker: Default::default(),
             inspector,
+            registry,
         })
     }
 

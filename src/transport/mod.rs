@@ -15,6 +15,7 @@ pub mod ib;
 pub mod inproc;
 pub mod link;
 pub mod net;
+pub mod registry;
 pub mod shm;
 pub mod socket;
 pub mod stall;
@@ -111,4 +112,7 @@ pub struct LinkConfig {
     pub arena_chunk: Option<usize>,
     /// The stall inspector of a comm over TCP (set by the transport); None for threads.
     pub inspector: Option<Arc<stall::Inspector>>,
+    /// The buffers registered with the comm (`Comm::register`), which links that can send
+    /// straight from registered memory look up.
+    pub registry: Arc<registry::Registry>,
 }

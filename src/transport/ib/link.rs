@@ -567,6 +567,7 @@ mod tests {
             abort: Arc::new(AtomicBool::new(false)),
             arena_chunk: None,
             inspector: None,
+            registry: Default::default(),
         }
     }
 

@@ -75,6 +75,7 @@ fn abort_queued_behind(nsocks: usize, early: usize) {
             0,
             vec![addr; 3],
         ))),
+        registry: Default::default(),
     };
     let big = vec![0u8; 64 << 20];
     let sends = [SendReq {
