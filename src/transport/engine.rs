@@ -118,6 +118,25 @@ pub fn exchange(
     sends: &[SendReq<'_>],
     recvs: &mut [RecvReq<'_>],
 ) -> Result<()> {
+    let res = run(links, cfg, desc, sends, recvs);
+    if res.is_err() {
+        // The caller gets its buffers back: no link may read a send's memory any more.
+        for s in sends {
+            if let Some(Some(l)) = links.get_mut(s.peer) {
+                l.release();
+            }
+        }
+    }
+    res
+}
+
+fn run(
+    links: &mut Links,
+    cfg: &LinkConfig,
+    desc: &OpDesc,
+    sends: &[SendReq<'_>],
+    recvs: &mut [RecvReq<'_>],
+) -> Result<()> {
     let mut txs: Vec<Tx<'_>> = Vec::with_capacity(sends.len());
     for s in sends {
         let l = link(links, s.peer)?;

@@ -141,6 +141,11 @@ pub trait Link: Send {
         None
     }
 
+    /// Called when an exchange failed with a frame to this peer not fully sent: from now on
+    /// the link must not read that frame's memory, which goes back to the caller (a link
+    /// that sends from the caller's memory without a copy stops its device here).
+    fn release(&mut self) {}
+
     /// Best effort, bounded: sends the abort frame (`head`, `reason`) unless a frame is half
     /// sent, then closes.
     fn abort(&mut self, head: &[u8], reason: &[u8]);

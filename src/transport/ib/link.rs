@@ -5,6 +5,9 @@
 //! read to its end. Frames are padded to 8 bytes and slots are multiples of 8, so no element
 //! straddles two slots and a receive reduces straight out of the slot.
 //!
+//! A payload inside a buffer registered with the comm is written straight from it instead
+//! (`zcopy.rs`), its bytes reported to the engine only once the write completed.
+//!
 //! Registered memory may be written by the NIC at any time its queue pair allows, so it is
 //! only touched through raw pointers, and only where the protocol gives this side the bytes: a
 //! receive slot from its arrival until its credit is posted, a staging slot from its write's
@@ -18,12 +21,15 @@
 use super::setup::{Conn, CREDIT_WORD, RECV_TAG};
 use super::slots::{Arrivals, Imm, Window, MAX_CREDIT_WRITES, SLOTS, SLOT_BYTES};
 use super::verbs::{Completion, RemoteAddr, Sge, WcOpcode, WcStatus};
+use super::zcopy::{self, Ahead, UserMr, ZCOPY_MIN};
 use crate::transport::frame::{FrameKind, Header, HEADER_LEN};
 use crate::transport::link::{Dir, Link, Wait};
+use crate::transport::registry::Registry;
 use crate::transport::{LinkConfig, RecvReduce};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// wr_id tag of data writes (the low bits count them).
@@ -56,6 +62,12 @@ pub struct IbLink {
     failed: Option<String>,
     /// True while a frame is half written.
     mid_frame: bool,
+    /// Posted bytes the engine has not been told of (zero-copy writes in flight).
+    ahead: Ahead,
+    /// The last `send` left bytes it could not post yet (no free slot).
+    unposted: bool,
+    /// The comm's registered buffers (zero-copy sources).
+    registry: Arc<Registry>,
     /// The comm's timeout, bounding the drain on close.
     timeout: Duration,
 }
@@ -81,6 +93,9 @@ impl IbLink {
             wcs: Vec::with_capacity(POLL_BATCH),
             failed: None,
             mid_frame: false,
+            ahead: Ahead::default(),
+            unposted: false,
+            registry: cfg.registry.clone(),
             timeout: cfg.timeout,
         }
     }
@@ -215,25 +230,52 @@ impl IbLink {
         }
     }
 
-    /// Copies what fits of `parts` into free staging slots and posts each; the bytes taken.
-    fn write(&mut self, parts: &[&[u8]]) -> Result<usize, String> {
+    /// Posts what fits of `parts` past the bytes already posted (`ahead`): the payload
+    /// (`parts[1]`) straight from its registered buffer where `user` is given, everything
+    /// else copied into free staging slots. Each write fills at most one slot.
+    fn post(&mut self, parts: &[&[u8]], user: Option<&UserMr>) -> Result<(), String> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        let mut done = 0;
-        while done < total && self.tx.free() > 0 {
-            let n = (total - done).min(SLOT_BYTES);
+        let head = parts[0].len();
+        let body = head..head + parts.get(1).map_or(0, |p| p.len());
+        let mut at = self.ahead.posted();
+        while at < total && self.tx.free() > 0 {
             let slot = self.tx.next_slot();
-            let at = slot * SLOT_BYTES;
-            // SAFETY: the staging slot lies inside the outbox region (SLOTS * SLOT_BYTES
-            // bytes), and no write reads it now: the window counts it free only after the
-            // last write from it completed.
-            unsafe { copy_out(parts, done, self.conn.outbox.ptr().add(at), n) };
-            let local = Sge {
-                addr: self.conn.outbox.addr() + at as u64,
-                len: n as u32,
-                lkey: self.conn.outbox.lkey(),
+            let off = slot * SLOT_BYTES;
+            let (local, zero_copy) = match user {
+                // Whole slots from the payload's start (8-aligned), so no element straddles.
+                Some(mr) if body.contains(&at) => {
+                    let n = (body.end - at).min(SLOT_BYTES);
+                    let addr = parts[1][at - head..].as_ptr() as u64;
+                    let sge = Sge {
+                        addr,
+                        len: n as u32,
+                        lkey: mr.lkey(),
+                    };
+                    (sge, true)
+                }
+                _ => {
+                    // The header alone when the payload goes without a copy.
+                    let end = if user.is_some() && at < body.start {
+                        body.start
+                    } else {
+                        total
+                    };
+                    let n = (end - at).min(SLOT_BYTES);
+                    // SAFETY: the staging slot lies inside the outbox region (SLOTS *
+                    // SLOT_BYTES bytes), and no write reads it now: the window counts it free
+                    // only after the last write from it completed.
+                    unsafe { copy_out(parts, at, self.conn.outbox.ptr().add(off), n) };
+                    let sge = Sge {
+                        addr: self.conn.outbox.addr() + off as u64,
+                        len: n as u32,
+                        lkey: self.conn.outbox.lkey(),
+                    };
+                    (sge, false)
+                }
             };
+            let n = local.len as usize;
             let remote = RemoteAddr {
-                addr: self.conn.remote.addr + at as u64,
+                addr: self.conn.remote.addr + off as u64,
                 rkey: self.conn.remote.rkey,
             };
             let imm = Imm::Data {
@@ -250,10 +292,16 @@ impl IbLink {
                     true,
                 )
                 .map_err(|e| format!("posting an RDMA write to rank {}: {e}", self.peer))?;
+            if zero_copy {
+                self.ahead.zero_copy(self.tx.posted, n);
+            } else {
+                self.ahead.staged(n);
+            }
             self.tx.posted += 1;
-            done += n;
+            at += n;
         }
-        Ok(done)
+        self.unposted = at < total;
+        Ok(())
     }
 
     /// Hands out up to `max` arrived bytes, in order, to `take` (called once per slot piece
@@ -376,15 +424,32 @@ impl Link for IbLink {
             return Err(self.failure());
         }
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        let n = match self.write(&parts) {
-            Ok(n) => n,
-            Err(e) => {
-                self.fail(e, false);
-                return Err(self.failure());
-            }
-        };
-        self.mid_frame = n < total && (n > 0 || self.mid_frame);
+        let user = (parts[1].len() >= ZCOPY_MIN)
+            .then(|| zcopy::lookup(&self.registry, &self.conn._ctx, parts[1]))
+            .flatten();
+        if let Err(e) = self.post(&parts, user.as_deref()) {
+            self.fail(e, false);
+            return Err(self.failure());
+        }
+        let n = self.ahead.report(self.tx.completed);
+        self.mid_frame = self.ahead.posted() > 0 || (n < total && (n > 0 || self.mid_frame));
         some_or(n, None)
+    }
+
+    fn release(&mut self) {
+        if self.mid_frame || self.ahead.posted() > 0 {
+            // The frame is abandoned and the stream cut: stop the device reading the
+            // caller's memory (returns only once it reads none) and fail the link.
+            let _ = self.conn.qp.to_error();
+            self.fail(
+                format!(
+                    "a frame to rank {} was abandoned half written (the exchange failed)",
+                    self.peer
+                ),
+                false,
+            );
+            self.ahead.clear();
+        }
     }
 
     fn recv(&mut self, _stream: usize, buf: &mut [u8]) -> io::Result<usize> {
@@ -431,7 +496,9 @@ impl Link for IbLink {
         self.progress();
         let ready = self.failed.is_some()
             || match dir {
-                Dir::Send => self.tx.free() > 0,
+                Dir::Send => {
+                    self.ahead.ready(self.tx.completed) || (self.unposted && self.tx.free() > 0)
+                }
                 Dir::Recv => !self.rx.is_empty(),
             };
         if !ready {
@@ -508,7 +575,11 @@ impl Link for IbLink {
         self.progress();
         // All or nothing, in one slot: a partial abort frame would be garbage to the peer.
         let fits = head.len() + reason.len() <= SLOT_BYTES && self.tx.free() > 0;
-        if !self.mid_frame && self.failed.is_none() && fits && self.write(&[head, reason]).is_ok() {
+        if !self.mid_frame
+            && self.failed.is_none()
+            && fits
+            && self.post(&[head, reason], None).is_ok()
+        {
             // Bounded: its bytes must be in the peer's ring before the queue pair errors.
             let deadline = Instant::now() + Duration::from_millis(200);
             while !self.tx.drained() && self.failed.is_none() && self.wait_more(deadline, None) {}
@@ -558,6 +629,10 @@ mod tests {
     use std::sync::Arc;
 
     fn cfg(rank: usize) -> LinkConfig {
+        cfg_with(rank, Default::default())
+    }
+
+    fn cfg_with(rank: usize, registry: Arc<Registry>) -> LinkConfig {
         LinkConfig {
             rank,
             size: 2,
@@ -567,7 +642,7 @@ mod tests {
             abort: Arc::new(AtomicBool::new(false)),
             arena_chunk: None,
             inspector: None,
-            registry: Default::default(),
+            registry,
         }
     }
 
@@ -590,6 +665,11 @@ mod tests {
 
     /// A pair whose `n`-th write is refused by the responder, a remote access error (0: none).
     fn pair_failing(n: u64) -> (IbLink, IbLink) {
+        pair_with(n, Default::default())
+    }
+
+    /// A pair whose ranks look up buffers in `registry`.
+    fn pair_with(n: u64, registry: Arc<Registry>) -> (IbLink, IbLink) {
         let mut fabric = EmuFabric::new([7; 16], Ipv4Addr::LOCALHOST.into());
         if n > 0 {
             fabric = fabric.with_fault(Fault {
@@ -607,16 +687,17 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let net2 = net.clone();
+        let reg2 = registry.clone();
         let t = std::thread::spawn(move || {
             let mut s = TcpStream::connect(addr).unwrap();
             let c = connect(&net2, &mut s).unwrap();
             s.set_nonblocking(true).unwrap();
-            IbLink::new(c, vec![s], addr, 1, &cfg(0))
+            IbLink::new(c, vec![s], addr, 1, &cfg_with(0, reg2))
         });
         let (mut s, _) = l.accept().unwrap();
         let c = connect(&net, &mut s).unwrap();
         s.set_nonblocking(true).unwrap();
-        let b = IbLink::new(c, vec![s], addr, 0, &cfg(1));
+        let b = IbLink::new(c, vec![s], addr, 0, &cfg_with(1, registry));
         (t.join().unwrap(), b)
     }
 
@@ -681,6 +762,89 @@ mod tests {
         let t = std::thread::spawn(move || run(0, a));
         run(1, b);
         t.join().unwrap();
+    }
+
+    /// Payloads inside a registered buffer go without a copy (one device registration, made
+    /// on first use and reused); after deregistration the same bytes are staged again.
+    #[test]
+    fn registered_payloads_are_written_from_the_buffer_itself() {
+        let registry = Arc::new(Registry::default());
+        let (a, b) = pair_with(0, registry.clone());
+        let n = SLOT_BYTES * 3 + 5;
+        let src: Vec<u8> = (0..3 * n).map(|k| (k % 251) as u8).collect();
+        let handle = registry.register(src.as_ptr(), src.len()).unwrap();
+        let reg = registry.clone();
+        let sender = std::thread::spawn(move || {
+            let mut links = links(0, a);
+            let c = cfg_with(0, reg.clone());
+            // Three frames from the registered buffer (different offsets), then one after
+            // deregistration, each followed by a reply so the buffer is reused only then.
+            for round in 0..4 {
+                if round == 3 {
+                    reg.deregister(handle).unwrap();
+                    assert_eq!(reg.stats().ranges, 0);
+                }
+                let at = [0, n, 2 * n - 3, 8][round];
+                let sends = [SendReq {
+                    peer: 1,
+                    data: &src[at..at + n - round],
+                }];
+                engine::exchange(&mut links, &c, &desc(), &sends, &mut []).unwrap();
+                if round < 3 {
+                    assert_eq!(reg.stats().made, 1, "round {round}");
+                }
+                let mut ack = [0u8; 8];
+                let mut recvs = [RecvReq::new(1, &mut ack)];
+                engine::exchange(&mut links, &c, &desc(), &[], &mut recvs).unwrap();
+            }
+            src
+        });
+        let mut links = links(1, b);
+        let c = cfg(1);
+        let mut got = Vec::new();
+        for round in 0..4 {
+            let mut buf = vec![0u8; n - round];
+            let mut recvs = [RecvReq::new(0, &mut buf)];
+            engine::exchange(&mut links, &c, &desc(), &[], &mut recvs).unwrap();
+            got.push(buf);
+            let sends = [SendReq {
+                peer: 0,
+                data: &[1u8; 8],
+            }];
+            engine::exchange(&mut links, &c, &desc(), &sends, &mut []).unwrap();
+        }
+        let src = sender.join().unwrap();
+        for (round, buf) in got.iter().enumerate() {
+            let at = [0, n, 2 * n - 3, 8][round];
+            assert!(buf[..] == src[at..at + n - round], "round {round}");
+        }
+    }
+
+    /// A frame sent from a registered buffer that cannot finish (the peer reads nothing, so
+    /// no credit returns) fails the exchange; the link then stops the device reading the
+    /// buffer before the caller gets it back.
+    #[test]
+    fn an_abandoned_zero_copy_frame_stops_the_device_reading_the_buffer() {
+        let registry = Arc::new(Registry::default());
+        let (a, b) = pair_with(0, registry.clone());
+        let src = vec![3u8; SLOT_BYTES * (SLOTS + 2)];
+        let handle = registry.register(src.as_ptr(), src.len()).unwrap();
+        let mut links = links(0, a);
+        let mut c = cfg_with(0, registry.clone());
+        c.timeout = Duration::from_millis(300);
+        let sends = [SendReq {
+            peer: 1,
+            data: &src,
+        }];
+        let e = engine::exchange(&mut links, &c, &desc(), &sends, &mut []).unwrap_err();
+        assert!(e.to_string().contains("rank 1"), "{e}");
+        let link = links[1].as_mut().unwrap();
+        let again = link.send(0, [&[], &[1u8; 8], &[]]).unwrap_err().to_string();
+        assert!(again.contains("abandoned half written"), "{again}");
+        registry.deregister(handle).unwrap();
+        drop(src);
+        drop(links);
+        drop(b);
     }
 
     #[test]

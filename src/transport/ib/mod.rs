@@ -15,6 +15,7 @@ pub mod slots;
 // `Context::register`, kept for a registration cache (not written yet).
 #[allow(dead_code)]
 pub mod verbs;
+pub mod zcopy;
 
 /// Whether a peer pair may talk over RDMA (`net::select`): both ranks have a usable device
 /// (QCCL_NET, QCCL_IB_DISABLE, QCCL_IB_HCA and the devices found, exchanged at init).

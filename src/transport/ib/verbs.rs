@@ -275,12 +275,13 @@ pub trait Context: Send + Sync {
     /// access and remote writes (the link's slots).
     fn alloc(&self, len: usize) -> Result<Box<dyn Region>>;
 
-    /// Registers memory the caller owns for local access and remote writes (a registration
-    /// cache's entries).
+    /// Registers memory the caller owns as a source of writes: local reads only, no peer may
+    /// write it (the registration cache's entries: user buffers sent without a copy).
     ///
     /// # Safety
-    /// `addr..addr+len` must stay allocated, and not be freed or remapped, until the returned
-    /// region and every queue pair that may still access it are dropped.
+    /// The bytes a posted work request names must stay allocated until it completes, or the
+    /// region is dropped, or its queue pair's `to_error` or drop returned: after any of those
+    /// the device reads none of them.
     unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<Box<dyn Region>>;
 
     /// A completion queue with room for `depth` completions.

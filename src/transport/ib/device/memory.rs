@@ -22,14 +22,23 @@ unsafe impl Send for VerbsRegion {}
 // SAFETY: as for Send; nothing here is mutated through &self.
 unsafe impl Sync for VerbsRegion {}
 
-/// Registers `addr..addr+len` on `pd` for local writes and remote writes.
+/// Local and remote writes: the slots.
+const SLOT_ACCESS: i32 = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+    | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as i32;
+/// Local reads only (no flag): the sources of zero-copy writes, which may be read-only pages.
+const SOURCE_ACCESS: i32 = 0;
+
+/// Registers `addr..addr+len` on `pd` with `access`.
 ///
 /// # Safety
 /// The range must stay allocated until the returned handle is dropped.
-unsafe fn reg_mr(name: &str, pd: &Arc<PdHandle>, addr: *mut u8, len: usize) -> Result<MrHandle> {
-    let access = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-        | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
-        .0 as i32;
+unsafe fn reg_mr(
+    name: &str,
+    pd: &Arc<PdHandle>,
+    addr: *mut u8,
+    len: usize,
+    access: i32,
+) -> Result<MrHandle> {
     // SAFETY: `pd` is live; the range is allocated for the handle's life (caller's promise).
     let mr = unsafe { ffi::ibv_reg_mr(pd.pd, addr.cast(), len, access) };
     if mr.is_null() {
@@ -59,7 +68,7 @@ impl VerbsRegion {
         let ptr = mem.as_mut_ptr();
         // SAFETY: the mapping is owned by the region and unmapped after the registration
         // (field order).
-        let mr = unsafe { reg_mr(name, pd, ptr, len)? };
+        let mr = unsafe { reg_mr(name, pd, ptr, len, SLOT_ACCESS)? };
         Ok(VerbsRegion {
             mr,
             ptr,
@@ -68,7 +77,7 @@ impl VerbsRegion {
         })
     }
 
-    /// Registers the caller's memory.
+    /// Registers the caller's memory as a source of writes.
     ///
     /// # Safety
     /// `addr..addr+len` stays allocated until the region and its queue pairs are dropped.
@@ -85,7 +94,7 @@ impl VerbsRegion {
             )));
         }
         // SAFETY: the caller's promise, passed on.
-        let mr = unsafe { reg_mr(name, pd, addr, len)? };
+        let mr = unsafe { reg_mr(name, pd, addr, len, SOURCE_ACCESS)? };
         Ok(VerbsRegion {
             mr,
             ptr: addr,

@@ -36,12 +36,21 @@ pub fn send_loop(qp: &QpShared, regions: &RegionTable, faults: &FaultPlan, mut s
         };
         buf.clear();
         buf.resize(REQ_LEN, 0);
-        // The region may have been deregistered since the post.
+        // The region may have been deregistered since the post. The copy runs under
+        // `reading`, after checking the queue pair is still sending (see `await_reads`).
+        let reading = qp.reading.read().unwrap_or_else(|p| p.into_inner());
+        {
+            let g = qp.lock();
+            if g.closed || g.state != QpState::Rts {
+                return;
+            }
+        }
         let copied = wr.local_error.is_some()
             || wr.local.len == 0
             || regions
                 .get(wr.local.lkey)
                 .is_some_and(|e| e.read(wr.local.addr, wr.local.len, &mut buf));
+        drop(reading);
         let mut g = qp.lock();
         if g.closed || g.state != QpState::Rts {
             // Flushed with the rest (or dropped).

@@ -240,8 +240,11 @@ impl QueuePair for EmuQp {
     }
 
     fn to_error(&mut self) -> Result<()> {
-        let mut g = self.shared.lock();
-        self.shared.fail(&mut g);
+        {
+            let mut g = self.shared.lock();
+            self.shared.fail(&mut g);
+        }
+        self.shared.await_reads();
         Ok(())
     }
 
@@ -343,6 +346,7 @@ impl Drop for EmuQp {
             }
         }
         self.shared.cond.notify_all();
+        self.shared.await_reads();
         // Waits for a placement in progress (a memcpy); none starts after `closed`.
         drop(
             self.shared

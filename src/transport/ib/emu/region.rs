@@ -22,6 +22,8 @@ pub struct Entry {
     len: usize,
     /// False once deregistered; guards the memory (see the module doc).
     live: RwLock<bool>,
+    /// Peers may write it (allocated slots); registered user memory is a write source only.
+    remote_write: bool,
 }
 
 impl Entry {
@@ -33,11 +35,16 @@ impl Entry {
                 .is_some_and(|end| end <= self.addr + self.len as u64)
     }
 
-    /// Copies `src` to `addr` (checked with [`Entry::contains`]); false when the region was
+    /// True when a peer may write `addr..addr+len` with this region's key.
+    pub fn writable(&self, addr: u64, len: u32) -> bool {
+        self.remote_write && self.contains(addr, len)
+    }
+
+    /// Copies `src` to `addr` (checked with [`Entry::writable`]); false when the region was
     /// deregistered meanwhile.
     pub fn write(&self, addr: u64, src: &[u8]) -> bool {
         let live = self.live.read().unwrap_or_else(|p| p.into_inner());
-        if !*live || !self.contains(addr, src.len() as u32) {
+        if !*live || !self.writable(addr, src.len() as u32) {
             return false;
         }
         // SAFETY: the range is inside a live registration (checked above, under the read
@@ -91,7 +98,8 @@ impl RegionTable {
     }
 
     /// Registers `addr..addr+len`; `owned` is the layout it was allocated with when the
-    /// region owns it (freed on drop).
+    /// region owns it (freed on drop): such regions are the slots peers write, the others
+    /// sources of writes only.
     ///
     /// # Safety
     /// As `Context::register`: the memory stays valid until the returned region is dropped.
@@ -118,6 +126,7 @@ impl RegionTable {
             addr: addr as u64,
             len,
             live: RwLock::new(true),
+            remote_write: owned.is_some(),
         });
         entries.insert(key, entry.clone());
         Ok(EmuRegion {

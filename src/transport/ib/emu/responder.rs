@@ -83,7 +83,7 @@ fn handle(
         None
     } else {
         match nic.regions.get(req.rkey) {
-            Some(e) if e.contains(req.addr, req.len) => Some(e),
+            Some(e) if e.writable(req.addr, req.len) => Some(e),
             found => {
                 crate::qlog!(
                     Warn,

@@ -94,6 +94,10 @@ pub struct QpShared {
     /// Held (read) by a responder while it places bytes for this queue pair; dropping the
     /// queue pair takes it (write) after closing it, so no write lands after the drop.
     pub placing: RwLock<()>,
+    /// Held (read) by the initiator's sender while it copies a write's bytes out of local
+    /// memory; `to_error` and the drop take it (write) after stopping the queue pair, so no
+    /// local memory is read once they return (a failed exchange hands its buffers back).
+    pub reading: RwLock<()>,
 }
 
 impl QpShared {
@@ -125,6 +129,7 @@ impl QpShared {
             }),
             cond: Condvar::new(),
             placing: RwLock::new(()),
+            reading: RwLock::new(()),
         }
     }
 
@@ -196,6 +201,12 @@ impl QpShared {
             let _ = c.shutdown(Shutdown::Both);
         }
         self.cond.notify_all();
+    }
+
+    /// Waits for a copy out of local memory in progress; none starts after the queue pair
+    /// left RTS (the sender checks under `reading`).
+    pub fn await_reads(&self) {
+        drop(self.reading.write().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// Moves to the error state, flushing everything (see `fail_at`).

@@ -300,6 +300,46 @@ fn out_of_bounds_fails_with_remote_access() {
     assert_eq!(b.bytes(REGION - 8, 8), vec![0; 8]);
 }
 
+/// Registered user memory is a write source: its bytes go out, once deregistered a write
+/// from it is a local protection error, and no peer may write it.
+#[test]
+fn registered_memory_is_a_source_only() {
+    let (mut a, mut b) = pair();
+    let mut mine = pattern(8192, 9);
+    // SAFETY: `mine` outlives the regions (dropped before it) and every write posted from
+    // them (each completes below).
+    let reg = unsafe { a.ctx.register(mine.as_mut_ptr(), mine.len()) }.unwrap();
+    let from = |reg: &dyn Region, off: u64, len: u32| Sge {
+        addr: reg.addr() + off,
+        len,
+        lkey: reg.lkey(),
+    };
+    a.qp.post_write(1, from(&*reg, 100, 4000), b.at(8), None, true)
+        .unwrap();
+    assert_eq!(next(&a.scq).status, WcStatus::Success);
+    assert_eq!(b.bytes(8, 4000), mine[100..4100].to_vec());
+    // SAFETY: as above.
+    let again = unsafe { a.ctx.register(mine.as_mut_ptr(), mine.len()) }.unwrap();
+    let stale = from(&*reg, 0, 16);
+    drop(reg);
+    a.qp.post_write(2, stale, b.at(8), None, true).unwrap();
+    assert_eq!(next(&a.scq).status, WcStatus::LocalProtection);
+    drop(again);
+    // No peer can write it with its key (a fresh pair: this one is in the error state now).
+    let (mut c, d) = pair();
+    // SAFETY: as above.
+    let theirs = unsafe { d.ctx.register(mine.as_mut_ptr(), mine.len()) }.unwrap();
+    let target = RemoteAddr {
+        addr: theirs.addr(),
+        rkey: theirs.rkey(),
+    };
+    c.qp.post_write(3, c.sge(0, 16), target, None, true)
+        .unwrap();
+    assert_eq!(next(&c.scq).status, WcStatus::RemoteAccess);
+    drop(theirs);
+    assert_eq!(mine, pattern(8192, 9));
+}
+
 #[test]
 fn deregistered_region_is_a_remote_access_error() {
     let (mut a, mut b) = pair();
