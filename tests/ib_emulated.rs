@@ -110,6 +110,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
             }
             Ok(())
         }
+        "registered" => registered_buffers(&comm),
         "loop" => {
             // All-reduces until something fails (a fault, or the parent kills a rank).
             let mut buf = vec![1f32; 1 << 20];
@@ -124,6 +125,99 @@ fn run_child(scenario: &str) -> Result<(), String> {
         }
         other => Err(format!("unknown scenario {other}")),
     }
+}
+
+/// Values whose sums are exact in f32: rank, round and index mixed into small integers.
+fn fill(buf: &mut [f32], rank: usize, round: usize) {
+    for (i, x) in buf.iter_mut().enumerate() {
+        *x = ((rank * 7 + round * 3 + i) % 11) as f32;
+    }
+}
+
+/// Checks `buf` holds the sums of `fill(_, r, round)` over every rank, against float64.
+fn check_sums(buf: &[f32], n: usize, round: usize, what: &str) -> Result<(), String> {
+    for (i, &x) in buf.iter().enumerate() {
+        let want: f64 = (0..n).map(|r| ((r * 7 + round * 3 + i) % 11) as f64).sum();
+        if x as f64 != want {
+            return Err(format!("{what}: element {i} is {x}, want {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// The registration cache over the link: a buffer registered once and reused by many calls
+/// (every algorithm, new contents each time) is sent from directly, one device registration
+/// made on first use; registering it again counts; after deregistration and free, a new
+/// buffer (often at the same address) is right both unregistered and registered anew.
+fn registered_buffers(comm: &Comm) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let e = |e: qccl::Error| e.to_string();
+    let count = 1_000_003;
+    let mut buf = vec![0f32; count];
+    let h = comm.register(&buf).map_err(e)?;
+    if comm.register(&buf[..count / 2]).map_err(e)? == h {
+        return Err("a narrower range got the whole buffer's handle".into());
+    }
+    let algos = [
+        qccl::Algo::Ring,
+        qccl::Algo::Tree,
+        qccl::Algo::Sra,
+        qccl::Algo::AllGather,
+    ];
+    for (round, algo) in algos.into_iter().enumerate() {
+        fill(&mut buf, r, round);
+        comm.all_reduce_with(None, &mut buf, ReduceOp::Sum, algo)
+            .map_err(e)?;
+        check_sums(&buf, n, round, &format!("{algo:?} round {round}"))?;
+    }
+    // Out of place, the send side registered: a broadcast from every root in turn.
+    for root in 0..n {
+        fill(&mut buf, root, 9);
+        let mut out = vec![0f32; count];
+        comm.broadcast(&buf, &mut out, root).map_err(e)?;
+        let mut want = vec![0f32; count];
+        fill(&mut want, root, 9);
+        if out != want {
+            return Err(format!("broadcast from {root}: wrong bytes"));
+        }
+    }
+    let st = comm.registrations();
+    if st.ranges != 2 || (n > 1 && st.made < 1) {
+        return Err(format!("registrations after the calls: {st:?}"));
+    }
+    let h2 = comm.register(&buf).map_err(e)?;
+    if h2 != h {
+        return Err(format!(
+            "the same buffer registered again: {h2:?}, not {h:?}"
+        ));
+    }
+    for handle in [h, h] {
+        comm.deregister(handle).map_err(e)?;
+    }
+    if comm.deregister(h).is_ok() {
+        return Err("a third deregistration of a twice-registered buffer passed".into());
+    }
+    let st = comm.registrations();
+    if st.ranges != 1 {
+        return Err(format!("registrations left: {st:?}"));
+    }
+    drop(buf);
+    // Freed; a new buffer of the same size, unregistered, then registered.
+    let mut again = vec![0f32; count];
+    for round in 0..2 {
+        let h = (round == 1)
+            .then(|| comm.register(&again))
+            .transpose()
+            .map_err(e)?;
+        fill(&mut again, r, 10 + round);
+        comm.all_reduce_in_place(&mut again, ReduceOp::Sum)
+            .map_err(e)?;
+        check_sums(&again, n, 10 + round, &format!("new buffer, round {round}"))?;
+        if let Some(h) = h {
+            comm.deregister(h).map_err(e)?;
+        }
+    }
+    Ok(())
 }
 
 /// A comm and a split of it over the link, then dropped: every thread they started (the
@@ -202,6 +296,18 @@ fn suite_over_ib_5_processes() {
 }
 
 /// As NCCL chooses: ranks of one (emulated) host keep shared memory, hosts talk RDMA.
+/// The registration cache at 3 processes: reused and freed buffers (see
+/// `registered_buffers`).
+#[test]
+fn registered_buffers_are_sent_from_directly_and_stay_right() {
+    let job = Job::new(3);
+    let children: Vec<Child> = (0..3).map(|r| job.spawn(r, "registered", &IB)).collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = wait(c, Duration::from_secs(120));
+        assert_eq!(o.status.code(), Some(0), "rank {r}:\n{}", text(&o));
+    }
+}
+
 #[test]
 fn shared_memory_inside_a_host_and_rdma_between_hosts() {
     let job = Job::new(4);
