@@ -88,6 +88,11 @@ fn run_child(scenario: &str) -> Result<(), String> {
             for (spec, bound) in COMPRESSED_SPECS {
                 common::coded::check_spec(&comm, spec, *bound)?;
             }
+            // Compressed chunks went from the registered wire buffers, without a copy.
+            let st = comm.registrations();
+            if st.wire == 0 || st.wire_made == 0 {
+                return Err(format!("no wire buffer was sent from: {st:?}"));
+            }
             if std::env::var("TEST_HOSTS").is_ok() {
                 common::topk::check_over_processes(&comm)?;
             }

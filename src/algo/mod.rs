@@ -12,6 +12,7 @@ mod kind;
 pub mod ring;
 pub mod sra;
 pub mod tree;
+pub mod wire;
 
 pub use kind::Algo;
 
@@ -32,6 +33,8 @@ pub struct Scratch {
     /// The packed buffer of a fusion plan's multi-tensor groups (`plan::FusedAllReduce`),
     /// kept across calls: a fresh buffer of tens of MB would be page-faulted in every time.
     pub fused: Vec<f32>,
+    /// Registered buffers the compressed schedules encode into and send from (`wire.rs`).
+    pub wire: Vec<wire::WireBuf>,
 }
 
 /// One growable, 8-byte aligned byte buffer.
@@ -106,6 +109,19 @@ impl Ctx<'_> {
         self.wire.sent += sends.iter().map(|s| s.data.len() as u64).sum::<u64>();
         self.wire.received += recvs.iter().map(|r| r.data.len() as u64).sum::<u64>();
         self.t.exchange(&self.desc, sends, recvs)
+    }
+
+    /// A registered wire buffer from the comm's scratch; `give_wire` returns it.
+    pub fn wire_buf(&mut self) -> wire::WireBuf {
+        self.scratch
+            .wire
+            .pop()
+            .unwrap_or_else(|| wire::WireBuf::new(self.t.registry()))
+    }
+
+    /// Returns wire buffers to the comm's scratch, keeping their registrations.
+    pub fn give_wire(&mut self, bufs: impl IntoIterator<Item = wire::WireBuf>) {
+        self.scratch.wire.extend(bufs);
     }
 
     /// Number of slices that a transfer of `bytes` bytes is cut into (at least 1).

@@ -53,7 +53,8 @@ impl Comm {
     }
 
     /// How many buffers are registered, and how many device registrations links made of
-    /// them (0 until a link that uses them sends from one).
+    /// them (0 until a link that uses them sends from one); the same for qccl's own wire
+    /// buffers, which compressed calls encode into.
     pub fn registrations(&self) -> Registrations {
         self.registry.stats()
     }

@@ -140,6 +140,11 @@ impl Transport {
         self.connector.inspector()
     }
 
+    /// The comm's registered buffers.
+    pub fn registry(&self) -> Arc<super::registry::Registry> {
+        self.cfg.registry.clone()
+    }
+
     /// "tcp", "tcp+shm" or "inproc".
     pub fn name(&self) -> &'static str {
         self.connector.name()

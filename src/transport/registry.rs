@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use std::any::Any;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Registrations are whole pages, as a NIC pins them.
@@ -25,6 +25,8 @@ struct Entry {
     end: usize,
     /// Registrations of this exact range not yet deregistered.
     refs: usize,
+    /// Registered by qccl itself (the wire buffers of compressed calls), not the user.
+    own: bool,
     /// By maker (a device context's key): what it made of the range, or None where it
     /// could not register it (not tried again).
     made: Vec<(usize, Option<Made>)>,
@@ -36,16 +38,23 @@ pub struct Registry {
     entries: Mutex<Vec<Entry>>,
     /// Entries, read without the lock on every send.
     live: AtomicUsize,
-    next: AtomicUsize,
 }
+
+/// Handles are numbered across the process, so a handle from one comm is refused by
+/// another (NCCL's are pointers: unique too).
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 /// How many ranges are registered and what link kinds made of them (for tests and logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
-    /// Registered ranges.
+    /// Ranges the user registered.
     pub ranges: usize,
     /// Device registrations made of them.
     pub made: usize,
+    /// qccl's own registered buffers (the wire buffers compressed calls encode into).
+    pub wire: usize,
+    /// Device registrations made of those.
+    pub wire_made: usize,
 }
 
 impl std::fmt::Debug for Registry {
@@ -63,6 +72,15 @@ impl Registry {
     /// the same pages again returns the same handle, counted: each registration needs its
     /// deregistration.
     pub fn register(&self, ptr: *const u8, len: usize) -> Result<u64> {
+        self.add(ptr, len, false)
+    }
+
+    /// As `register`, for qccl's own buffers (counted apart in [`Registry::stats`]).
+    pub fn register_own(&self, ptr: *const u8, len: usize) -> Result<u64> {
+        self.add(ptr, len, true)
+    }
+
+    fn add(&self, ptr: *const u8, len: usize, own: bool) -> Result<u64> {
         if ptr.is_null() || len == 0 {
             return Err(Error::invalid(format!(
                 "register: cannot register {len} bytes at {ptr:p} (a null or empty buffer)"
@@ -80,17 +98,18 @@ impl Registry {
         let mut entries = self.lock();
         if let Some(e) = entries
             .iter_mut()
-            .find(|e| e.begin == begin && e.end == end)
+            .find(|e| e.begin == begin && e.end == end && e.own == own)
         {
             e.refs += 1;
             return Ok(e.id);
         }
-        let id = self.next.fetch_add(1, Ordering::Relaxed) as u64 + 1;
+        let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
         entries.push(Entry {
             id,
             begin,
             end,
             refs: 1,
+            own,
             made: Vec::new(),
         });
         self.live.store(entries.len(), Ordering::Release);
@@ -152,14 +171,19 @@ impl Registry {
     /// Counts, for tests and logs.
     pub fn stats(&self) -> Stats {
         let entries = self.lock();
-        Stats {
-            ranges: entries.len(),
-            made: entries
-                .iter()
-                .flat_map(|e| &e.made)
-                .filter(|(_, m)| m.is_some())
-                .count(),
+        let (mut st, made) = (Stats::default(), |e: &Entry| {
+            e.made.iter().filter(|(_, m)| m.is_some()).count()
+        });
+        for e in entries.iter() {
+            if e.own {
+                st.wire += 1;
+                st.wire_made += made(e);
+            } else {
+                st.ranges += 1;
+                st.made += made(e);
+            }
         }
+        st
     }
 }
 
@@ -190,7 +214,7 @@ mod tests {
         assert!(m.is_some());
         assert!(r.find(p, 50, 7, |_, _| panic!("made twice")).is_some());
         assert_eq!(calls, 1);
-        assert_eq!(r.stats(), Stats { ranges: 1, made: 1 });
+        assert_eq!((r.stats().ranges, r.stats().made), (1, 1));
         r.deregister(a).unwrap();
         assert!(r.find(p, 50, 7, |_, _| panic!("made twice")).is_some());
         r.deregister(a).unwrap();
@@ -198,6 +222,11 @@ mod tests {
         assert!(r.find(p, 50, 7, |_, _| made(2)).is_none());
         let e = r.deregister(a).unwrap_err().to_string();
         assert!(e.contains("not a registration of this comm"), "{e}");
+        // Another registry's handle is not this one's.
+        let other = Registry::default();
+        let b = other.register(p, 100).unwrap();
+        assert!(r.register(p, 100).unwrap() != b);
+        assert!(r.deregister(b).is_err());
     }
 
     #[test]

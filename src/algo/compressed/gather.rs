@@ -16,8 +16,9 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
     let whole = 0..count;
     let len = cd.len(&whole);
     let mut all = vec![0u8; n * len];
-    let mut own = Vec::new();
-    cd.encode(work, whole.clone(), &mut own)?;
+    // Encoded into registered memory: an RDMA link sends it without a copy.
+    let mut own = ctx.wire_buf();
+    cd.encode(work, whole.clone(), own.fit(len))?;
     {
         let (before, rest) = all.split_at_mut(r * len);
         let (_, after) = rest.split_at_mut(len);
@@ -25,7 +26,7 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
             .filter(|&p| p != r)
             .map(|p| SendReq {
                 peer: p,
-                data: &own,
+                data: own.bytes(),
             })
             .collect();
         let mut recvs: Vec<RecvReq<'_>> = before
@@ -41,7 +42,8 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
             .collect();
         ctx.exchange(&sends, &mut recvs)?;
     }
-    all[r * len..(r + 1) * len].copy_from_slice(&own);
+    all[r * len..(r + 1) * len].copy_from_slice(own.bytes());
+    ctx.give_wire([own]);
     work.fill(0.0);
     for p in 0..n {
         cd.decode(&all[p * len..(p + 1) * len], work, whole.clone(), true)?;

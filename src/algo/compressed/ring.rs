@@ -17,7 +17,9 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
     let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
     let nsl = nslices(ctx, chunks[n - 1].len());
     let (next, prev) = (ctx.peer(1), ctx.peer(-1));
-    let (mut out, mut land) = (Vec::new(), Vec::new());
+    // Encoded into registered memory: an RDMA link sends it without a copy.
+    let mut out = ctx.wire_buf();
+    let mut land = Vec::new();
     for step in 0..n - 1 {
         let send_c = (r + n - step) % n;
         let recv_c = (r + 2 * n - step - 1) % n;
@@ -26,18 +28,20 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
                 slice(&chunks[send_c], nsl, j),
                 slice(&chunks[recv_c], nsl, j),
             );
-            cd.encode(work, ss, &mut out)?;
+            let len = cd.len(&ss);
+            cd.encode(work, ss, out.fit(len))?;
             land.resize(cd.len(&rs), 0);
             ctx.exchange(
                 &[SendReq {
                     peer: next,
-                    data: &out,
+                    data: out.bytes(),
                 }],
                 &mut [RecvReq::new(prev, &mut land)],
             )?;
             cd.decode(&land, work, rs, true)?;
         }
     }
+    ctx.give_wire([out]);
     // Rank r finished chunk r+1.
     all_gather(ctx, cd, work, &chunks, |q| (q + 1) % n)
 }
@@ -57,23 +61,25 @@ pub fn all_gather(
     }
     let nsl = nslices(ctx, chunks.iter().map(|c| c.len()).max().unwrap_or(0));
     let (next, prev) = (ctx.peer(1), ctx.peer(-1));
-    let (mut cur, mut land) = (Vec::new(), Vec::new());
+    // Both registered: what lands is forwarded as it is.
+    let (mut cur, mut land) = (ctx.wire_buf(), ctx.wire_buf());
     for j in 0..nsl {
-        cd.encode_own(work, slice(&chunks[owned(r)], nsl, j), &mut cur)?;
+        let own = slice(&chunks[owned(r)], nsl, j);
+        cd.encode_own(work, own.clone(), cur.fit(cd.len(&own)))?;
         for step in 0..n - 1 {
             let from = (r + 2 * n - step - 1) % n;
             let rs = slice(&chunks[owned(from)], nsl, j);
-            land.resize(cd.len(&rs), 0);
             ctx.exchange(
                 &[SendReq {
                     peer: next,
-                    data: &cur,
+                    data: cur.bytes(),
                 }],
-                &mut [RecvReq::new(prev, &mut land)],
+                &mut [RecvReq::new(prev, land.fit(cd.len(&rs)))],
             )?;
-            cd.decode(&land, work, rs, false)?;
+            cd.decode(land.bytes(), work, rs, false)?;
             std::mem::swap(&mut cur, &mut land);
         }
     }
+    ctx.give_wire([cur, land]);
     Ok(())
 }

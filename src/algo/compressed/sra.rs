@@ -4,6 +4,7 @@
 //! per element whatever the world size, so the error does not grow with the ring length.
 
 use super::{chunk, nslices, slice, Coder};
+use crate::algo::wire::WireBuf;
 use crate::algo::Ctx;
 use crate::transport::{RecvReq, SendReq};
 use crate::Result;
@@ -48,17 +49,19 @@ fn scatter_reduce(
     let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
     let nsl = nslices(ctx, chunks[n - 1].len());
     let peers: Vec<usize> = (0..n).filter(|&p| p != r).collect();
-    let mut out: Vec<Vec<u8>> = vec![Vec::new(); n];
+    // Encoded into registered memory: an RDMA link sends them without a copy.
+    let mut out: Vec<WireBuf> = (0..n).map(|_| ctx.wire_buf()).collect();
     let mut land: Vec<Vec<u8>> = vec![Vec::new(); n];
-    let mut result = Vec::new();
+    let mut result = ctx.wire_buf();
     for j in 0..nsl {
         let s = |c: usize| slice(&chunks[c], nsl, j);
         // Scatter: every peer's slice, encoded once, to its owner.
         for &p in &peers {
-            cd.encode(input.unwrap_or(work), s(p), &mut out[p])?;
+            let len = cd.len(&s(p));
+            cd.encode(input.unwrap_or(work), s(p), out[p].fit(len))?;
             land[p].resize(cd.len(&s(r)), 0);
         }
-        swap(ctx, &peers, |p| &out[p], &mut land)?;
+        swap(ctx, &peers, |p| out[p].bytes(), &mut land)?;
         // Own data exact, then the peers in rank order: the same arithmetic on every run.
         if let Some(i) = input {
             work[s(r)].copy_from_slice(&i[s(r)]);
@@ -70,15 +73,17 @@ fn scatter_reduce(
             continue;
         }
         // All-gather: the owner's sum, encoded once, to everyone.
-        cd.encode_own(work, s(r), &mut result)?;
+        let len = cd.len(&s(r));
+        cd.encode_own(work, s(r), result.fit(len))?;
         for &p in &peers {
             land[p].resize(cd.len(&s(p)), 0);
         }
-        swap(ctx, &peers, |_| &result, &mut land)?;
+        swap(ctx, &peers, |_| result.bytes(), &mut land)?;
         for &p in &peers {
             cd.decode(&land[p], work, s(p), false)?;
         }
     }
+    ctx.give_wire(out.into_iter().chain([result]));
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! down unchanged. log2(n) quantizations on the way up.
 
 use super::{nslices, slice, Coder};
+use crate::algo::wire::WireBuf;
 use crate::algo::Ctx;
 use crate::transport::{RecvReq, SendReq};
 use crate::Result;
@@ -17,9 +18,10 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
     let whole = 0..count;
     let nsl = nslices(ctx, count);
     let mut land: Vec<Vec<u8>> = vec![Vec::new(); 2];
-    let mut out = Vec::new();
+    // Encoded (or forwarded) from registered memory: an RDMA link sends without a copy.
+    let mut out = ctx.wire_buf();
     // Results the root encoded, one per slice, kept for the way down.
-    let mut down: Vec<Vec<u8>> = vec![Vec::new(); nsl];
+    let mut down: Vec<WireBuf> = (0..nsl).map(|_| ctx.wire_buf()).collect();
     for (j, result) in down.iter_mut().enumerate() {
         let sj = slice(&whole, nsl, j);
         if !kids.is_empty() {
@@ -38,33 +40,38 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
         }
         match parent {
             Some(p) => {
-                cd.encode(work, sj, &mut out)?;
+                let len = cd.len(&sj);
+                cd.encode(work, sj, out.fit(len))?;
                 ctx.exchange(
                     &[SendReq {
                         peer: p,
-                        data: &out,
+                        data: out.bytes(),
                     }],
                     &mut [],
                 )?;
             }
-            None => cd.encode_own(work, sj, result)?,
+            None => {
+                let len = cd.len(&sj);
+                cd.encode_own(work, sj, result.fit(len))?
+            }
         }
     }
     for (j, result) in down.iter_mut().enumerate() {
         let sj = slice(&whole, nsl, j);
         if let Some(p) = parent {
-            result.resize(cd.len(&sj), 0);
-            ctx.exchange(&[], &mut [RecvReq::new(p, result)])?;
-            cd.decode(result, work, sj, false)?;
+            let len = cd.len(&sj);
+            ctx.exchange(&[], &mut [RecvReq::new(p, result.fit(len))])?;
+            cd.decode(result.bytes(), work, sj, false)?;
         }
         let sends: Vec<SendReq<'_>> = kids
             .iter()
             .map(|&k| SendReq {
                 peer: k,
-                data: result,
+                data: result.bytes(),
             })
             .collect();
         ctx.exchange(&sends, &mut [])?;
     }
+    ctx.give_wire(down.into_iter().chain([out]));
     Ok(())
 }

@@ -78,6 +78,7 @@ impl Ahead {
     }
 
     /// True while a zero-copy write may still read the caller's memory.
+    #[cfg(test)]
     pub fn reading(&self) -> bool {
         !self.zcopy.is_empty()
     }
