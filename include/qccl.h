@@ -85,6 +85,14 @@ qcclResult_t qcclCommCount(const qcclComm_t comm, int* count);
 qcclResult_t qcclCommUserRank(const qcclComm_t comm, int* rank);
 /* qcclSuccess, or the code of the error that failed the comm. */
 qcclResult_t qcclCommGetAsyncError(qcclComm_t comm, qcclResult_t* asyncError);
+/* Buffer registration (ncclCommRegister / ncclCommDeregister): records size bytes at buff
+ * (whole pages) with comm and sets *handle; registering the same pages again gives the same
+ * handle, counted, each needing its qcclCommDeregister. Collectives on registered buffers may
+ * be sent straight from them by links that can (RDMA); elsewhere nothing changes. Local, not
+ * collective. Deregister before freeing the buffer. NULL buff, size 0, NULL handle, or a
+ * handle comm did not hand out (or already deregistered) -> qcclInvalidArgument. */
+qcclResult_t qcclCommRegister(const qcclComm_t comm, void* buff, size_t size, void** handle);
+qcclResult_t qcclCommDeregister(const qcclComm_t comm, void* handle);
 const char*  qcclGetErrorString(qcclResult_t result);
 /* The detailed message of the last failure on comm; comm NULL (or not a live comm): of the
  * last failure on the calling thread. "" if none. The string stays valid for the thread's

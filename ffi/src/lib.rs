@@ -26,6 +26,7 @@ mod last_error;
 mod nesting;
 mod op;
 mod plan;
+mod register;
 pub mod types;
 
 pub use codec::*;
@@ -33,6 +34,7 @@ pub use coll::*;
 pub use comm::*;
 pub use group::{qcclGroupEnd, qcclGroupStart};
 pub use last_error::{qcclGetErrorString, qcclGetLastError};
+pub use register::{qcclCommDeregister, qcclCommRegister};
 pub use types::*;
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //! with `ffi/install.sh`, compiles `tests/c/*.c` and `examples/horovod_allreduce.cc` against
 //! the installed header and library (through `pkg-config` when it is available), and runs
 //! them: every collective on 2, 3 and 5 forked processes, 4 comms from one thread, the
-//! error paths (also linked statically), init from the environment with abort, a rank stopped
-//! with SIGSTOP (the others' errors name it), and the Horovod-style example. Also checks the
+//! error paths (also linked statically), buffer registration (also over the emulated RDMA
+//! link), init from the environment with abort, a rank stopped with SIGSTOP (the others'
+//! errors name it), and the Horovod-style example. Also checks the
 //! installed tree: the versioned library `libqccl.so.X.Y.Z` with its links `libqccl.so.X` and
 //! `libqccl.so`, and that programs linked with `-lqccl` record `libqccl.so.X`.
 //!
@@ -158,6 +159,7 @@ fn setup() -> &'static Setup {
             "plan",
             "shrink",
             "stall",
+            "register",
         ] {
             let src = root().join(format!("tests/c/{name}.c"));
             compile(&cc, "-std=c11", &src, &bin.join(name), &dynamic);
@@ -280,6 +282,32 @@ fn c_survivors_shrink_after_a_rank_is_killed() {
     let failed: Vec<&str> = out.lines().filter(|l| l.contains("failed (")).collect();
     assert_eq!(failed.len(), 3, "{out}");
     assert!(failed.iter().all(|l| l.contains("rank 2")), "{out}");
+}
+
+#[test]
+fn c_buffer_registration_on_2_processes() {
+    if skip() {
+        return;
+    }
+    assert!(run("register", &["2"]).contains("registration on 2 processes: ok"));
+}
+
+#[test]
+fn c_buffer_registration_on_3_processes_over_emulated_ib() {
+    if skip() {
+        return;
+    }
+    let out = run("register", &["3", "ib"]);
+    assert!(
+        out.contains("registration on 3 processes over IB (emulated): ok"),
+        "{out}"
+    );
+    // Every rank's INFO line names the RDMA link: the registered buffers crossed it.
+    let ib = out
+        .lines()
+        .filter(|l| l.contains(" on tcp+ib-emulated "))
+        .count();
+    assert_eq!(ib, 3, "{out}");
 }
 
 #[test]

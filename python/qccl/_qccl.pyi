@@ -109,6 +109,19 @@ class Comm:
         """A comm of `members` (ascending ranks of this comm) made by the members alone, as
         MPI_Comm_create_group; ranks outside the list do not call it. `tag` tells apart
         groups of the same members."""
+    def register(self, buf: Buffer) -> int:
+        """Registers `buf` with the comm (NCCL's ncclCommRegister): collectives on it may be
+        sent straight from it by links that can (RDMA); elsewhere nothing changes. Returns a
+        handle for `deregister`. The same pages registered again give the same handle, counted:
+        each registration needs its `deregister`. Local, not collective. The comm holds `buf`
+        until then (or `close`), so it is not freed while registered. An empty or
+        non-contiguous buffer raises `InvalidArgumentError`."""
+    def deregister(self, handle: int) -> None:
+        """Drops one registration made by `register`. A handle this comm did not hand out, or
+        already deregistered as often as registered, raises `InvalidArgumentError`."""
+    def registrations(self) -> Dict[str, int]:
+        """{"ranges": buffers registered, "made": device registrations links made of them (0
+        until a link that sends from registered memory, RDMA, used one)}."""
     def async_error(self) -> Optional[str]:
         """The message of the error that failed this comm, or None."""
     def abort(self) -> None:

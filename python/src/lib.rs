@@ -11,7 +11,10 @@
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
-use qccl::{Algo, Compression, Config, DType, Layout, ReduceOp, TopK, TopKScheme, UniqueId};
+use qccl::{
+    Algo, Compression, Config, DType, Layout, ReduceOp, RegHandle, TopK, TopKScheme, UniqueId,
+};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -312,6 +315,9 @@ struct PyComm {
     inner: Mutex<Option<Arc<qccl::Comm>>>,
     rank: usize,
     size: usize,
+    /// The objects registered under each handle (`register`), one per registration: held
+    /// until their deregistration (or `close`), so a registered buffer is not freed.
+    registered: Mutex<HashMap<u64, Vec<Py<PyAny>>>>,
 }
 
 impl PyComm {
@@ -320,7 +326,12 @@ impl PyComm {
             rank: c.rank(),
             size: c.size(),
             inner: Mutex::new(Some(Arc::new(c))),
+            registered: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn registered(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<Py<PyAny>>>> {
+        self.registered.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn comm(&self) -> PyResult<Arc<qccl::Comm>> {
@@ -791,6 +802,70 @@ impl PyComm {
         Ok(PyComm::wrap(sub))
     }
 
+    /// Registers `buf` (a C-contiguous numpy array or CPU tensor, as the collectives take)
+    /// with the comm, as NCCL's `ncclCommRegister`: collectives on it may then be sent
+    /// straight from it by links that can (RDMA); elsewhere nothing changes. Returns an int
+    /// handle for `deregister`. The same pages registered again give the same handle,
+    /// counted: each registration needs its `deregister`. Local, not collective. The comm
+    /// holds a reference to `buf` until then, so it is not freed while registered.
+    fn register(&self, buf: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let c = self.comm()?;
+        let b = buf_of("register: buf", buf)?;
+        if b.bytes == 0 {
+            return Err(err(
+                "invalid",
+                "register: buf is empty; register at least one byte".to_string(),
+            ));
+        }
+        // With the GIL held (registering only records the range): the registration and the
+        // reference to `buf` change together, as no other thread runs this meanwhile.
+        let mut reg = self.registered();
+        let h = c.register_raw(b.ptr as *const u8, b.bytes).py()?.into_raw();
+        reg.entry(h).or_default().push(buf.clone().unbind());
+        Ok(h)
+    }
+
+    /// Drops one registration made by `register` (and the comm's reference to its buffer).
+    /// A handle this comm did not hand out, or already deregistered as often as it was
+    /// registered, raises `InvalidArgumentError`.
+    fn deregister(&self, handle: &Bound<'_, PyAny>) -> PyResult<()> {
+        let c = self.comm()?;
+        let h: u64 = handle.extract().map_err(|_| {
+            err(
+                "invalid",
+                format!(
+                    "deregister: handle must be the int register returned, got {}",
+                    handle
+                        .repr()
+                        .map(|r| r.to_string())
+                        .unwrap_or_else(|_| "?".into())
+                ),
+            )
+        })?;
+        let gone = {
+            // As in `register`: the GIL stays held, so the two change together.
+            let mut reg = self.registered();
+            c.deregister(RegHandle::from_raw(h)).py()?;
+            let gone = reg.get_mut(&h).and_then(Vec::pop);
+            if reg.get(&h).is_some_and(Vec::is_empty) {
+                reg.remove(&h);
+            }
+            gone
+        };
+        drop(gone); // with the GIL held, outside the lock
+        Ok(())
+    }
+
+    /// {"ranges": buffers registered, "made": device registrations links made of them (0
+    /// until a link that sends from registered memory, RDMA, used one)}.
+    fn registrations<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = self.comm()?.registrations();
+        let d = PyDict::new(py);
+        d.set_item("ranges", r.ranges)?;
+        d.set_item("made", r.made)?;
+        Ok(d)
+    }
+
     /// The message of the error that failed this comm, or None.
     fn async_error(&self) -> PyResult<Option<String>> {
         Ok(self.comm()?.async_error().map(|e| e.to_string()))
@@ -807,6 +882,9 @@ impl PyComm {
     /// Closes the comm: its thread and connections end once running calls returned.
     fn close(&self, py: Python<'_>) {
         let c = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // The registrations end with the comm: release their buffers (with the GIL held).
+        let registered = std::mem::take(&mut *self.registered());
+        drop(registered);
         py.allow_threads(move || drop(c));
     }
 
