@@ -121,7 +121,8 @@ class Comm:
         already deregistered as often as registered, raises `InvalidArgumentError`."""
     def registrations(self) -> Dict[str, int]:
         """{"ranges": buffers registered, "made": device registrations links made of them (0
-        until a link that sends from registered memory, RDMA, used one)}."""
+        until a link that sends from registered memory, RDMA, used one), "wire" and
+        "wire_made": the same for qccl's own wire buffers that compressed calls encode into}."""
     def async_error(self) -> Optional[str]:
         """The message of the error that failed this comm, or None."""
     def abort(self) -> None:

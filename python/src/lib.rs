@@ -857,12 +857,15 @@ impl PyComm {
     }
 
     /// {"ranges": buffers registered, "made": device registrations links made of them (0
-    /// until a link that sends from registered memory, RDMA, used one)}.
+    /// until a link that sends from registered memory, RDMA, used one), "wire" and
+    /// "wire_made": the same for qccl's own wire buffers that compressed calls encode into}.
     fn registrations<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let r = self.comm()?.registrations();
         let d = PyDict::new(py);
         d.set_item("ranges", r.ranges)?;
         d.set_item("made", r.made)?;
+        d.set_item("wire", r.wire)?;
+        d.set_item("wire_made", r.wire_made)?;
         Ok(d)
     }
 

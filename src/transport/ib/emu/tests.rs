@@ -304,7 +304,7 @@ fn out_of_bounds_fails_with_remote_access() {
 /// from it is a local protection error, and no peer may write it.
 #[test]
 fn registered_memory_is_a_source_only() {
-    let (mut a, mut b) = pair();
+    let (mut a, b) = pair();
     let mut mine = pattern(8192, 9);
     // SAFETY: `mine` outlives the regions (dropped before it) and every write posted from
     // them (each completes below).
