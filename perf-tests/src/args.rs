@@ -89,6 +89,8 @@ pub struct Args {
     pub root: usize,
     /// `-z`: nccl-tests' blocking mode (0-3), accepted; qccl's host collectives always block.
     pub blocking: u8,
+    /// `-R 1`: the send and receive buffers are registered with the comm.
+    pub register: bool,
     /// `-C`: the time column shows rank 0's own time per call instead of the `-a` statistic.
     pub report_cputime: bool,
     /// `-S`: a timestamp after each line's in-place columns.
@@ -346,9 +348,13 @@ struct Cli {
     /// No effect: no CUDA graphs
     #[arg(short = 'G', long, value_name = "N", default_value_t = 0, help_heading = GPU)]
     cudagraph: i64,
-    /// No effect: no buffer registration
-    #[arg(short = 'R', long = "local_register", value_name = "0-2", default_value_t = 0, help_heading = GPU)]
-    local_register: i64,
+    /// 1: register the send and receive buffers with the comm
+    /// (qcclCommRegister: RDMA sends them without a copy); 2: as 1
+    /// (no symmetric windows)
+    #[arg(short = 'R', long = "local_register", value_name = "0-2", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=2), help_heading = NCCL,
+          verbatim_doc_comment)]
+    local_register: u8,
     /// No effect: no CTAs
     #[arg(short = 'x', long = "cta_policy", value_name = "0-2", help_heading = GPU)]
     cta_policy: Option<i64>,
@@ -595,6 +601,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         dtypes: parse_dtype(&c.datatype).map_err(|e| format!("-d: {e}"))?,
         root: c.root,
         blocking: c.blocking,
+        register: c.local_register != 0,
         report_cputime: switch('C', "report_cputime", &c.report_cputime)?,
         report_timestamps: switch('S', "report_timestamps", &c.report_timestamps)?,
         memory_report: c.memory != 0,
@@ -700,7 +707,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         (c.parallel_init != 0, format!("-p {}", c.parallel_init)),
         (c.stream_null != 0, format!("-y {}", c.stream_null)),
         (c.cudagraph != 0, format!("-G {}", c.cudagraph)),
-        (c.local_register != 0, format!("-R {}", c.local_register)),
+        (c.local_register == 2, "-R 2 (as -R 1)".to_string()),
     ] {
         if given {
             a.ignored.push(note);
@@ -1023,7 +1030,10 @@ mod tests {
         assert_eq!(a.plot, Some(PathBuf::from("p.svg")));
         // GPU-only options: accepted, no effect, named in the header.
         let a = args("-p 1 -y 1 -G 5 -R 2 -x 1 -D 0 -V 16 -t 1 -g 1 -m 1");
-        assert_eq!(a.ignored, ["-p 1", "-y 1", "-G 5", "-R 2", "-x 1", "-V 16"]);
+        assert_eq!(
+            a.ignored,
+            ["-p 1", "-y 1", "-G 5", "-R 2 (as -R 1)", "-x 1", "-V 16"]
+        );
         for (cmd, needle) in [
             ("-t 2", "-t 2: only 1"),
             ("-g 4", "-g 4: only 1"),

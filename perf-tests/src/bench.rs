@@ -129,6 +129,13 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, cycle: u64, sink: &mut Si
         .buffer_bytes
         .max(((send.len() + recv.len()) * es) as u64);
     let (send, recv) = (&mut send[u..], &mut recv[u..]);
+    // -R 1: registered once for the whole section, as nccl-tests registers its buffers.
+    let mut handles = Vec::new();
+    if a.register {
+        for b in [&send[..], &recv[..]].into_iter().filter(|b| !b.is_empty()) {
+            handles.push(comm.register(b)?);
+        }
+    }
     // The sparse top-k schemes are lossy like a codec; the dense baselines are exact sums and
     // keep all_reduce's integer-valued inputs, so that they can be checked exactly.
     let lossy = a.codec.is_some() || a.coll.sparse();
@@ -207,6 +214,9 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, cycle: u64, sink: &mut Si
         };
         wrong += row.wrong().unwrap_or(0);
         sink.push(row);
+    }
+    for h in handles {
+        comm.deregister(h)?;
     }
     Ok(wrong)
 }
