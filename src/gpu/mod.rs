@@ -14,6 +14,10 @@
 #[cfg(feature = "cuda")]
 mod probe;
 
+// The driver contract the device path is written against (not API yet).
+#[doc(hidden)]
+pub mod driver;
+
 // Not API yet (reached through `qccl::internal` by the tests): the device path will use them.
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
