@@ -244,7 +244,7 @@ fn bad_addresses_and_arguments_are_refused() {
     // SAFETY (all copies below): each is refused before anything is enqueued, which is
     // what the test checks; the buffers outlive the calls anyway.
     unsafe {
-        // Past the end of the allocation, and starting before it.
+        // Past the end of the allocation (cuMemAlloc memory: one allocation, strictly).
         assert_invalid(
             stream.copy_to_host(p, mem.addr(), 4097),
             "past their allocation",

@@ -79,50 +79,92 @@ pub(super) fn locate(addr: u64) -> Result<Memory> {
     }
 }
 
-/// `Ok` when `addr..addr+len` lies inside one allocation of device `ordinal`, so that a copy
-/// cannot fault on the device (an illegal address would poison the context for the whole
-/// process). A context must be current.
+/// `Ok` when `addr..addr+len` is device memory of device `ordinal` that a copy may touch,
+/// so that it cannot fault on the device (an illegal address would poison the context for
+/// the whole process). Memory from `cuMemAlloc`/`cudaMalloc` must hold the whole range in one
+/// allocation; other device memory (mapped piece by piece with `cuMemMap`, as PyTorch's
+/// expandable segments are, where each piece is an allocation to the driver) may span pieces
+/// that lie back to back. A context must be current.
 pub(super) fn check_device_range(ordinal: usize, addr: u64, len: usize) -> Result<()> {
-    let what = || format!("{len} bytes at address {addr:#x}");
-    match locate(addr)? {
-        Memory::Device { ordinal: o } if o == ordinal => {}
-        Memory::Device { ordinal: o } => {
-            return Err(Error::invalid(format!(
-                "{} are memory of CUDA device {o}, not of device {ordinal} (the stream's)",
-                what()
-            )))
+    let mut at = addr;
+    loop {
+        match locate(at)? {
+            Memory::Device { ordinal: o } if o == ordinal => {}
+            Memory::Device { ordinal: o } => {
+                return Err(Error::invalid(format!(
+                    "{len} bytes at address {addr:#x}: {at:#x} is memory of CUDA device {o}, \
+                     not of device {ordinal} (the stream's)"
+                )))
+            }
+            Memory::Host if at == addr => {
+                return Err(Error::invalid(format!(
+                    "{len} bytes at address {addr:#x} are not device memory (host memory, or \
+                     unknown to the CUDA driver)"
+                )))
+            }
+            Memory::Host => {
+                return Err(Error::invalid(format!(
+                    "{len} bytes at device address {addr:#x} run past their allocation (device \
+                     memory ends at {at:#x})"
+                )))
+            }
         }
-        Memory::Host => {
-            return Err(Error::invalid(format!(
-                "{} are not device memory (host memory, or unknown to the CUDA driver)",
-                what()
-            )))
+        // SAFETY: RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t.
+        let start = unsafe { attribute::<u64>(at, Attr::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)? };
+        // SAFETY: as above.
+        let size = unsafe { attribute::<usize>(at, Attr::CU_POINTER_ATTRIBUTE_RANGE_SIZE)? };
+        let (Some(start), Some(size)) = (start, size) else {
+            // A driver that gives no range for device memory: the copy goes ahead with the
+            // driver's own checks, rather than refusing memory that may well be valid.
+            return Ok(());
+        };
+        match next_piece(addr, len, at, start, size as u64)? {
+            None => return Ok(()),
+            Some(end) if at == addr && is_cu_mem_alloc(addr)? => {
+                return Err(Error::invalid(format!(
+                    "{len} bytes at device address {addr:#x} run past their allocation \
+                     ({start:#x}, {size} bytes, ending at {end:#x})"
+                )))
+            }
+            Some(next) => at = next,
         }
-    }
-    // SAFETY: RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t.
-    let start = unsafe { attribute::<u64>(addr, Attr::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)? };
-    // SAFETY: as above.
-    let size = unsafe { attribute::<usize>(addr, Attr::CU_POINTER_ATTRIBUTE_RANGE_SIZE)? };
-    match (start, size) {
-        (Some(start), Some(size)) => within(addr, len, start, size as u64),
-        _ => Err(Error::System(format!(
-            "the CUDA driver gives no allocation range for device address {addr:#x} \
-             (cuPointerGetAttribute RANGE_START_ADDR/RANGE_SIZE)"
-        ))),
     }
 }
 
-/// `Ok` when `addr..addr+len` lies inside the allocation `start..start+size`.
-pub(super) fn within(addr: u64, len: usize, start: u64, size: u64) -> Result<()> {
-    let end = addr.checked_add(len as u64);
-    let alloc_end = start.saturating_add(size);
-    match end {
-        Some(end) if addr >= start && end <= alloc_end => Ok(()),
-        _ => Err(Error::invalid(format!(
-            "{len} bytes at device address {addr:#x} run past their allocation \
-             ({start:#x}, {size} bytes)"
-        ))),
+/// True for memory from `cuMemAlloc`/`cudaMalloc`: the only kind that legacy CUDA IPC can
+/// share (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`), unlike `cuMemMap`ped or
+/// stream-ordered pool memory. A context must be current.
+fn is_cu_mem_alloc(addr: u64) -> Result<bool> {
+    // SAFETY: the attribute is a boolean the driver writes into the zeroed u32 (whether it
+    // writes one byte or four, the value is non-zero exactly when true).
+    let legacy =
+        unsafe { attribute::<u32>(addr, Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)? };
+    Ok(legacy.is_some_and(|v| v != 0))
+}
+
+/// Where the check of `addr..addr+len` goes on after the allocation `start..start+size`
+/// that holds `at`: `None` when the allocation covers the rest, else the address after it.
+pub(super) fn next_piece(
+    addr: u64,
+    len: usize,
+    at: u64,
+    start: u64,
+    size: u64,
+) -> Result<Option<u64>> {
+    let past = || {
+        Error::invalid(format!(
+            "{len} bytes at device address {addr:#x} run past the end of the address space"
+        ))
+    };
+    let end = addr.checked_add(len as u64).ok_or_else(past)?;
+    let alloc_end = start.checked_add(size).ok_or_else(past)?;
+    if at < start || alloc_end <= at {
+        return Err(Error::System(format!(
+            "the CUDA driver places address {at:#x} in the allocation {start:#x} ({size} \
+             bytes), which does not hold it (cuPointerGetAttribute RANGE_START_ADDR/RANGE_SIZE)"
+        )));
     }
+    Ok((alloc_end < end).then_some(alloc_end))
 }
 
 /// The contract's lengths: at least one byte.
@@ -273,17 +315,26 @@ mod tests {
     }
 
     #[test]
-    fn ranges_must_lie_inside_their_allocation() {
+    fn ranges_are_checked_allocation_by_allocation() {
         let (start, size) = (0x1000, 256);
-        assert_eq!(within(0x1000, 256, start, size), Ok(()));
-        assert_eq!(within(0x10ff, 1, start, size), Ok(()));
-        assert_eq!(within(0x1080, 0, start, size), Ok(()));
-        let past = within(0x10ff, 2, start, size).unwrap_err();
-        assert!(matches!(past, Error::InvalidArgument(_)), "{past}");
-        let msg = past.to_string();
-        assert!(msg.contains("0x10ff") && msg.contains("0x1000"), "{msg}");
-        assert!(within(0xfff, 1, start, size).is_err());
-        assert!(within(u64::MAX, 2, start, size).is_err());
+        // Covered by the allocation.
+        assert_eq!(next_piece(0x1000, 256, 0x1000, start, size), Ok(None));
+        assert_eq!(next_piece(0x10ff, 1, 0x10ff, start, size), Ok(None));
+        assert_eq!(next_piece(0x1080, 0, 0x1080, start, size), Ok(None));
+        // Going on after it: the next allocation must hold 0x1100.
+        assert_eq!(next_piece(0x10ff, 2, 0x10ff, start, size), Ok(Some(0x1100)));
+        assert_eq!(
+            next_piece(0x1000, 4096, 0x1000, start, size),
+            Ok(Some(0x1100))
+        );
+        // Past the address space.
+        let e = next_piece(u64::MAX, 2, u64::MAX, start, size).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("0xffffffffffffffff"), "{e}");
+        // A range that does not hold the address is the driver's inconsistency.
+        let e = next_piece(0x2000, 1, 0x2000, start, size).unwrap_err();
+        assert!(matches!(e, Error::System(_)), "{e}");
+        assert!(next_piece(0xfff, 1, 0xfff, start, size).is_err());
     }
 
     #[test]
