@@ -17,6 +17,8 @@ mod probe;
 // The driver contract the device path is written against (not API yet).
 #[doc(hidden)]
 pub mod driver;
+#[doc(hidden)]
+pub mod staging;
 
 // Not API yet (reached through `qccl::internal` by the tests): the device path will use them.
 #[cfg(feature = "cuda")]
