@@ -18,6 +18,10 @@ mod probe;
 #[doc(hidden)]
 pub mod driver;
 
+// The emulated driver (no CUDA needed): the device path in CI.
+#[doc(hidden)]
+pub mod emu;
+
 // Not API yet (reached through `qccl::internal` by the tests): the device path will use them.
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
