@@ -18,10 +18,6 @@ mod probe;
 #[doc(hidden)]
 pub mod driver;
 
-// The emulated driver (no CUDA needed): the device path in CI.
-#[doc(hidden)]
-pub mod emu;
-
 // Not API yet (reached through `qccl::internal` by the tests): the device path will use them.
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
@@ -29,6 +25,10 @@ pub mod nvrtc;
 
 #[doc(hidden)]
 pub mod kernels;
+
+// The emulated driver (needs no CUDA): the device path in CI.
+#[doc(hidden)]
+pub mod emu;
 
 use crate::Result;
 
