@@ -28,6 +28,10 @@ pub mod nvrtc;
 #[doc(hidden)]
 pub mod kernels;
 
+// The emulated driver (needs no CUDA): the device path in CI.
+#[doc(hidden)]
+pub mod emu;
+
 use crate::Result;
 
 /// `Ok` when a CUDA driver loads, initialises and sees at least one device.
