@@ -82,6 +82,9 @@ pub mod internal {
     pub use crate::coll::Engine;
     pub use crate::comm::{AllReduceCall, PreparedAllReduce, PreparedTopK};
     pub use crate::config::parse_size;
+    /// The real CUDA driver, for tests/gpu_driver.rs.
+    #[cfg(feature = "cuda")]
+    pub use crate::gpu::cuda::CudaDriver;
     pub use crate::gpu::kernels;
     /// The device path's driver contract, its choice and staging (C ABI, Python, tests).
     pub use crate::gpu::driver as gpu_driver;

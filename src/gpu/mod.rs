@@ -20,6 +20,10 @@ pub mod driver;
 #[doc(hidden)]
 pub mod staging;
 
+// The real driver behind the contract (reached through `qccl::internal` by the tests).
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+
 // Not API yet (reached through `qccl::internal` by the tests): the device path will use them.
 #[cfg(feature = "cuda")]
 #[doc(hidden)]

@@ -1,0 +1,381 @@
+//! The CUDA driver contract (`qccl::gpu::driver`) against the real driver on a GPU: copies
+//! both ways at awkward sizes, stream ordering, events across streams, pointer lookup, bad
+//! addresses refused, device identity.
+//!
+//! They need an NVIDIA GPU, so they are ignored by default. Run them with
+//! `QCCL_REQUIRE_GPU=1 cargo test --test gpu_driver -- --ignored`. Without a GPU each test
+//! skips with a message, unless QCCL_REQUIRE_GPU=1 makes that a failure.
+#![cfg(feature = "cuda")]
+
+use qccl::gpu::driver::{DeviceMem, Driver, Event, Memory, Stream};
+use qccl::internal::CudaDriver;
+use qccl::Error;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The driver, or None (skip) when this machine has no GPU.
+fn driver() -> Option<CudaDriver> {
+    match CudaDriver::open() {
+        Ok(driver) => Some(driver),
+        Err(e) => {
+            assert_ne!(
+                std::env::var("QCCL_REQUIRE_GPU").as_deref(),
+                Ok("1"),
+                "QCCL_REQUIRE_GPU=1 but no GPU: {e}"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// `len` bytes of a pattern that differs for each `seed` and has no short period.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(131) ^ (i >> 8) ^ (usize::from(seed) * 29)) as u8)
+        .collect()
+}
+
+/// Copies `data` to device memory of the same length and returns that memory.
+fn upload(driver: &CudaDriver, stream: &dyn Stream, data: &[u8]) -> Box<dyn DeviceMem> {
+    let mem = driver.alloc_device(0, data.len()).unwrap();
+    // SAFETY: `data` lives and is unchanged until the synchronize below.
+    unsafe { stream.copy_to_device(mem.addr(), data.as_ptr(), data.len()) }.unwrap();
+    stream.synchronize(WAIT).unwrap();
+    mem
+}
+
+/// Copies `len` bytes at device address `addr` back to a new vector.
+fn download(stream: &dyn Stream, addr: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: `out` lives and is not touched until the synchronize below.
+    unsafe { stream.copy_to_host(out.as_mut_ptr(), addr, len) }.unwrap();
+    stream.synchronize(WAIT).unwrap();
+    out
+}
+
+fn assert_invalid(r: qccl::Result<()>, want: &str) {
+    match r {
+        Err(Error::InvalidArgument(msg)) => assert!(msg.contains(want), "{msg}"),
+        other => panic!("expected InvalidArgument containing {want:?}, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn devices_are_named() {
+    let Some(driver) = driver() else { return };
+    assert_eq!(driver.kind(), "cuda");
+    assert!(driver.device_count() >= 1);
+    for ordinal in 0..driver.device_count() {
+        let info = driver.device(ordinal).unwrap();
+        eprintln!("{info:?}");
+        assert_eq!(info.ordinal, ordinal);
+        assert!(!info.name.is_empty());
+        assert!(
+            info.bus_id.contains(':') && info.bus_id.contains('.'),
+            "{info:?}"
+        );
+        assert!(info.memory >= 1 << 30, "{info:?}");
+    }
+    let n = driver.device_count();
+    let e = driver.device(n).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        e.to_string().contains(&format!("no CUDA device {n}")),
+        "{e}"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn copies_both_ways_at_awkward_sizes() {
+    let Some(driver) = driver() else { return };
+    let stream = driver.create_stream(0).unwrap();
+    for (i, len) in [
+        1usize,
+        3,
+        7,
+        4095,
+        4097,
+        65_537,
+        (1 << 20) + 13,
+        (16 << 20) + 1,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(len, i as u8);
+        // Pageable source, pinned destination.
+        let mem = upload(&driver, stream.as_ref(), &data);
+        let pinned = driver.alloc_pinned(len).unwrap();
+        assert_eq!(pinned.len(), len);
+        // SAFETY: the pinned block lives and is untouched until the synchronize.
+        unsafe { stream.copy_to_host(pinned.ptr(), mem.addr(), len) }.unwrap();
+        stream.synchronize(WAIT).unwrap();
+        // SAFETY: the copy is done; the block holds `len` initialised bytes.
+        let back = unsafe { std::slice::from_raw_parts(pinned.ptr(), len) };
+        assert!(back == &data[..], "pinned copy back differs at {len} bytes");
+        // Pinned source, pageable destination, at an odd offset inside the allocation.
+        if len > 2 {
+            let tail = pattern(len - 1, i as u8 + 100);
+            // SAFETY: as above; `pinned` has len >= len - 1 bytes.
+            unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), pinned.ptr(), len - 1) };
+            // SAFETY: the pinned block lives and is unchanged until the synchronize.
+            unsafe { stream.copy_to_device(mem.addr() + 1, pinned.ptr(), len - 1) }.unwrap();
+            stream.synchronize(WAIT).unwrap();
+            let back = download(stream.as_ref(), mem.addr(), len);
+            assert_eq!(back[0], data[0]);
+            assert!(back[1..] == tail[..], "offset copy differs at {len} bytes");
+        }
+        // A zero-length copy is a no-op, whatever the addresses.
+        // SAFETY: nothing is copied.
+        unsafe { stream.copy_to_host(std::ptr::null_mut(), 0, 0) }.unwrap();
+        // SAFETY: nothing is copied.
+        unsafe { stream.copy_to_device(0, std::ptr::null(), 0) }.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn work_on_one_stream_runs_in_order() {
+    let Some(driver) = driver() else { return };
+    let stream = driver.create_stream(0).unwrap();
+    let len = 32 << 20;
+    let first = pattern(len, 1);
+    let second = pattern(4096, 2);
+    let mem = driver.alloc_device(0, len).unwrap();
+    let mut out = vec![0u8; len];
+    // SAFETY: every buffer lives and is untouched until the synchronize below.
+    unsafe {
+        stream
+            .copy_to_device(mem.addr(), first.as_ptr(), len)
+            .unwrap();
+        stream
+            .copy_to_device(mem.addr() + 8, second.as_ptr(), second.len())
+            .unwrap();
+        stream
+            .copy_to_host(out.as_mut_ptr(), mem.addr(), len)
+            .unwrap();
+    }
+    let done = stream.record().unwrap();
+    done.synchronize(WAIT).unwrap();
+    assert!(done.query().unwrap());
+    let mut want = first.clone();
+    want[8..8 + second.len()].copy_from_slice(&second);
+    assert!(out == want, "the copies did not run in the order enqueued");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn wait_event_orders_two_streams() {
+    let Some(driver) = driver() else { return };
+    let writer = driver.create_stream(0).unwrap();
+    let reader = driver.create_stream(0).unwrap();
+    let len = 64 << 20;
+    let data = pattern(len, 3);
+    let pinned = driver.alloc_pinned(len).unwrap();
+    // SAFETY: `pinned` has `len` bytes; no copy uses it yet.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), pinned.ptr(), len) };
+    let mem = driver.alloc_device(0, len).unwrap();
+    let mut out = vec![0u8; len];
+    for round in 0..3 {
+        // SAFETY: `pinned` and `out` live and are untouched until `reader` is synchronised.
+        unsafe { writer.copy_to_device(mem.addr(), pinned.ptr(), len) }.unwrap();
+        let written = writer.record().unwrap();
+        reader.wait_event(written.as_ref()).unwrap();
+        // SAFETY: as above.
+        unsafe { reader.copy_to_host(out.as_mut_ptr(), mem.addr(), len) }.unwrap();
+        reader.synchronize(WAIT).unwrap();
+        assert!(written.query().unwrap(), "round {round}");
+        assert!(
+            out == data,
+            "round {round}: the reader ran before the writer's copy"
+        );
+        out.fill(0);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn pointers_are_located() {
+    let Some(driver) = driver() else { return };
+    let mem = driver.alloc_device(0, 4096).unwrap();
+    let pinned = driver.alloc_pinned(4096).unwrap();
+    let pageable = vec![0u8; 4096];
+    let on_stack = 0u64;
+    assert_eq!(
+        driver.locate(mem.addr()).unwrap(),
+        Memory::Device { ordinal: 0 }
+    );
+    assert_eq!(
+        driver.locate(mem.addr() + 4095).unwrap(),
+        Memory::Device { ordinal: 0 }
+    );
+    assert_eq!(driver.locate(pinned.ptr() as u64).unwrap(), Memory::Host);
+    assert_eq!(
+        driver.locate(pinned.ptr() as u64 + 100).unwrap(),
+        Memory::Host
+    );
+    assert_eq!(
+        driver.locate(pageable.as_ptr() as u64).unwrap(),
+        Memory::Host
+    );
+    assert_eq!(
+        driver.locate(&on_stack as *const u64 as u64).unwrap(),
+        Memory::Host
+    );
+    assert_eq!(driver.locate(0).unwrap(), Memory::Host);
+    assert_eq!(mem.ordinal(), 0);
+    assert_eq!(mem.len(), 4096);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn bad_addresses_and_arguments_are_refused() {
+    let Some(driver) = driver() else { return };
+    let n = driver.device_count();
+    let stream = driver.create_stream(0).unwrap();
+    let mem = driver.alloc_device(0, 4096).unwrap();
+    let pinned = driver.alloc_pinned(4096).unwrap();
+    let mut host = vec![0u8; 8192];
+    let p = host.as_mut_ptr();
+    // SAFETY (all copies below): each is refused before anything is enqueued, which is
+    // what the test checks; the buffers outlive the calls anyway.
+    unsafe {
+        // Past the end of the allocation, and starting before it.
+        assert_invalid(
+            stream.copy_to_host(p, mem.addr(), 4097),
+            "past their allocation",
+        );
+        assert_invalid(
+            stream.copy_to_host(p, mem.addr() + 4000, 97),
+            "past their allocation",
+        );
+        assert_invalid(
+            stream.copy_to_device(mem.addr() + 1, p, 4096),
+            "past their allocation",
+        );
+        // Host memory, pinned or pageable, is not device memory.
+        let pageable = p as u64;
+        assert_invalid(stream.copy_to_host(p, pageable, 16), "not device memory");
+        assert_invalid(
+            stream.copy_to_host(p, pinned.ptr() as u64, 16),
+            "not device memory",
+        );
+        assert_invalid(
+            stream.copy_to_device(pinned.ptr() as u64, p, 16),
+            "not device memory",
+        );
+        assert_invalid(stream.copy_to_device(0x10, p, 16), "not device memory");
+        // Null host pointers.
+        assert_invalid(
+            stream.copy_to_host(std::ptr::null_mut(), mem.addr(), 1),
+            "null",
+        );
+        assert_invalid(
+            stream.copy_to_device(mem.addr(), std::ptr::null(), 1),
+            "null",
+        );
+    }
+    // Ordinals and lengths.
+    let no_device = |r: qccl::Result<()>| assert_invalid(r, &format!("no CUDA device {n}"));
+    no_device(driver.alloc_device(n, 16).map(drop));
+    no_device(driver.create_stream(n).map(drop));
+    // SAFETY: refused before the handle is used.
+    no_device(unsafe { driver.borrow_stream(n, std::ptr::null_mut()) }.map(drop));
+    assert_invalid(driver.alloc_device(0, 0).map(drop), "at least one byte");
+    assert_invalid(driver.alloc_pinned(0).map(drop), "at least one byte");
+    // An event of another driver.
+    assert_invalid(stream.wait_event(&Foreign), "not made by the CUDA driver");
+    // The context is still healthy: a good copy works after all of the above.
+    let data = pattern(4096, 9);
+    // SAFETY: `data` lives until the synchronize in `download`.
+    unsafe { stream.copy_to_device(mem.addr(), data.as_ptr(), 4096) }.unwrap();
+    assert_eq!(download(stream.as_ref(), mem.addr(), 4096), data);
+}
+
+/// An event no CUDA driver made.
+struct Foreign;
+
+impl Event for Foreign {
+    fn query(&self) -> qccl::Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self, _: Duration) -> qccl::Result<()> {
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn borrowed_streams_work_and_are_left_alone() {
+    let Some(driver) = driver() else { return };
+    let own = driver.create_stream(0).unwrap();
+    assert!(!own.raw().is_null());
+    let data = pattern(1 << 20, 5);
+    let mem = upload(&driver, own.as_ref(), &data);
+    // The legacy default stream (null), twice: borrowing it never destroys it.
+    for _ in 0..2 {
+        // SAFETY: null is the legacy default stream.
+        let legacy = unsafe { driver.borrow_stream(0, std::ptr::null_mut()) }.unwrap();
+        assert!(legacy.raw().is_null());
+        assert_eq!(legacy.ordinal(), 0);
+        assert_eq!(download(legacy.as_ref(), mem.addr(), data.len()), data);
+    }
+    // qccl's own stream borrowed by its handle; dropping the borrow leaves it usable.
+    {
+        // SAFETY: `own` outlives the borrow.
+        let borrowed = unsafe { driver.borrow_stream(0, own.raw()) }.unwrap();
+        assert_eq!(borrowed.raw(), own.raw());
+        assert_eq!(download(borrowed.as_ref(), mem.addr(), data.len()), data);
+    }
+    assert_eq!(download(own.as_ref(), mem.addr(), data.len()), data);
+    // Events recorded on the legacy stream order a created stream's work.
+    // SAFETY: null is the legacy default stream.
+    let legacy = unsafe { driver.borrow_stream(0, std::ptr::null_mut()) }.unwrap();
+    let fresh = pattern(1 << 20, 6);
+    // SAFETY: `fresh` lives until `own` is synchronised below (it waits for the copy).
+    unsafe { legacy.copy_to_device(mem.addr(), fresh.as_ptr(), fresh.len()) }.unwrap();
+    own.wait_event(legacy.record().unwrap().as_ref()).unwrap();
+    assert_eq!(download(own.as_ref(), mem.addr(), fresh.len()), fresh);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn waits_are_bounded_and_streams_drop_cleanly() {
+    let Some(driver) = driver() else { return };
+    let len = 256 << 20;
+    let data = vec![7u8; len];
+    let mem = driver.alloc_device(0, len).unwrap();
+    let stream = driver.create_stream(0).unwrap();
+    // A pageable 256 MiB copy takes tens of milliseconds: a zero timeout returns at once,
+    // either done or a Timeout naming the stream.
+    // SAFETY: `data` lives until the stream is synchronised below.
+    unsafe { stream.copy_to_device(mem.addr(), data.as_ptr(), len) }.unwrap();
+    let event = stream.record().unwrap();
+    match event.synchronize(Duration::ZERO) {
+        Ok(()) => eprintln!("the copy was already done"),
+        Err(Error::Timeout(msg)) => assert!(msg.contains("CUDA device 0"), "{msg}"),
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+    event.synchronize(WAIT).unwrap();
+    // Dropping a stream with work queued waits for it (bounded) and destroys it.
+    // SAFETY: `data` outlives the stream, whose drop waits for the copy.
+    unsafe { stream.copy_to_device(mem.addr(), data.as_ptr(), len) }.unwrap();
+    drop(stream);
+    // Streams and events may move between threads.
+    let stream = driver.create_stream(0).unwrap();
+    let (stream, event) = std::thread::spawn(move || {
+        let event = stream.record().unwrap();
+        (stream, event)
+    })
+    .join()
+    .expect("recording on another thread");
+    event.synchronize(WAIT).unwrap();
+    stream.synchronize(WAIT).unwrap();
+}
