@@ -86,6 +86,10 @@ pub mod internal {
     #[cfg(feature = "cuda")]
     pub use crate::gpu::cuda::CudaDriver;
     pub use crate::gpu::kernels;
+    /// The device path's driver contract, its choice and staging (C ABI, Python, tests).
+    pub use crate::gpu::driver as gpu_driver;
+    pub use crate::gpu::select::{driver as gpu, emulate as emulate_gpu};
+    pub use crate::gpu::staging::CallBuf;
     #[cfg(feature = "cuda")]
     pub use crate::gpu::nvrtc;
     pub use crate::reduce::{finish_avg, reduce3, reduce_into};

@@ -71,6 +71,14 @@ impl RawBuf {
         })
     }
 
+    /// The same length at `ptr` (a staged copy of this buffer).
+    pub(crate) fn at(ptr: *mut u8, len: usize) -> RawBuf {
+        if len == 0 {
+            return RawBuf::EMPTY;
+        }
+        RawBuf { ptr, len }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }

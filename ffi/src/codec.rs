@@ -1,8 +1,9 @@
 //! Compression entry points: codecs from spec strings, compressed all-reduce (blocking,
 //! grouped, non-blocking), layouts, and the HiTopKComm all-reduce.
 
-use crate::coll::{no_stream, start, Started};
-use crate::group::{guard_op, launch};
+use crate::coll::{start, Started};
+use crate::device::launch_on;
+use crate::group::guard_op;
 use crate::handle;
 use crate::last_error::guard;
 use crate::op::Op;
@@ -89,10 +90,9 @@ pub unsafe extern "C" fn qcclAllReduceCompressed(
 ) -> qcclResult_t {
     guard_op("qcclAllReduceCompressed", comm, || {
         let h = handle::comm(comm)?;
-        no_stream(stream)?;
         let c = compression(codec, tensorKey)?;
         let op = Op::all_reduce_compressed(&h.comm, sendbuff, recvbuff, count, datatype, op, &c)?;
-        launch(comm, h, op)
+        launch_on(comm, h, op, stream)
     })
 }
 
@@ -144,7 +144,6 @@ pub unsafe extern "C" fn qcclHiTopKAllReduce(
 ) -> qcclResult_t {
     guard_op("qcclHiTopKAllReduce", comm, || {
         let h = handle::comm(comm)?;
-        no_stream(stream)?;
         // Checked as qcclAllReduce's, then by the core's top-k rules (dtype, density).
         let op = Op::hitopk(
             &h.comm,
@@ -155,7 +154,7 @@ pub unsafe extern "C" fn qcclHiTopKAllReduce(
             density as f64,
             tensorKey,
         )?;
-        launch(comm, h, op)
+        launch_on(comm, h, op, stream)
     })
 }
 

@@ -1,6 +1,7 @@
 //! Collective and point-to-point entry points, blocking and non-blocking, and
 //! `qcclTest` / `qcclWait`.
 
+use crate::device::{host_only, launch_on};
 use crate::group::{guard_op, hold, launch};
 use crate::handle::{self, CommHandle, ReqState};
 use crate::last_error::{guard, no_panic};
@@ -29,12 +30,11 @@ macro_rules! blocking {
     ($name:literal, $comm:ident, $stream:ident, |$c:ident| $make:expr) => {
         guard_op($name, $comm, || {
             let h = handle::comm($comm)?;
-            no_stream($stream)?;
             let op = {
                 let $c = &h.comm;
                 $make?
             };
-            launch($comm, h, op)
+            launch_on($comm, h, op, $stream)
         })
     };
 }
@@ -56,8 +56,14 @@ pub unsafe extern "C" fn qcclAllReduce(
 ) -> qcclResult_t {
     guard_op("qcclAllReduce", comm, || {
         let h = handle::comm(comm)?;
-        no_stream(stream)?;
         let a = AllReduceArgs::new(&h.comm, sendbuff, recvbuff, count, datatype, op)?;
+        if !in_group() && (!stream.is_null() || h.comm.device_buffers(&a.call_bufs())?) {
+            // Device memory or a stream: staged as one plain all-reduce (fusion plans group
+            // host tensors).
+            let op = Op::all_reduce(&h.comm, a)?;
+            return launch_on(comm, h, op, stream);
+        }
+        no_stream(stream)?;
         let mode = if in_group() {
             Mode::Grouped
         } else {
@@ -286,7 +292,10 @@ pub(crate) unsafe fn start(
         ));
     }
     let state = match make(&h)? {
-        Started::Op(op) => ReqState::Pending(h.comm.submit(move |e| no_panic(|| op.run(e)))?),
+        Started::Op(op) => {
+            host_only(&h, &op, std::ptr::null_mut(), "in non-blocking calls")?;
+            ReqState::Pending(h.comm.submit(move |e| no_panic(|| op.run(e)))?)
+        }
         Started::Fused(slot, tensor) => ReqState::Fused(slot, tensor),
     };
     // SAFETY: as above.

@@ -20,6 +20,7 @@ mod buf;
 mod codec;
 mod coll;
 mod comm;
+mod device;
 mod group;
 mod handle;
 mod last_error;

@@ -9,7 +9,7 @@ use crate::nesting::in_group;
 use crate::types::*;
 use qccl_core::fused::{FusedAllReduce, Part};
 use qccl_core::internal::{
-    AllReduceCall, Coll, CollCall, CollKind, Engine, OpDesc, PreparedTopK, RecvReq, SendReq, Shape,
+    AllReduceCall, CallBuf, Coll, CollCall, CollKind, Engine, OpDesc, PreparedTopK, RecvReq, SendReq, Shape,
     Side,
 };
 use qccl_core::{Comm, Compression, DType, Error, ReduceOp, Result, TopK, TopKScheme};
@@ -44,6 +44,47 @@ pub(crate) enum Op {
         call: Box<FusedAllReduce>,
         parts: Vec<(Option<RawBuf>, RawBuf)>,
     },
+}
+
+impl Op {
+    /// Its buffers as the device path sees them: the send buffer (read), then the receive
+    /// buffer (written; read too when there is no separate send buffer, in place or a
+    /// receive). None for a fusion group, whose tensors are host memory.
+    pub(crate) fn call_bufs(&self) -> Vec<CallBuf> {
+        let (send, recv) = match self {
+            Op::AllReduce { send, recv, .. }
+            | Op::Coll { send, recv, .. }
+            | Op::HiTopK { send, recv, .. } => (send, recv),
+            Op::Fused { .. } => return Vec::new(),
+        };
+        let buf = |b: &RawBuf, reads, writes| CallBuf {
+            addr: b.start() as u64,
+            len: b.len(),
+            reads,
+            writes,
+        };
+        let mut v: Vec<CallBuf> = send.iter().map(|s| buf(s, true, false)).collect();
+        v.push(buf(recv, send.is_none(), true));
+        v
+    }
+
+    /// The same operation on `hosts`, one address per `call_bufs` entry (same lengths).
+    pub(crate) fn rebased(mut self, hosts: &[*mut u8]) -> Op {
+        match &mut self {
+            Op::AllReduce { send, recv, .. }
+            | Op::Coll { send, recv, .. }
+            | Op::HiTopK { send, recv, .. } => {
+                let mut at = 0;
+                if let Some(s) = send {
+                    *s = RawBuf::at(hosts[0], s.len());
+                    at = 1;
+                }
+                *recv = RawBuf::at(hosts[at], recv.len());
+            }
+            Op::Fused { .. } => {}
+        }
+        self
+    }
 }
 
 /// A C call described and validated: the ABI's enums decoded, then the core's one check
@@ -137,6 +178,16 @@ pub(crate) struct AllReduceArgs {
 }
 
 impl AllReduceArgs {
+    /// Its buffers as the device path sees them (as `Op::call_bufs`).
+    pub(crate) fn call_bufs(&self) -> Vec<CallBuf> {
+        Op::Coll {
+            call: CollCall::new(Coll::AllReduce, 0, DType::Float32),
+            send: self.send,
+            recv: self.recv,
+        }
+        .call_bufs()
+    }
+
     pub(crate) fn new(
         c: &Comm,
         sendbuff: *const c_void,

@@ -2,6 +2,7 @@
 
 mod api;
 mod compress;
+mod device;
 mod hier;
 mod hitopk;
 mod pipeline;
@@ -107,6 +108,8 @@ pub struct Comm {
     inspector: Option<Arc<crate::transport::stall::Inspector>>,
     /// Buffers registered with the comm (`register`), shared with its links.
     registry: Arc<crate::transport::registry::Registry>,
+    /// Staging of device buffers, on the device of the first call that had some.
+    staging: std::sync::Mutex<Option<crate::gpu::staging::Staging>>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -419,6 +422,7 @@ impl Comm {
             shrinker: Default::default(),
             inspector,
             registry,
+            staging: Default::default(),
         })
     }
 

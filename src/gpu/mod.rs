@@ -17,6 +17,8 @@ mod probe;
 // The driver contract the device path is written against (not API yet).
 #[doc(hidden)]
 pub mod driver;
+#[doc(hidden)]
+pub mod staging;
 
 // The real driver behind the contract (reached through `qccl::internal` by the tests).
 #[cfg(feature = "cuda")]
@@ -29,6 +31,10 @@ pub mod nvrtc;
 
 #[doc(hidden)]
 pub mod kernels;
+
+// The emulated driver (needs no CUDA): the device path in CI.
+#[doc(hidden)]
+pub mod emu;
 
 use crate::Result;
 

@@ -1,0 +1,153 @@
+//! C calls on device memory (`cudaMalloc`'d buffers, a `qcclStream_t`): where each buffer
+//! lives is found before any byte moves (`Comm::on_buffers`); device buffers are staged
+//! through page-locked memory on the comm's device and the call returns once the result is
+//! on the device, ordered after the work enqueued on the stream before it. Host buffers with
+//! a NULL stream take the host path unchanged. Grouped and non-blocking calls take host
+//! memory only for now (an explicit `qcclUnsupported` otherwise).
+
+use crate::group::launch;
+use crate::handle::CommHandle;
+use crate::nesting::in_group;
+use crate::op::Op;
+use crate::types::{qcclComm_t, qcclStream_t};
+use qccl_core::{Error, Result};
+use std::sync::Arc;
+
+/// Runs the blocking call `op` on comm `token` where its buffers live, ordered on `stream`.
+pub(crate) fn launch_on(
+    token: qcclComm_t,
+    h: Arc<CommHandle>,
+    op: Op,
+    stream: qcclStream_t,
+) -> Result<()> {
+    if in_group() {
+        host_only(&h, &op, stream, "inside qcclGroupStart/qcclGroupEnd")?;
+        return launch(token, h, op);
+    }
+    let bufs = op.call_bufs();
+    let comm = h.clone();
+    // SAFETY: the C caller's contract (qccl.h): each buffer is valid for the call's reads and
+    // writes until it returns, and `stream` is NULL or a live stream of their device.
+    unsafe {
+        comm.comm
+            .on_buffers(&bufs, stream, |hosts| launch(token, h, op.rebased(hosts)))
+    }
+}
+
+/// An error unless `op`'s buffers are host memory and `stream` NULL (`when` says which kind
+/// of call cannot take device memory yet).
+pub(crate) fn host_only(h: &CommHandle, op: &Op, stream: qcclStream_t, when: &str) -> Result<()> {
+    if h.comm.device_buffers(&op.call_bufs())? || !stream.is_null() {
+        return Err(Error::Unsupported(format!(
+            "device buffers and streams {when}: not supported yet (blocking calls outside a \
+             group take them)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::*;
+    use qccl_core::internal::gpu_driver::{DeviceMem, Driver};
+    use std::ffi::{c_void, CStr};
+    use std::ptr::null_mut;
+    use std::time::Duration;
+
+    const WAIT: Duration = Duration::from_secs(30);
+
+    fn upload(gpu: &dyn Driver, data: &[f32]) -> Box<dyn DeviceMem> {
+        let len = std::mem::size_of_val(data);
+        let m = gpu.alloc_device(0, len.max(1)).unwrap();
+        let s = gpu.create_stream(0).unwrap();
+        // SAFETY: `data` outlives the synchronize.
+        unsafe { s.copy_to_device(m.addr(), data.as_ptr().cast(), len) }.unwrap();
+        s.synchronize(WAIT).unwrap();
+        m
+    }
+
+    fn download(gpu: &dyn Driver, m: &dyn DeviceMem, n: usize) -> Vec<f32> {
+        let mut out = vec![0f32; n];
+        let s = gpu.create_stream(0).unwrap();
+        // SAFETY: `out` outlives the synchronize.
+        unsafe { s.copy_to_host(out.as_mut_ptr().cast(), m.addr(), 4 * n) }.unwrap();
+        s.synchronize(WAIT).unwrap();
+        out
+    }
+
+    fn last_error(comm: qcclComm_t) -> String {
+        // SAFETY: qcclGetLastError returns a NUL-terminated string that stays valid until
+        // the next call on this thread.
+        unsafe { CStr::from_ptr(qcclGetLastError(comm)) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Three ranks as threads: device buffers through the blocking C calls (NULL stream and
+    /// a stream of the emulated driver), refused inside a group and by non-blocking calls.
+    #[test]
+    fn c_calls_take_device_buffers() {
+        let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
+        let n = 3;
+        let mut comms = vec![null_mut(); n];
+        // SAFETY: room for `n` comms; no device list.
+        assert_eq!(
+            unsafe { qcclCommInitAll(comms.as_mut_ptr(), n as i32, std::ptr::null()) },
+            qcclSuccess
+        );
+        let count = 70_001;
+        std::thread::scope(|s| {
+            for (r, &comm) in comms.iter().enumerate() {
+                let gpu = gpu.clone();
+                let comm = comm as usize;
+                s.spawn(move || {
+                    let comm = comm as qcclComm_t;
+                    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 7) as f32).collect();
+                    let want: Vec<f32> = (0..count)
+                        .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).sum())
+                        .collect();
+                    let send = upload(&*gpu, &mine);
+                    let recv = upload(&*gpu, &vec![0.0; count]);
+                    let (sp, rp) = (send.addr() as *const c_void, recv.addr() as *mut c_void);
+                    // SAFETY (every call below): device buffers of `count` floats, alive for
+                    // the call; streams of the emulated driver or NULL.
+                    let rc = unsafe {
+                        qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, null_mut())
+                    };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    assert_eq!(download(&*gpu, &*recv, count), want);
+                    // In place on a stream of the caller's.
+                    let user = gpu.create_stream(0).unwrap();
+                    let rc = unsafe {
+                        qcclAllReduce(sp, sp as *mut c_void, count, qcclFloat32, qcclMax, comm, user.raw())
+                    };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    let max: Vec<f32> = (0..count).map(|i| (0..n).map(|p| ((p + i) % 7) as f32).fold(0.0, f32::max)).collect();
+                    assert_eq!(download(&*gpu, &*send, count), max);
+                    // Not yet: inside a group, and non-blocking.
+                    assert_eq!(qcclGroupStart(), qcclSuccess);
+                    let rc = unsafe {
+                        qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, null_mut())
+                    };
+                    assert_eq!(rc, qcclUnsupported);
+                    assert!(last_error(comm).contains("inside qcclGroupStart"), "{}", last_error(comm));
+                    assert_eq!(qcclGroupEnd(), qcclUnsupported);
+                    let mut req = null_mut();
+                    let rc = unsafe {
+                        qcclIAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, &mut req)
+                    };
+                    assert_eq!(rc, qcclUnsupported);
+                    assert!(last_error(comm).contains("non-blocking"), "{}", last_error(comm));
+                    // The comm still works.
+                    let rc = unsafe {
+                        qcclAllReduce(sp, rp, count, qcclFloat32, qcclMin, comm, null_mut())
+                    };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                });
+            }
+        });
+        for c in comms {
+            assert_eq!(qcclCommDestroy(c), qcclSuccess);
+        }
+    }
+}

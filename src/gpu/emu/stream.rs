@@ -1,0 +1,451 @@
+//! Emulated streams: a FIFO of operations (copies, event completions, waits on other
+//! streams' events) run in order by one worker thread per stream.
+//!
+//! Checks that need no device happen at enqueue (see `EmuStream::copy`); the copy itself runs
+//! on the worker. The first operation that fails makes the stream sticky-failed, as CUDA's
+//! sticky errors: the operations after it are skipped, events after it complete with its
+//! error, and every later enqueue, `synchronize` or event query returns it.
+
+use super::event::{EmuEvent, EventState};
+use super::fault::CopyFault;
+use super::memory::{Allocation, Freed};
+use super::Shared;
+use crate::error::{Error, Result};
+use crate::gpu::driver::{Event, Stream};
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long dropping a stream waits for its enqueued work before abandoning the rest.
+pub const DROP_DRAIN: Duration = Duration::from_secs(10);
+
+/// Which way a copy goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToHost,
+    ToDevice,
+}
+
+/// One enqueued copy; the allocation is held, not looked up again by address.
+struct CopyOp {
+    dir: Direction,
+    alloc: Arc<Allocation>,
+    /// The device address the caller gave (for errors) and its offset in `alloc`.
+    device: u64,
+    offset: usize,
+    /// Host side: the destination (`ToHost`) or the source (`ToDevice`).
+    host: *mut u8,
+    len: usize,
+    fault: CopyFault,
+}
+
+// SAFETY: `host` is only used by the worker, within the range whose validity the caller of
+// `copy_to_host`/`copy_to_device` guaranteed until the copy is known done.
+unsafe impl Send for CopyOp {}
+
+enum Op {
+    Copy(CopyOp),
+    Record(Arc<EventState>),
+    Wait(Arc<EventState>),
+}
+
+struct Queue {
+    ops: VecDeque<Op>,
+    /// Operations enqueued / finished (run or skipped) so far.
+    enqueued: u64,
+    done: u64,
+    /// The sticky error.
+    error: Option<Error>,
+    /// No more operations: the owner is dropping the stream.
+    closed: bool,
+    /// Events recorded so far, to name them.
+    events: u64,
+}
+
+/// A stream's FIFO and worker, shared by its owner and its borrowers.
+pub struct StreamCore {
+    /// The handle (`raw()`); 0 for a device's legacy default stream.
+    pub id: u64,
+    pub ordinal: usize,
+    /// "emulated stream 3 on device 0", for errors.
+    pub name: String,
+    queue: Mutex<Queue>,
+    cond: Condvar,
+    /// Set when the drain on drop timed out: the worker skips what is left, and abandons a
+    /// wait or delay in progress.
+    abandon: AtomicBool,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl StreamCore {
+    /// A stream with its worker running.
+    pub fn start(id: u64, ordinal: usize, name: String) -> Result<Arc<StreamCore>> {
+        let core = Arc::new(StreamCore {
+            id,
+            ordinal,
+            name,
+            queue: Mutex::new(Queue {
+                ops: VecDeque::new(),
+                enqueued: 0,
+                done: 0,
+                error: None,
+                closed: false,
+                events: 0,
+            }),
+            cond: Condvar::new(),
+            abandon: AtomicBool::new(false),
+            worker: Mutex::new(None),
+        });
+        let worker = core.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("qccl-gpuemu-{id}"))
+            .spawn(move || worker.run())
+            .map_err(|e| Error::io(format!("spawning the worker of {}", core.name), e))?;
+        *core.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(core)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True until the owner drops the stream.
+    pub fn is_open(&self) -> bool {
+        !self.lock().closed
+    }
+
+    /// Why nothing may be enqueued now (destroyed, or sticky-failed), if so.
+    fn refusal(&self, q: &Queue) -> Option<Error> {
+        if q.closed {
+            return Some(Error::invalid(format!(
+                "{} was destroyed (CUDA_ERROR_INVALID_HANDLE)",
+                self.name
+            )));
+        }
+        q.error.clone()
+    }
+
+    fn enqueue(&self, op: Op) -> Result<()> {
+        let mut q = self.lock();
+        if let Some(e) = self.refusal(&q) {
+            return Err(e);
+        }
+        q.ops.push_back(op);
+        q.enqueued += 1;
+        self.cond.notify_all();
+        Ok(())
+    }
+
+    /// Records an event after everything enqueued so far.
+    pub fn record(&self) -> Result<Arc<EventState>> {
+        let mut q = self.lock();
+        if let Some(e) = self.refusal(&q) {
+            return Err(e);
+        }
+        q.events += 1;
+        let event = EventState::new(format!("event {} of {}", q.events, self.name));
+        q.ops.push_back(Op::Record(event.clone()));
+        q.enqueued += 1;
+        self.cond.notify_all();
+        Ok(event)
+    }
+
+    /// Waits until the operations enqueued before the call are done (or `deadline`): false
+    /// when it passed first. With `stop_at_error`, also returns once the stream failed.
+    fn wait_done(&self, deadline: Instant, stop_at_error: bool) -> (bool, Option<Error>) {
+        let mut q = self.lock();
+        let target = q.enqueued;
+        loop {
+            if stop_at_error && q.error.is_some() || q.done >= target {
+                return (true, q.error.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return (false, q.error.clone());
+            }
+            q = self
+                .cond
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// `Stream::synchronize`.
+    pub fn synchronize(&self, timeout: Duration) -> Result<()> {
+        match self.wait_done(deadline_after(timeout), true) {
+            (_, Some(e)) => Err(e),
+            (true, None) => Ok(()),
+            (false, None) => {
+                let pending = {
+                    let q = self.lock();
+                    q.enqueued - q.done
+                };
+                Err(Error::Timeout(format!(
+                    "{}: {pending} operation(s) still pending after {timeout:?}",
+                    self.name
+                )))
+            }
+        }
+    }
+
+    /// Refuses new work, waits (at most `drain`) for the enqueued work, abandons what is left
+    /// after that, and joins the worker. Idempotent.
+    pub fn close(&self, drain: Duration) {
+        {
+            let mut q = self.lock();
+            q.closed = true;
+            self.cond.notify_all();
+        }
+        let (drained, _) = self.wait_done(deadline_after(drain), false);
+        if !drained {
+            self.abandon.store(true, Ordering::Release);
+            self.cond.notify_all();
+        }
+        let handle = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            // Every operation ends by itself or on `abandon`, so this join is bounded.
+            let _ = h.join();
+        }
+    }
+
+    /// The worker: runs the operations in order until the stream is closed and empty.
+    fn run(&self) {
+        loop {
+            let (op, failed) = {
+                let mut q = self.lock();
+                let op = loop {
+                    if let Some(op) = q.ops.pop_front() {
+                        break op;
+                    }
+                    if q.closed {
+                        return;
+                    }
+                    q = self.cond.wait(q).unwrap_or_else(|p| p.into_inner());
+                };
+                (op, q.error.clone())
+            };
+            let failed = failed.or_else(|| {
+                self.abandon.load(Ordering::Acquire).then(|| {
+                    Error::Aborted(format!(
+                        "{} was destroyed before its work ran (drain timed out)",
+                        self.name
+                    ))
+                })
+            });
+            let result = match failed {
+                Some(e) => {
+                    // Skipped; an event after a failure reports it.
+                    if let Op::Record(event) = op {
+                        event.complete(Err(e));
+                    }
+                    Ok(())
+                }
+                None => self.execute(op),
+            };
+            let mut q = self.lock();
+            q.done += 1;
+            if let Err(e) = result {
+                q.error.get_or_insert(e);
+            }
+            self.cond.notify_all();
+        }
+    }
+
+    fn execute(&self, op: Op) -> Result<()> {
+        match op {
+            Op::Record(event) => {
+                event.complete(Ok(()));
+                Ok(())
+            }
+            Op::Wait(event) => match event.wait_until(far_future(), Some(&self.abandon)) {
+                Some(Ok(())) => Ok(()),
+                Some(Err(e)) => Err(e.prefixed(&format!(
+                    "{}: waited for {}, which failed: ",
+                    self.name, event.name
+                ))),
+                None => Err(Error::Aborted(format!(
+                    "{}: destroyed while waiting for {}",
+                    self.name, event.name
+                ))),
+            },
+            Op::Copy(copy) => self.copy(copy),
+        }
+    }
+
+    fn copy(&self, c: CopyOp) -> Result<()> {
+        let what = match c.dir {
+            Direction::ToHost => format!(
+                "copy of {} bytes from device address 0x{:x}",
+                c.len, c.device
+            ),
+            Direction::ToDevice => {
+                format!("copy of {} bytes to device address 0x{:x}", c.len, c.device)
+            }
+        };
+        if let Some(delay) = c.fault.delay {
+            self.pause(delay);
+        }
+        if c.fault.fail {
+            return Err(Error::System(format!(
+                "{}: {what} failed: injected fault (EmuDriver::fail_next_copy); the stream is \
+                 failed (sticky, as after CUDA_ERROR_ILLEGAL_ADDRESS)",
+                self.name
+            )));
+        }
+        // SAFETY: the range `offset..offset+len` was checked to lie inside the allocation at
+        // enqueue; the host range is valid per the enqueuing call's contract.
+        let moved = unsafe {
+            match c.dir {
+                Direction::ToHost => c.alloc.read(c.offset, c.host, c.len),
+                Direction::ToDevice => c.alloc.write(c.offset, c.host, c.len),
+            }
+        };
+        moved.map_err(|Freed| {
+            Error::System(format!(
+                "{}: {what} failed: {} was freed before the copy ran \
+                 (CUDA_ERROR_ILLEGAL_ADDRESS); the stream is failed (sticky)",
+                self.name,
+                c.alloc.describe()
+            ))
+        })
+    }
+
+    /// Sleeps `delay`, or less if the stream is abandoned.
+    fn pause(&self, delay: Duration) {
+        let end = Instant::now() + delay;
+        while !self.abandon.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(10)));
+        }
+    }
+}
+
+/// `now + timeout`, saturating at a year.
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or_else(far_future)
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 86400)
+}
+
+/// A stream handed to the caller: created (owned: dropping it drains and joins the worker)
+/// or borrowed (dropping it leaves the stream).
+pub struct EmuStream {
+    pub(super) core: Arc<StreamCore>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) owned: bool,
+}
+
+impl EmuStream {
+    /// The checks of `copy_to_host`/`copy_to_device`, then the enqueue.
+    fn copy(&self, dir: Direction, device: u64, host: *mut u8, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let name = &self.core.name;
+        let ordinal = self.core.ordinal;
+        if host.is_null() {
+            return Err(Error::invalid(format!(
+                "{name}: null host pointer for a {len}-byte copy (CUDA_ERROR_INVALID_VALUE)"
+            )));
+        }
+        if (host as u64).checked_add(len as u64).is_none() {
+            return Err(Error::invalid(format!(
+                "{name}: host range {host:p}+{len} wraps around the address space"
+            )));
+        }
+        if let Some(a) = self.shared.memory.overlapping(host as u64, len) {
+            return Err(Error::invalid(format!(
+                "{name}: host range {host:p}+{len} overlaps emulated device memory ({}): a \
+                 device pointer used as host memory (CUDA_ERROR_INVALID_VALUE)",
+                a.describe()
+            )));
+        }
+        let Some(alloc) = self.shared.memory.find(device) else {
+            return Err(Error::invalid(format!(
+                "{name}: device address 0x{device:x} (copy of {len} bytes) is not in a live \
+                 allocation of emulated device {ordinal} (CUDA_ERROR_INVALID_VALUE)"
+            )));
+        };
+        if alloc.ordinal != ordinal {
+            return Err(Error::invalid(format!(
+                "{name}: device address 0x{device:x} is in {}, not memory of device {ordinal} \
+                 (CUDA_ERROR_INVALID_VALUE)",
+                alloc.describe()
+            )));
+        }
+        if !alloc.contains(device, len) {
+            return Err(Error::invalid(format!(
+                "{name}: device range 0x{device:x}+{len} runs past the end of {} \
+                 (CUDA_ERROR_INVALID_VALUE)",
+                alloc.describe()
+            )));
+        }
+        let fault = self.shared.faults.take(ordinal);
+        self.core.enqueue(Op::Copy(CopyOp {
+            dir,
+            device,
+            offset: (device - alloc.addr) as usize,
+            alloc,
+            host,
+            len,
+            fault,
+        }))
+    }
+}
+
+impl Stream for EmuStream {
+    fn ordinal(&self) -> usize {
+        self.core.ordinal
+    }
+
+    fn raw(&self) -> *mut c_void {
+        std::ptr::without_provenance_mut(self.core.id as usize)
+    }
+
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
+        self.copy(Direction::ToHost, src, dst, len)
+    }
+
+    unsafe fn copy_to_device(&self, dst: u64, src: *const u8, len: usize) -> Result<()> {
+        // The worker only reads through the pointer for this direction.
+        self.copy(Direction::ToDevice, dst, src.cast_mut(), len)
+    }
+
+    fn record(&self) -> Result<Box<dyn Event>> {
+        let state = self.core.record()?;
+        Ok(Box::new(EmuEvent { state }))
+    }
+
+    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        let Some(event) = event.as_any().downcast_ref::<EmuEvent>() else {
+            return Err(Error::invalid(format!(
+                "{}: wait_event was given an event that is not the emulated driver's",
+                self.core.name
+            )));
+        };
+        self.core.enqueue(Op::Wait(event.state.clone()))
+    }
+
+    fn synchronize(&self, timeout: Duration) -> Result<()> {
+        self.core.synchronize(timeout)
+    }
+}
+
+impl Drop for EmuStream {
+    fn drop(&mut self) {
+        if self.owned {
+            self.shared.forget_stream(self.core.id);
+            self.core.close(DROP_DRAIN);
+        }
+    }
+}

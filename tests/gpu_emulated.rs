@@ -1,0 +1,283 @@
+//! Collectives on device buffers over the emulated GPU driver (QCCL_GPU_EMULATE), with ranks
+//! as OS processes: device memory the emulator hands out cannot be read or written by host
+//! code at its address (it faults, as a GPU pointer does), so a path that forgot to stage a
+//! buffer crashes the rank instead of passing. Checked against float64 references: every
+//! dtype at awkward counts, in place and out of place, the caller's stream ordering (a copy
+//! enqueued before the call is seen by it; one enqueued after sees the result), mixed host
+//! and device buffers, and the errors (a buffer running past its allocation, buffers on a
+//! second device).
+//!
+//! The test binary re-executes itself: `child` is the rank's entry point, a no-op unless
+//! QCCL_TEST_CHILD names a scenario.
+
+mod common;
+
+use common::job::{text, Job, CHILD};
+use common::{check_reduce, input};
+use qccl::internal::gpu_driver::{DeviceMem, Driver, Stream};
+use qccl::internal::CallBuf;
+use qccl::{Comm, DType, ReduceOp};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Exit code of a rank whose check failed.
+const FAILED: i32 = 3;
+const WAIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn child() {
+    let Ok(scenario) = std::env::var(CHILD) else {
+        return;
+    };
+    let code = match run_child(&scenario) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("QCCL-TEST-ERROR: {e}");
+            FAILED
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run_child(scenario: &str) -> Result<(), String> {
+    let comm = Comm::from_env().map_err(|e| e.to_string())?;
+    let gpu = qccl::internal::gpu().map_err(|e| e.to_string())?;
+    let dev = Dev::new(gpu)?;
+    match scenario {
+        "collectives" => collectives(&comm, &dev),
+        "stream" => stream_ordering(&comm, &dev),
+        "errors" => errors(&comm, &dev),
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
+
+/// Device memory on device 0 and a stream to fill and read it.
+struct Dev {
+    gpu: Arc<dyn Driver>,
+    stream: Box<dyn Stream>,
+}
+
+impl Dev {
+    fn new(gpu: Arc<dyn Driver>) -> Result<Dev, String> {
+        let stream = gpu.create_stream(0).map_err(|e| e.to_string())?;
+        Ok(Dev { gpu, stream })
+    }
+
+    /// A device buffer holding `bytes` (at least one byte is allocated).
+    fn upload(&self, bytes: &[u8]) -> Result<Box<dyn DeviceMem>, String> {
+        let m = self
+            .gpu
+            .alloc_device(0, bytes.len().max(1))
+            .map_err(|e| e.to_string())?;
+        // SAFETY: `bytes` outlives the synchronize below; the buffer has room.
+        unsafe { self.stream.copy_to_device(m.addr(), bytes.as_ptr(), bytes.len()) }
+            .map_err(|e| e.to_string())?;
+        self.stream.synchronize(WAIT).map_err(|e| e.to_string())?;
+        Ok(m)
+    }
+
+    /// The first `len` bytes of `m`.
+    fn download(&self, m: &dyn DeviceMem, len: usize) -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; len];
+        // SAFETY: `out` outlives the synchronize below.
+        unsafe { self.stream.copy_to_host(out.as_mut_ptr(), m.addr(), len) }
+            .map_err(|e| e.to_string())?;
+        self.stream.synchronize(WAIT).map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+}
+
+fn buf(addr: u64, len: usize, reads: bool, writes: bool) -> CallBuf {
+    CallBuf {
+        addr,
+        len,
+        reads,
+        writes,
+    }
+}
+
+/// # Safety
+/// `p` is valid for `len` bytes (any value when `len` is 0).
+unsafe fn bytes<'a>(p: *mut u8, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's promise.
+    unsafe { std::slice::from_raw_parts_mut(p, len) }
+}
+
+/// All-reduce of `count` elements on device buffers (`send` None: in place in `recv`).
+fn all_reduce(
+    comm: &Comm,
+    send: Option<&dyn DeviceMem>,
+    recv: &dyn DeviceMem,
+    len: usize,
+    c: (usize, DType, ReduceOp),
+    stream: *mut std::ffi::c_void,
+) -> Result<(), String> {
+    let (count, dtype, op) = c;
+    let mut bufs: Vec<CallBuf> = send
+        .iter()
+        .map(|s| buf(s.addr(), len, true, false))
+        .collect();
+    bufs.push(buf(recv.addr(), len, send.is_none(), true));
+    let in_place = send.is_none();
+    // SAFETY: both are device buffers of at least `len` bytes, alive for the call; the
+    // staged addresses passed to the closure hold `len` bytes each.
+    unsafe {
+        comm.on_buffers(&bufs, stream, |h| {
+            let (s, r) = if in_place {
+                (None, bytes(h[0], len))
+            } else {
+                (Some(&*bytes(h[0], len)), bytes(h[1], len))
+            };
+            comm.all_reduce_raw(s, r, count, dtype, op, None).map(|_| ())
+        })
+    }
+    .map_err(|e| e.to_string())
+}
+
+fn collectives(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let cases = [
+        (DType::Float32, ReduceOp::Sum),
+        (DType::Float64, ReduceOp::Max),
+        (DType::Float16, ReduceOp::Sum),
+        (DType::Int32, ReduceOp::Min),
+        (DType::Bfloat16, ReduceOp::Avg),
+    ];
+    for (i, &(dtype, op)) in cases.iter().enumerate() {
+        for count in [0usize, 1, 7, 4099, 131_075] {
+            let len = count * dtype.size();
+            let salt = (i * 100 + count) as u64;
+            let ins: Vec<Vec<u8>> = (0..n).map(|p| input(dtype, op, p, count, salt)).collect();
+            let what = format!("{dtype:?} {op:?} count {count}");
+            // Out of place, then in place.
+            let send = dev.upload(&ins[r])?;
+            let recv = dev.upload(&vec![0u8; len])?;
+            let c = (count, dtype, op);
+            all_reduce(comm, Some(&*send), &*recv, len, c, std::ptr::null_mut())?;
+            let got = dev.download(&*recv, len)?;
+            check_reduce(dtype, op, &ins, 0..count, &got).map_err(|e| format!("{what}: {e}"))?;
+            let inplace = dev.upload(&ins[r])?;
+            all_reduce(comm, None, &*inplace, len, c, std::ptr::null_mut())?;
+            let got2 = dev.download(&*inplace, len)?;
+            if got2 != got {
+                return Err(format!("{what}: in place differs from out of place"));
+            }
+        }
+    }
+    // Broadcast from every root, host send buffer on the root and a device receive buffer.
+    let count = 4099;
+    for root in 0..n {
+        let data: Vec<u8> = (0..count).map(|k| (k * 7 + root) as u8).collect();
+        let recv = dev.upload(&vec![0u8; count])?;
+        let bufs = [
+            buf(data.as_ptr() as u64, count, true, false),
+            buf(recv.addr(), count, false, true),
+        ];
+        // SAFETY: `data` and `recv` hold `count` bytes and live through the call.
+        unsafe {
+            comm.on_buffers(&bufs, std::ptr::null_mut(), |h| {
+                comm.broadcast_raw(
+                    Some(&*bytes(h[0], count)),
+                    bytes(h[1], count),
+                    count,
+                    DType::Uint8,
+                    root,
+                )
+            })
+        }
+        .map_err(|e| e.to_string())?;
+        if dev.download(&*recv, count)? != data {
+            return Err(format!("broadcast from {root}: wrong bytes"));
+        }
+    }
+    Ok(())
+}
+
+/// The caller's stream: a copy enqueued on it before the call is what the call reads, and a
+/// copy enqueued after the call returns reads the result.
+fn stream_ordering(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let count = 1 << 20;
+    let len = 4 * count;
+    let user = dev.gpu.create_stream(0).map_err(|e| e.to_string())?;
+    let buf = dev.upload(&vec![0u8; len])?;
+    for round in 0..3 {
+        let mine: Vec<f32> = (0..count).map(|i| ((r + round + i) % 13) as f32).collect();
+        // Enqueued, not waited for: the call must order itself after it.
+        // SAFETY: `mine` lives until the call below returned, which is after the copy ran.
+        unsafe { user.copy_to_device(buf.addr(), mine.as_ptr().cast(), len) }
+            .map_err(|e| e.to_string())?;
+        let c = (count, DType::Float32, ReduceOp::Sum);
+        all_reduce(comm, None, &*buf, len, c, user.raw())?;
+        let mut out = vec![0f32; count];
+        // SAFETY: `out` outlives the synchronize.
+        unsafe { user.copy_to_host(out.as_mut_ptr().cast(), buf.addr(), len) }
+            .map_err(|e| e.to_string())?;
+        user.synchronize(WAIT).map_err(|e| e.to_string())?;
+        for (i, &x) in out.iter().enumerate() {
+            let want: usize = (0..n).map(|p| (p + round + i) % 13).sum();
+            if x != want as f32 {
+                return Err(format!("round {round}: element {i} is {x}, want {want}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bad device buffers are refused before any byte moves, naming what is wrong; the comm
+/// still works afterwards.
+fn errors(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let len = 4096;
+    let m = dev.upload(&vec![1u8; len])?;
+    let run = |bufs: &[CallBuf]| -> Result<(), String> {
+        // SAFETY: never run: every call below is refused before the closure.
+        unsafe { comm.on_buffers(bufs, std::ptr::null_mut(), |_| Ok(())) }
+            .map_err(|e| e.to_string())
+    };
+    // Past the end of its allocation.
+    let e = run(&[buf(m.addr() + 8, len, true, true)]).err();
+    if !e.as_deref().is_some_and(|e| e.contains("does not end there")) {
+        return Err(format!("a buffer past its allocation: {e:?}"));
+    }
+    // A second device, after the comm's first device call on device 0.
+    let first = (1, DType::Uint8, ReduceOp::Max);
+    all_reduce(comm, None, &*m, 1, first, std::ptr::null_mut())?;
+    let other = dev.gpu.alloc_device(1, len).map_err(|e| e.to_string())?;
+    let e = run(&[buf(other.addr(), len, true, true)]).err();
+    if !e.as_deref().is_some_and(|e| e.contains("this comm's device is 0")) {
+        return Err(format!("a buffer on device 1: {e:?}"));
+    }
+    let e = run(&[buf(m.addr(), 16, true, false), buf(other.addr(), 16, false, true)]).err();
+    if !e.as_deref().is_some_and(|e| e.contains("two devices")) {
+        return Err(format!("buffers on two devices: {e:?}"));
+    }
+    all_reduce(comm, None, &*m, len, (len, DType::Uint8, ReduceOp::Max), std::ptr::null_mut())
+}
+
+fn run_job(n: usize, scenario: &str, devices: &str) {
+    let job = Job::new(n);
+    let outs = job.run(scenario, &[("QCCL_GPU_EMULATE", devices)], Duration::from_secs(120));
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+    }
+}
+
+#[test]
+fn collectives_on_device_buffers_at_1_3_and_5_ranks() {
+    for n in [1, 3, 5] {
+        run_job(n, "collectives", "1");
+    }
+}
+
+#[test]
+fn the_callers_stream_orders_the_call() {
+    run_job(2, "stream", "1");
+}
+
+#[test]
+fn bad_device_buffers_are_refused_by_name() {
+    run_job(2, "errors", "2");
+}
