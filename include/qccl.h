@@ -1,14 +1,20 @@
 /*
  * qccl.h: the C ABI of qccl, a collective-communication library with NCCL's calls,
- * argument order, numbering and in-place rules, for host memory.
+ * argument order, numbering and in-place rules, for host and device memory.
  *
  * Link with libqccl (`cc app.c $(pkg-config --cflags --libs qccl)`; see ffi/README.md).
  * Written by hand; ffi/tests/header.rs fails when it and the library's exports disagree.
  *
  * Conventions:
  *  - Every call returns a qcclResult_t; qcclGetLastError() gives the detailed message.
- *  - Buffers are host memory and `stream` must be NULL: the call completes before it
- *    returns (a non-NULL stream returns qcclUnsupported: this build has no CUDA support).
+ *  - Buffers are host or device memory (cudaMalloc'd, on one device per comm: the device of
+ *    its first call on device memory). Device buffers are staged through page-locked host
+ *    memory; the call is ordered after the work enqueued on `stream` (a cudaStream_t of that
+ *    device; NULL: the legacy default stream) and returns once the result is on the device,
+ *    so work enqueued afterwards sees it. Host buffers with a NULL stream complete before
+ *    the call returns. Without a CUDA driver a non-NULL stream returns qcclUnsupported.
+ *    Grouped and non-blocking calls take host memory and no stream for now
+ *    (qcclUnsupported otherwise).
  *  - Between qcclGroupStart() and qcclGroupEnd() calls are queued and run at the outermost
  *    qcclGroupEnd(), which returns when they are complete; buffers stay valid until then.
  *  - All ranks of a comm make the same collective calls in the same order.
@@ -39,7 +45,7 @@ typedef struct { char internal[QCCL_UNIQUE_ID_BYTES]; } qcclUniqueId;
 
 /* Handles are opaque tokens; the library never lets them dangle (see qcclCommDestroy). */
 typedef struct qcclComm* qcclComm_t;
-typedef void* qcclStream_t;   /* NULL: host memory, the call completes before returning */
+typedef void* qcclStream_t;   /* a cudaStream_t / CUstream; NULL: legacy default stream */
 typedef struct qcclCodec* qcclCodec_t;
 typedef struct qcclRequest* qcclRequest_t;
 

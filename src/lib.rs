@@ -85,13 +85,13 @@ pub mod internal {
     /// The real CUDA driver, for tests/gpu_driver.rs.
     #[cfg(feature = "cuda")]
     pub use crate::gpu::cuda::CudaDriver;
-    pub use crate::gpu::kernels;
     /// The device path's driver contract, its choice and staging (C ABI, Python, tests).
     pub use crate::gpu::driver as gpu_driver;
-    pub use crate::gpu::select::{driver as gpu, emulate as emulate_gpu};
-    pub use crate::gpu::staging::CallBuf;
+    pub use crate::gpu::kernels;
     #[cfg(feature = "cuda")]
     pub use crate::gpu::nvrtc;
+    pub use crate::gpu::select::{driver as gpu, emulate as emulate_gpu};
+    pub use crate::gpu::staging::CallBuf;
     pub use crate::reduce::{finish_avg, reduce3, reduce_into};
     pub use crate::transport::frame::{CollKind, OpDesc};
     /// The verbs contract and the real device, for tests/ib_device.rs.

@@ -70,8 +70,11 @@ impl Dev {
             .alloc_device(0, bytes.len().max(1))
             .map_err(|e| e.to_string())?;
         // SAFETY: `bytes` outlives the synchronize below; the buffer has room.
-        unsafe { self.stream.copy_to_device(m.addr(), bytes.as_ptr(), bytes.len()) }
-            .map_err(|e| e.to_string())?;
+        unsafe {
+            self.stream
+                .copy_to_device(m.addr(), bytes.as_ptr(), bytes.len())
+        }
+        .map_err(|e| e.to_string())?;
         self.stream.synchronize(WAIT).map_err(|e| e.to_string())?;
         Ok(m)
     }
@@ -131,7 +134,8 @@ fn all_reduce(
             } else {
                 (Some(&*bytes(h[0], len)), bytes(h[1], len))
             };
-            comm.all_reduce_raw(s, r, count, dtype, op, None).map(|_| ())
+            comm.all_reduce_raw(s, r, count, dtype, op, None)
+                .map(|_| ())
         })
     }
     .map_err(|e| e.to_string())
@@ -239,7 +243,10 @@ fn errors(comm: &Comm, dev: &Dev) -> Result<(), String> {
     };
     // Past the end of its allocation.
     let e = run(&[buf(m.addr() + 8, len, true, true)]).err();
-    if !e.as_deref().is_some_and(|e| e.contains("does not end there")) {
+    if !e
+        .as_deref()
+        .is_some_and(|e| e.contains("does not end there"))
+    {
         return Err(format!("a buffer past its allocation: {e:?}"));
     }
     // A second device, after the comm's first device call on device 0.
@@ -247,19 +254,37 @@ fn errors(comm: &Comm, dev: &Dev) -> Result<(), String> {
     all_reduce(comm, None, &*m, 1, first, std::ptr::null_mut())?;
     let other = dev.gpu.alloc_device(1, len).map_err(|e| e.to_string())?;
     let e = run(&[buf(other.addr(), len, true, true)]).err();
-    if !e.as_deref().is_some_and(|e| e.contains("this comm's device is 0")) {
+    if !e
+        .as_deref()
+        .is_some_and(|e| e.contains("this comm's device is 0"))
+    {
         return Err(format!("a buffer on device 1: {e:?}"));
     }
-    let e = run(&[buf(m.addr(), 16, true, false), buf(other.addr(), 16, false, true)]).err();
+    let e = run(&[
+        buf(m.addr(), 16, true, false),
+        buf(other.addr(), 16, false, true),
+    ])
+    .err();
     if !e.as_deref().is_some_and(|e| e.contains("two devices")) {
         return Err(format!("buffers on two devices: {e:?}"));
     }
-    all_reduce(comm, None, &*m, len, (len, DType::Uint8, ReduceOp::Max), std::ptr::null_mut())
+    all_reduce(
+        comm,
+        None,
+        &*m,
+        len,
+        (len, DType::Uint8, ReduceOp::Max),
+        std::ptr::null_mut(),
+    )
 }
 
 fn run_job(n: usize, scenario: &str, devices: &str) {
     let job = Job::new(n);
-    let outs = job.run(scenario, &[("QCCL_GPU_EMULATE", devices)], Duration::from_secs(120));
+    let outs = job.run(
+        scenario,
+        &[("QCCL_GPU_EMULATE", devices)],
+        Duration::from_secs(120),
+    );
     for (r, o) in outs.iter().enumerate() {
         assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
     }

@@ -1,7 +1,7 @@
 //! Collective and point-to-point entry points, blocking and non-blocking, and
 //! `qcclTest` / `qcclWait`.
 
-use crate::device::{host_only, launch_on};
+use crate::device::{host_only, launch_on, GROUPED, NON_BLOCKING};
 use crate::group::{guard_op, hold, launch};
 use crate::handle::{self, CommHandle, ReqState};
 use crate::last_error::{guard, no_panic};
@@ -13,18 +13,6 @@ use qccl_core::internal::Coll;
 use qccl_core::{Error, Result};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
-
-/// Only host memory (`stream == NULL`) in this build.
-pub(crate) fn no_stream(stream: qcclStream_t) -> Result<()> {
-    if stream.is_null() {
-        Ok(())
-    } else {
-        Err(Error::Unsupported(format!(
-            "stream {stream:p}: qccl is built without CUDA support; pass NULL (host memory, the \
-             call completes before returning)"
-        )))
-    }
-}
 
 macro_rules! blocking {
     ($name:literal, $comm:ident, $stream:ident, |$c:ident| $make:expr) => {
@@ -57,13 +45,14 @@ pub unsafe extern "C" fn qcclAllReduce(
     guard_op("qcclAllReduce", comm, || {
         let h = handle::comm(comm)?;
         let a = AllReduceArgs::new(&h.comm, sendbuff, recvbuff, count, datatype, op)?;
-        if !in_group() && (!stream.is_null() || h.comm.device_buffers(&a.call_bufs())?) {
+        if in_group() {
+            host_only(&h, &a.call_bufs(), stream, GROUPED)?;
+        } else if !stream.is_null() || h.comm.device_buffers(&a.call_bufs())? {
             // Device memory or a stream: staged as one plain all-reduce (fusion plans group
             // host tensors).
             let op = Op::all_reduce(&h.comm, a)?;
             return launch_on(comm, h, op, stream);
         }
-        no_stream(stream)?;
         let mode = if in_group() {
             Mode::Grouped
         } else {
@@ -293,7 +282,7 @@ pub(crate) unsafe fn start(
     }
     let state = match make(&h)? {
         Started::Op(op) => {
-            host_only(&h, &op, std::ptr::null_mut(), "in non-blocking calls")?;
+            host_only(&h, &op.call_bufs(), std::ptr::null_mut(), NON_BLOCKING)?;
             ReqState::Pending(h.comm.submit(move |e| no_panic(|| op.run(e)))?)
         }
         Started::Fused(slot, tensor) => ReqState::Fused(slot, tensor),
@@ -329,6 +318,7 @@ pub unsafe extern "C" fn qcclIAllReduce(
         unsafe {
             start(comm, request, |h| {
                 let a = AllReduceArgs::new(&h.comm, sendbuff, recvbuff, count, datatype, op)?;
+                host_only(h, &a.call_bufs(), std::ptr::null_mut(), NON_BLOCKING)?;
                 match plan::route(h, Mode::NonBlocking, a.send, a.recv, a.dtype, a.op)? {
                     Routed::Plain => Op::all_reduce(&h.comm, a).map(Started::Op),
                     Routed::Request(slot, tensor) => Ok(Started::Fused(slot, tensor)),

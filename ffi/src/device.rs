@@ -10,6 +10,7 @@ use crate::handle::CommHandle;
 use crate::nesting::in_group;
 use crate::op::Op;
 use crate::types::{qcclComm_t, qcclStream_t};
+use qccl_core::internal::CallBuf;
 use qccl_core::{Error, Result};
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ pub(crate) fn launch_on(
     stream: qcclStream_t,
 ) -> Result<()> {
     if in_group() {
-        host_only(&h, &op, stream, "inside qcclGroupStart/qcclGroupEnd")?;
+        host_only(&h, &op.call_bufs(), stream, GROUPED)?;
         return launch(token, h, op);
     }
     let bufs = op.call_bufs();
@@ -34,10 +35,19 @@ pub(crate) fn launch_on(
     }
 }
 
-/// An error unless `op`'s buffers are host memory and `stream` NULL (`when` says which kind
-/// of call cannot take device memory yet).
-pub(crate) fn host_only(h: &CommHandle, op: &Op, stream: qcclStream_t, when: &str) -> Result<()> {
-    if h.comm.device_buffers(&op.call_bufs())? || !stream.is_null() {
+/// Which calls cannot take device memory yet, for `host_only`.
+pub(crate) const GROUPED: &str = "inside qcclGroupStart/qcclGroupEnd";
+pub(crate) const NON_BLOCKING: &str = "in non-blocking calls";
+
+/// An error unless `bufs` are host memory and `stream` NULL (`when` says which kind of call
+/// cannot take device memory yet).
+pub(crate) fn host_only(
+    h: &CommHandle,
+    bufs: &[CallBuf],
+    stream: qcclStream_t,
+    when: &str,
+) -> Result<()> {
+    if !stream.is_null() || h.comm.device_buffers(bufs)? {
         return Err(Error::Unsupported(format!(
             "device buffers and streams {when}: not supported yet (blocking calls outside a \
              group take them)"
@@ -119,10 +129,20 @@ mod tests {
                     // In place on a stream of the caller's.
                     let user = gpu.create_stream(0).unwrap();
                     let rc = unsafe {
-                        qcclAllReduce(sp, sp as *mut c_void, count, qcclFloat32, qcclMax, comm, user.raw())
+                        qcclAllReduce(
+                            sp,
+                            sp as *mut c_void,
+                            count,
+                            qcclFloat32,
+                            qcclMax,
+                            comm,
+                            user.raw(),
+                        )
                     };
                     assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
-                    let max: Vec<f32> = (0..count).map(|i| (0..n).map(|p| ((p + i) % 7) as f32).fold(0.0, f32::max)).collect();
+                    let max: Vec<f32> = (0..count)
+                        .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).fold(0.0, f32::max))
+                        .collect();
                     assert_eq!(download(&*gpu, &*send, count), max);
                     // Not yet: inside a group, and non-blocking.
                     assert_eq!(qcclGroupStart(), qcclSuccess);
@@ -130,14 +150,22 @@ mod tests {
                         qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, null_mut())
                     };
                     assert_eq!(rc, qcclUnsupported);
-                    assert!(last_error(comm).contains("inside qcclGroupStart"), "{}", last_error(comm));
+                    assert!(
+                        last_error(comm).contains("inside qcclGroupStart"),
+                        "{}",
+                        last_error(comm)
+                    );
                     assert_eq!(qcclGroupEnd(), qcclUnsupported);
                     let mut req = null_mut();
                     let rc = unsafe {
                         qcclIAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, &mut req)
                     };
                     assert_eq!(rc, qcclUnsupported);
-                    assert!(last_error(comm).contains("non-blocking"), "{}", last_error(comm));
+                    assert!(
+                        last_error(comm).contains("non-blocking"),
+                        "{}",
+                        last_error(comm)
+                    );
                     // The comm still works.
                     let rc = unsafe {
                         qcclAllReduce(sp, rp, count, qcclFloat32, qcclMin, comm, null_mut())

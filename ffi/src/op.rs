@@ -9,8 +9,8 @@ use crate::nesting::in_group;
 use crate::types::*;
 use qccl_core::fused::{FusedAllReduce, Part};
 use qccl_core::internal::{
-    AllReduceCall, CallBuf, Coll, CollCall, CollKind, Engine, OpDesc, PreparedTopK, RecvReq, SendReq, Shape,
-    Side,
+    AllReduceCall, CallBuf, Coll, CollCall, CollKind, Engine, OpDesc, PreparedTopK, RecvReq,
+    SendReq, Shape, Side,
 };
 use qccl_core::{Comm, Compression, DType, Error, ReduceOp, Result, TopK, TopKScheme};
 use std::collections::BTreeMap;

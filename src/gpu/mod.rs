@@ -19,6 +19,8 @@ mod probe;
 pub mod driver;
 #[doc(hidden)]
 pub mod staging;
+// Which driver this process uses (QCCL_GPU_EMULATE, else the real one).
+pub(crate) mod select;
 
 // The real driver behind the contract (reached through `qccl::internal` by the tests).
 #[cfg(feature = "cuda")]

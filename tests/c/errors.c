@@ -190,15 +190,15 @@ static void argument_errors(qcclComm_t* pair) {
     ERR(qcclReduceScatter(a, a + 1, 4, qcclFloat32, qcclSum, c2, NULL), qcclInvalidArgument, c2, "overlap");
     ERR(qcclAlltoAll(a, a + 3, 4, qcclFloat32, c2, NULL), qcclInvalidArgument, c2, "overlap");
 
-    /* A stream: this build has no CUDA. */
-    ERR(qcclAllReduce(s, r, 4, qcclFloat32, qcclSum, c2, stream), qcclUnsupported, c2, "without CUDA");
-    ERR(qcclBroadcast(s, r, 4, qcclFloat32, 0, c2, stream), qcclUnsupported, c2, "without CUDA");
-    ERR(qcclReduce(s, r, 4, qcclFloat32, qcclSum, 0, c2, stream), qcclUnsupported, c2, "without CUDA");
-    ERR(qcclAllGather(s, r, 4, qcclFloat32, c2, stream), qcclUnsupported, c2, "without CUDA");
-    ERR(qcclReduceScatter(s, r, 4, qcclFloat32, qcclSum, c2, stream), qcclUnsupported, c2, "without CUDA");
-    ERR(qcclAlltoAll(s, r, 4, qcclFloat32, c2, stream), qcclUnsupported, c2, "without CUDA");
-    ERR(qcclSend(s, 4, qcclFloat32, 1, c2, stream), qcclUnsupported, c2, "without CUDA");
-    ERR(qcclRecv(r, 4, qcclFloat32, 1, c2, stream), qcclUnsupported, c2, "without CUDA");
+    /* A stream on a machine without a CUDA driver: refused, saying why. */
+    ERR(qcclAllReduce(s, r, 4, qcclFloat32, qcclSum, c2, stream), qcclUnsupported, c2, "pass NULL");
+    ERR(qcclBroadcast(s, r, 4, qcclFloat32, 0, c2, stream), qcclUnsupported, c2, "pass NULL");
+    ERR(qcclReduce(s, r, 4, qcclFloat32, qcclSum, 0, c2, stream), qcclUnsupported, c2, "pass NULL");
+    ERR(qcclAllGather(s, r, 4, qcclFloat32, c2, stream), qcclUnsupported, c2, "pass NULL");
+    ERR(qcclReduceScatter(s, r, 4, qcclFloat32, qcclSum, c2, stream), qcclUnsupported, c2, "pass NULL");
+    ERR(qcclAlltoAll(s, r, 4, qcclFloat32, c2, stream), qcclUnsupported, c2, "pass NULL");
+    ERR(qcclSend(s, 4, qcclFloat32, 1, c2, stream), qcclUnsupported, c2, "pass NULL");
+    ERR(qcclRecv(r, 4, qcclFloat32, 1, c2, stream), qcclUnsupported, c2, "pass NULL");
 
     /* Non-blocking forms. */
     qcclRequest_t req = (qcclRequest_t)&req;
@@ -261,7 +261,7 @@ static void argument_errors(qcclComm_t* pair) {
     ERR(qcclAllReduceCompressed(s, r, 4, qcclInt32, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "compresses floating-point data, not int32");
     ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclMax, q4, 7, c2, NULL), qcclInvalidArgument, c2, "only sum and avg");
     ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, q4, 7, NULL, NULL), qcclInvalidArgument, NULL, "comm is NULL");
-    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, q4, 7, c2, stream), qcclUnsupported, c2, "without CUDA");
+    ERR(qcclAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, q4, 7, c2, stream), qcclUnsupported, c2, "pass NULL");
     ERR(qcclAllReduceCompressed(a, a + 1, 4, qcclFloat32, qcclSum, q4, 7, c2, NULL), qcclInvalidArgument, c2, "overlap");
     req = (qcclRequest_t)&req;
     ERR(qcclIAllReduceCompressed(s, r, 4, qcclFloat32, qcclSum, fake, 7, c2, &req), qcclInvalidUsage, c2, "not a live codec");
@@ -270,7 +270,7 @@ static void argument_errors(qcclComm_t* pair) {
     CHECK(qcclCodecDestroy(q4));
     ERR(qcclCodecDestroy(q4), qcclInvalidUsage, NULL, "not a live codec");
     /* HiTopK: argument errors before any byte moves. */
-    ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 0.01f, 7, c2, stream), qcclUnsupported, c2, "without CUDA");
+    ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 0.01f, 7, c2, stream), qcclUnsupported, c2, "pass NULL");
     ERR(qcclHiTopKAllReduce(s, r, 4, qcclFloat32, 1.5f, 7, c2, NULL), qcclInvalidArgument, c2, "density 1.5");
     ERR(qcclHiTopKAllReduce(s, NULL, 4, qcclFloat32, 0.1f, 7, c2, NULL), qcclInvalidArgument, c2, "recvbuff is NULL");
     ERR(qcclHiTopKAllReduce(s, r, 4, qcclInt32, 0.1f, 7, c2, NULL), qcclInvalidArgument, c2, "floating-point");
