@@ -7,6 +7,9 @@
 //! and device buffers, and the errors (a buffer running past its allocation, buffers on a
 //! second device).
 //!
+//! The same scenarios run on a real GPU with `--ignored` (QCCL_REQUIRE_GPU=1 makes a missing
+//! GPU a failure).
+//!
 //! The test binary re-executes itself: `child` is the rank's entry point, a no-op unless
 //! QCCL_TEST_CHILD names a scenario.
 
@@ -287,6 +290,39 @@ fn run_job(n: usize, scenario: &str, devices: &str) {
     );
     for (r, o) in outs.iter().enumerate() {
         assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+    }
+}
+
+/// On a real GPU (QCCL_GPU_EMULATE=0: the CUDA driver), every rank on device 0, as a
+/// one-GPU machine runs it. False (skipped) without one, unless QCCL_REQUIRE_GPU=1.
+fn real_gpu() -> bool {
+    match qccl::gpu::available() {
+        Ok(()) => true,
+        Err(e) if std::env::var("QCCL_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("QCCL_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn collectives_on_a_real_gpu_at_1_2_and_4_ranks() {
+    if real_gpu() {
+        for n in [1, 2, 4] {
+            run_job(n, "collectives", "0");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn the_callers_stream_orders_the_call_on_a_real_gpu() {
+    if real_gpu() {
+        run_job(2, "stream", "0");
     }
 }
 
