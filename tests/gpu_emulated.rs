@@ -32,14 +32,7 @@ fn child() {
     let Ok(scenario) = std::env::var(CHILD) else {
         return;
     };
-    let code = match run_child(&scenario) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("QCCL-TEST-ERROR: {e}");
-            FAILED
-        }
-    };
-    std::process::exit(code);
+    common::job::exit_with(run_child(&scenario), 0, FAILED);
 }
 
 fn run_child(scenario: &str) -> Result<(), String> {

@@ -311,14 +311,7 @@ fn child() {
             other => Err(format!("unknown scenario {other}")),
         }
     };
-    let code = match run() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("QCCL-TEST-ERROR: {e}");
-            3
-        }
-    };
-    std::process::exit(code);
+    common::job::exit_with(run(), 0, 3);
 }
 
 /// The collective suite with every peer pair on the RDMA link (QCCL_NET=IB, shared memory

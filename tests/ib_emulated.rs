@@ -39,14 +39,7 @@ fn child() {
     let Ok(scenario) = std::env::var(CHILD) else {
         return;
     };
-    let code = match run_child(&scenario) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("QCCL-TEST-ERROR: {e}");
-            FAILED_CLEANLY
-        }
-    };
-    std::process::exit(code);
+    common::job::exit_with(run_child(&scenario), 0, FAILED_CLEANLY);
 }
 
 /// This process's threads, by name.

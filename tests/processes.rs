@@ -26,14 +26,7 @@ fn child() {
             wait_for_file(&gate);
         }
     }
-    let code = match run_child(&scenario) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("QCCL-TEST-ERROR: {e}");
-            FAILED_CLEANLY
-        }
-    };
-    std::process::exit(code);
+    common::job::exit_with(run_child(&scenario), 0, FAILED_CLEANLY);
 }
 
 fn run_child(scenario: &str) -> Result<(), String> {

@@ -22,14 +22,7 @@ fn child() {
     let Ok(scenario) = std::env::var(CHILD) else {
         return;
     };
-    let code = match run_child(&scenario) {
-        Ok(()) => SHRUNK,
-        Err(e) => {
-            eprintln!("QCCL-TEST-ERROR: {e}");
-            3
-        }
-    };
-    std::process::exit(code);
+    common::job::exit_with(run_child(&scenario), SHRUNK, 3);
 }
 
 fn var(name: &str) -> usize {

@@ -36,7 +36,7 @@ def test_same_pages_give_the_same_handle_counted():
     # pages): the same handle.
     assert c.register(first) == h
     assert c.register(a[2:50]) == h
-    assert c.registrations() == {"ranges": 1, "made": 0}
+    assert c.registrations() == {"ranges": 1, "made": 0, "wire": 0, "wire_made": 0}
     # Other pages: another handle.
     b = _page_aligned(PAGE)
     hb = c.register(b)
@@ -54,7 +54,7 @@ def test_same_pages_give_the_same_handle_counted():
     c.deregister(hb)
     with pytest.raises(qccl.InvalidArgumentError, match="already deregistered"):
         c.deregister(hb)
-    assert c.registrations() == {"ranges": 0, "made": 0}
+    assert c.registrations() == {"ranges": 0, "made": 0, "wire": 0, "wire_made": 0}
     c.close()
 
 

@@ -26,6 +26,19 @@ pub fn child_command(scenario: &str) -> Command {
     cmd
 }
 
+/// Ends a child process: exit code `ok` on success, else the error printed after
+/// `QCCL-TEST-ERROR:` (what the parent's assertions look for) and exit code `failed`.
+pub fn exit_with(result: Result<(), String>, ok: i32, failed: i32) -> ! {
+    let code = match result {
+        Ok(()) => ok,
+        Err(e) => {
+            eprintln!("QCCL-TEST-ERROR: {e}");
+            failed
+        }
+    };
+    std::process::exit(code)
+}
+
 /// One job's ranks, rendezvousing at 127.0.0.1:`port`.
 pub struct Job {
     /// Held for the job's life: rank 0 binds the port, but no other process or connection
