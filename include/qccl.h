@@ -8,11 +8,12 @@
  * Conventions:
  *  - Every call returns a qcclResult_t; qcclGetLastError() gives the detailed message.
  *  - Buffers are host or device memory (cudaMalloc'd, on one device per comm: the device of
- *    its first call on device memory). Device buffers are staged through page-locked host
- *    memory; the call is ordered after the work enqueued on `stream` (a cudaStream_t of that
- *    device; NULL: the legacy default stream) and returns once the result is on the device,
- *    so work enqueued afterwards sees it. Host buffers with a NULL stream complete before
- *    the call returns. Without a CUDA driver a non-NULL stream returns qcclUnsupported.
+ *    its first call on device memory), staged through page-locked host memory. On a stream
+ *    (a cudaStream_t of that device) a call on device buffers is enqueued and returns at
+ *    once, as NCCL's: it runs after the work enqueued on the stream before it, and work
+ *    enqueued after it waits for it; its failure is reported by qcclCommGetAsyncError. With
+ *    a NULL stream, or host buffers, the call is complete when it returns. Without a CUDA
+ *    driver a non-NULL stream returns qcclUnsupported.
  *    Grouped and non-blocking calls take host memory and no stream for now
  *    (qcclUnsupported otherwise).
  *  - Between qcclGroupStart() and qcclGroupEnd() calls are queued and run at the outermost

@@ -42,6 +42,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
     match scenario {
         "collectives" => collectives(&comm, &dev),
         "stream" => stream_ordering(&comm, &dev),
+        "enqueue" => enqueue_and_return(&comm, &dev),
         "errors" => errors(&comm, &dev),
         other => Err(format!("unknown scenario {other}")),
     }
@@ -227,6 +228,65 @@ fn stream_ordering(comm: &Comm, dev: &Dev) -> Result<(), String> {
     Ok(())
 }
 
+/// On a caller's stream a call returns once enqueued: the stream is held shut (it waits for
+/// a word the test stores later), two in-place all-reduces are called on it and return, then
+/// the stream is opened and read back after them: both ran, in order, on what the stream
+/// held when they were called.
+fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let (n, r) = (comm.size(), comm.rank());
+    let count = 1 << 18;
+    let len = 4 * count;
+    let e = |e: qccl::Error| e.to_string();
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    let gate = dev.gpu.alloc_pinned(4).map_err(e)?;
+    // SAFETY: page-locked, page-aligned, ours.
+    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
+    word.store(0, Ordering::Release);
+    let zeros = vec![0u8; len];
+    let d = dev.upload(&zeros)?;
+    // SAFETY: the gate outlives the stream's wait (it is stored below, then synchronized).
+    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
+    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
+    // Behind the gate: what the calls must read.
+    // SAFETY: `mine` lives until the synchronize below.
+    unsafe { user.copy_to_device(d.addr(), mine.as_ptr().cast(), len) }.map_err(e)?;
+    for _ in 0..2 {
+        let bufs = [buf(d.addr(), len, true, true)];
+        let call = comm
+            .prepare_all_reduce(count, DType::Float32, ReduceOp::Sum, None)
+            .map_err(e)?;
+        // SAFETY: `d` lives until the stream passed the calls (synchronized below).
+        unsafe {
+            comm.on_stream(&bufs, user.raw(), move |eng, h| {
+                call.run(eng, None, bytes(h[0], len)).map(|_| ())
+            })
+        }
+        .map_err(e)?;
+    }
+    if word.load(Ordering::Acquire) != 0 {
+        return Err("the gate moved by itself".into());
+    }
+    word.store(1, Ordering::Release);
+    let mut out = vec![0f32; count];
+    // SAFETY: `out` outlives the synchronize.
+    unsafe { user.copy_to_host(out.as_mut_ptr().cast(), d.addr(), len) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    if let Some(err) = comm.async_error() {
+        return Err(format!("async error: {err}"));
+    }
+    for (i, &x) in out.iter().enumerate() {
+        let once: usize = (0..n).map(|p| (p + i) % 5).sum();
+        if x != (once * n) as f32 {
+            return Err(format!("element {i} is {x}, want {}", once * n));
+        }
+    }
+    if let Some(err) = comm.async_error() {
+        return Err(format!("async error: {err}"));
+    }
+    Ok(())
+}
+
 /// Bad device buffers are refused before any byte moves, naming what is wrong; the comm
 /// still works afterwards.
 fn errors(comm: &Comm, dev: &Dev) -> Result<(), String> {
@@ -316,6 +376,7 @@ fn collectives_on_a_real_gpu_at_1_2_and_4_ranks() {
 fn the_callers_stream_orders_the_call_on_a_real_gpu() {
     if real_gpu() {
         run_job(2, "stream", "0");
+        run_job(2, "enqueue", "0");
     }
 }
 
@@ -329,6 +390,11 @@ fn collectives_on_device_buffers_at_1_3_and_5_ranks() {
 #[test]
 fn the_callers_stream_orders_the_call() {
     run_job(2, "stream", "1");
+}
+
+#[test]
+fn a_call_on_a_stream_returns_once_enqueued() {
+    run_job(3, "enqueue", "1");
 }
 
 #[test]

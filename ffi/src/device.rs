@@ -1,8 +1,9 @@
 //! C calls on device memory (`cudaMalloc`'d buffers, a `qcclStream_t`): where each buffer
-//! lives is found before any byte moves (`Comm::on_buffers`); device buffers are staged
-//! through page-locked memory on the comm's device and the call returns once the result is
-//! on the device, ordered after the work enqueued on the stream before it. Host buffers with
-//! a NULL stream take the host path unchanged. Grouped and non-blocking calls take host
+//! lives is found before any byte moves; device buffers are staged through page-locked
+//! memory on the comm's device. On a stream the call is enqueued and returns at once, the
+//! stream waiting for it (`Comm::on_stream`); with NULL (the legacy default stream) it returns
+//! once the result is on the device (`Comm::on_buffers`). Host buffers with a NULL stream
+//! take the host path unchanged. Grouped and non-blocking calls take host
 //! memory only for now (an explicit `qcclUnsupported` otherwise).
 
 use crate::group::launch;
@@ -27,6 +28,14 @@ pub(crate) fn launch_on(
     }
     let bufs = op.call_bufs();
     let comm = h.clone();
+    if !stream.is_null() {
+        // NCCL's semantics: enqueued on the stream, returning at once (device buffers).
+        // SAFETY: as below; the buffers stay valid until the stream passes the call.
+        return unsafe {
+            comm.comm
+                .on_stream(&bufs, stream, move |e, hosts| op.rebased(hosts).run(e))
+        };
+    }
     // SAFETY: the C caller's contract (qccl.h): each buffer is valid for the call's reads and
     // writes until it returns, and `stream` is NULL or a live stream of their device.
     unsafe {
@@ -140,6 +149,8 @@ mod tests {
                         )
                     };
                     assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    // Enqueued: the stream passes the call once it is done.
+                    user.synchronize(WAIT).unwrap();
                     let max: Vec<f32> = (0..count)
                         .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).fold(0.0, f32::max))
                         .collect();

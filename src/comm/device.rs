@@ -9,6 +9,85 @@ use crate::gpu::staging::{self, CallBuf, Staging};
 use std::ffi::c_void;
 
 impl Comm {
+    /// As `on_buffers` on a caller's stream (not null), returning once the work is enqueued
+    /// (NCCL's semantics): `run` runs later on the comm's worker with the engine and the
+    /// staged addresses; the caller's stream waits for it. Its failure fails the comm
+    /// (`async_error`) and still releases the stream. A call with host buffers waits as
+    /// `on_buffers` does (the caller may change them once it returns).
+    ///
+    /// # Safety
+    /// Each buffer must stay valid until the caller's stream passes the call, and `stream`
+    /// be a live stream of the buffers' device.
+    #[doc(hidden)]
+    pub unsafe fn on_stream(
+        &self,
+        bufs: &[CallBuf],
+        stream: *mut c_void,
+        run: impl FnOnce(&mut crate::coll::Engine, &[*mut u8]) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        let (driver, place) = match crate::gpu::select::driver() {
+            Ok(d) => {
+                let place = staging::locate(&*d, bufs)?;
+                (d, place)
+            }
+            // Refused by `on_buffers`, saying why.
+            Err(_) => return unsafe { self.on_buffers(bufs, stream, |_| Ok(())) },
+        };
+        let host = bufs
+            .iter()
+            .zip(&place.device)
+            .any(|(b, d)| b.len > 0 && d.is_none());
+        let ordinal = match place.ordinal()? {
+            Some(o) if !host => o,
+            // Host memory the caller may change once this returns: the call waits.
+            // SAFETY: the caller's promise, passed on.
+            _ => {
+                return unsafe {
+                    self.on_buffers(bufs, stream, |hosts| self.execute(|e| run(e, hosts)))
+                }
+            }
+        };
+        let finish = {
+            let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let st = self.staging_on(&mut guard, driver, ordinal)?;
+            // SAFETY: the caller's promise, passed on.
+            unsafe { st.start(bufs, &place, stream)? }
+        };
+        // The request is not kept: the stream and `async_error` report the outcome.
+        let _ = self.submit(move |e| finish.run(|hosts| run(e, hosts)))?;
+        Ok(())
+    }
+
+    /// The comm's staging on device `ordinal`, made on its first device call; an error when
+    /// the comm's device is another.
+    fn staging_on<'a>(
+        &self,
+        guard: &'a mut Option<Staging>,
+        driver: std::sync::Arc<dyn crate::gpu::driver::Driver>,
+        ordinal: usize,
+    ) -> Result<&'a mut Staging> {
+        if let Some(s) = guard.as_ref() {
+            if s.ordinal() != ordinal {
+                return Err(Error::invalid(format!(
+                    "buffers on device {ordinal}, but this comm's device is {} (the device of \
+                     its first call on device memory)",
+                    s.ordinal()
+                )));
+            }
+        } else {
+            crate::qlog!(
+                Info,
+                "rank {}: device buffers on {} device {ordinal} ({}), staged through \
+                 page-locked memory",
+                self.rank,
+                driver.kind(),
+                driver.device(ordinal).map(|d| d.name).unwrap_or_default()
+            );
+            *guard = Some(Staging::new(driver, ordinal, self.config.timeout)?);
+        }
+        Ok(guard.as_mut().expect("set above"))
+    }
+
     /// True when any of `bufs` is device memory (false without a usable driver).
     #[doc(hidden)]
     pub fn device_buffers(&self, bufs: &[CallBuf]) -> Result<bool> {
@@ -50,30 +129,12 @@ impl Comm {
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let ordinal = match (place.ordinal()?, guard.as_ref()) {
             (None, _) if stream.is_null() => return run(&as_given()),
-            (Some(o), Some(s)) if o != s.ordinal() => {
-                return Err(Error::invalid(format!(
-                    "buffers on device {o}, but this comm's device is {} (the device of its \
-                     first call on device memory)",
-                    s.ordinal()
-                )))
-            }
             (Some(o), _) => o,
             // Host buffers with a stream: they wait for its earlier work on the comm's device.
             (None, Some(s)) => s.ordinal(),
             (None, None) => 0,
         };
-        if guard.is_none() {
-            crate::qlog!(
-                Info,
-                "rank {}: device buffers on {} device {ordinal} ({}), staged through \
-                 page-locked memory",
-                self.rank,
-                driver.kind(),
-                driver.device(ordinal).map(|d| d.name).unwrap_or_default()
-            );
-            *guard = Some(Staging::new(driver, ordinal, self.config.timeout)?);
-        }
-        let st = guard.as_mut().expect("set above");
+        let st = self.staging_on(&mut guard, driver, ordinal)?;
         // SAFETY: the caller's promise, passed on.
         unsafe { st.run(bufs, &place, stream, run) }
     }

@@ -156,6 +156,16 @@ pub trait Stream: Send {
     /// stream of the same device); does not block the caller.
     fn wait_event(&self, event: &dyn Event) -> Result<()>;
 
+    /// Enqueues a wait until the 32-bit word at `word` is at least `value` (unsigned;
+    /// `cuStreamWaitValue32` with GEQ): work enqueued after it waits, the caller does not
+    /// block. The host releases the stream by storing the value (how a call on a stream
+    /// returns at once and the stream waits for qccl's worker).
+    ///
+    /// # Safety
+    /// `word` must lie in page-locked memory from this driver's `alloc_pinned`, 4-byte
+    /// aligned, and stay allocated until the wait is known done.
+    unsafe fn wait_word(&self, word: *const u32, value: u32) -> Result<()>;
+
     /// Blocks until all work enqueued so far is done, at most `timeout`; its first error.
     fn synchronize(&self, timeout: Duration) -> Result<()>;
 }

@@ -5,14 +5,21 @@
 //! the caller enqueues afterwards sees the result. Host buffers in the same call are used
 //! as they are.
 //!
-//! What is not here yet (issue #22): enqueue-and-return on a stream (the call blocks until
-//! the result is on the device), chunked pipelining of the copies with the transfers, codecs
-//! and reductions on the GPU before the copy, CUDA IPC between ranks on one device.
+//! On a caller's stream (not NULL) a call returns once its work is enqueued (`start`): the
+//! copies in are queued on qccl's stream behind an event of the caller's, the caller's stream
+//! is made to wait for a page-locked word, and the comm's worker runs the collective when the
+//! copies in are done, copies the results out on a second stream of qccl's (the caller's
+//! next call may already wait in the first), then stores the word, releasing the caller's
+//! stream, whatever happened: an error fails the comm (`async_error`), never hangs the stream.
+//!
+//! What is not here yet (issue #22): chunked pipelining of the copies with the transfers,
+//! codecs and reductions on the GPU before the copy, CUDA IPC between ranks on one device.
 
 use super::driver::{Driver, Memory, Pinned, Stream};
 use crate::error::{Error, Result};
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// One buffer of a call, as the caller gave it.
@@ -86,21 +93,111 @@ pub fn locate(driver: &dyn Driver, bufs: &[CallBuf]) -> Result<Placement> {
 pub struct Staging {
     driver: Arc<dyn Driver>,
     ordinal: usize,
+    /// Copies in (and out, for calls that wait).
     stream: Box<dyn Stream>,
     pinned: Vec<Box<dyn Pinned>>,
     timeout: Duration,
+    /// Copies out of calls on a caller's stream.
+    out: Arc<Mutex<Box<dyn Stream>>>,
+    /// Page-locked buffers of calls in flight on a caller's stream, returned when done.
+    pool: Arc<Mutex<Vec<Box<dyn Pinned>>>>,
+    /// The word callers' streams wait on, and the last value handed out.
+    word: Arc<Word>,
+    seq: u32,
+}
+
+/// A page-locked 32-bit word: stored by the worker, waited on by streams.
+struct Word {
+    /// Owns the memory `at` points into.
+    _mem: Mutex<Box<dyn Pinned>>,
+    at: *const AtomicU32,
+}
+
+// SAFETY: the pointer is into the page-locked allocation the mutex owns for the Word's
+// whole life, and is only used for atomic loads and stores.
+unsafe impl Send for Word {}
+// SAFETY: as above.
+unsafe impl Sync for Word {}
+
+impl Word {
+    /// Raises the word to `seq` (never lowers it: calls may end out of order on failure).
+    fn release(&self, seq: u32) {
+        // SAFETY: see the type's Send impl.
+        unsafe { &*self.at }.fetch_max(seq, Ordering::AcqRel);
+    }
+}
+
+/// Host addresses standing for a call's buffers, moved to the worker with it.
+struct Hosts(Vec<*mut u8>);
+
+// SAFETY: they address page-locked buffers owned by the `Finish` they travel with, or the
+// caller's host buffers, which the caller keeps valid until its stream passes the call.
+unsafe impl Send for Hosts {}
+
+/// What the worker does to end a call started on a caller's stream (`Staging::start`).
+pub struct Finish {
+    hosts: Hosts,
+    /// The copies in, done.
+    copied_in: Box<dyn super::driver::Event>,
+    /// (device address, index into `pinned`, bytes) of each buffer to copy out.
+    outs: Vec<(u64, usize, usize)>,
+    pinned: Vec<Box<dyn Pinned>>,
+    out: Arc<Mutex<Box<dyn Stream>>>,
+    pool: Arc<Mutex<Vec<Box<dyn Pinned>>>>,
+    word: Arc<Word>,
+    seq: u32,
+    timeout: Duration,
+}
+
+impl Finish {
+    /// Runs the collective (`run` on the host addresses) once the copies in are done, then
+    /// copies the results out; the stream is released either way (on drop).
+    pub fn run(self, run: impl FnOnce(&[*mut u8]) -> Result<()>) -> Result<()> {
+        self.copied_in.synchronize(self.timeout)?;
+        run(&self.hosts.0)?;
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        for &(dev, i, len) in &self.outs {
+            // SAFETY: the pinned buffer holds the result, `len` bytes, and is kept (owned by
+            // self) until the synchronize below; `dev` was located as device memory of
+            // `len` bytes, which the caller keeps valid until its stream passes the call.
+            unsafe { out.copy_to_device(dev, self.pinned[i].ptr(), len)? };
+        }
+        out.synchronize(self.timeout)
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        // Released even when the job never ran (a failed comm drops it): a stream waiting for
+        // a word nobody stores would hang its device work forever.
+        self.word.release(self.seq);
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.append(&mut self.pinned);
+    }
 }
 
 impl Staging {
     /// Staging on device `ordinal`; every wait bounded by `timeout` (the comm's).
     pub fn new(driver: Arc<dyn Driver>, ordinal: usize, timeout: Duration) -> Result<Staging> {
         let stream = driver.create_stream(ordinal)?;
+        let out = Arc::new(Mutex::new(driver.create_stream(ordinal)?));
+        let w = driver.alloc_pinned(4)?;
+        let at = w.ptr() as *const AtomicU32;
+        // SAFETY: fresh page-locked memory, page-aligned, nothing else uses it yet.
+        unsafe { &*at }.store(0, Ordering::Release);
         Ok(Staging {
             driver,
             ordinal,
             stream,
             pinned: Vec::new(),
             timeout,
+            out,
+            pool: Default::default(),
+            word: Arc::new(Word {
+                _mem: Mutex::new(w),
+                at,
+            }),
+            seq: 0,
         })
     }
 
@@ -158,6 +255,77 @@ impl Staging {
         }
         self.stream.synchronize(self.timeout)?;
         Ok(out)
+    }
+
+    /// Enqueues the start of a call on the caller's stream `raw` (not null) and returns what
+    /// the comm's worker must do to end it (`Finish::run`): the device buffers the call reads
+    /// are copied in behind the stream's earlier work, and the stream waits until the worker
+    /// is done with the call. Host buffers are not allowed here (the caller may change them
+    /// as soon as this returns); `place` must have a device buffer.
+    ///
+    /// # Safety
+    /// Each device buffer must stay valid until the caller's stream passes the call, and `raw`
+    /// be a stream of this device.
+    pub unsafe fn start(
+        &mut self,
+        bufs: &[CallBuf],
+        place: &Placement,
+        raw: *mut c_void,
+    ) -> Result<Finish> {
+        if let Some(b) = bufs
+            .iter()
+            .zip(&place.device)
+            .find(|(b, d)| d.is_none() && b.len > 0)
+        {
+            return Err(Error::invalid(format!(
+                "a host buffer at {:#x} with a stream: a call on a stream takes device buffers                  only (or pass NULL)",
+                b.0.addr
+            )));
+        }
+        // SAFETY: the caller's promise about `raw`.
+        let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
+        let mut pinned = Vec::with_capacity(bufs.len());
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            for b in bufs {
+                let at = pool.iter().position(|p| p.len() >= b.len.max(1));
+                pinned.push(match at {
+                    Some(i) => pool.swap_remove(i),
+                    None => self.driver.alloc_pinned(b.len.max(4096))?,
+                });
+            }
+        }
+        let ready = caller.record()?;
+        self.stream.wait_event(&*ready)?;
+        let mut outs = Vec::new();
+        for (i, b) in bufs.iter().enumerate() {
+            if b.len > 0 && b.reads {
+                // SAFETY: the pinned buffer has room and belongs to this call alone until
+                // its Finish is dropped; the device range was located.
+                unsafe { self.stream.copy_to_host(pinned[i].ptr(), b.addr, b.len)? };
+            }
+            if b.len > 0 && b.writes {
+                outs.push((b.addr, i, b.len));
+            }
+        }
+        let copied_in = self.stream.record()?;
+        self.seq = self.seq.wrapping_add(1);
+        let hosts = Hosts(pinned.iter().map(|p| p.ptr()).collect());
+        let finish = Finish {
+            hosts,
+            copied_in,
+            outs,
+            pinned,
+            out: self.out.clone(),
+            pool: self.pool.clone(),
+            word: self.word.clone(),
+            seq: self.seq,
+            timeout: self.timeout,
+        };
+        // SAFETY: the word is page-locked memory of this driver, aligned, and lives as long
+        // as `self.word`, which every Finish holds until it stored the value.
+        unsafe { caller.wait_word(self.word.at.cast(), self.seq)? };
+        Ok(finish)
     }
 
     /// Page-locked room for each device buffer (its index's), grown as needed.

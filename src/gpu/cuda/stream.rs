@@ -199,6 +199,24 @@ impl Stream for CudaStream {
         })
     }
 
+    unsafe fn wait_word(&self, word: *const u32, value: u32) -> Result<()> {
+        let _current = self.ctx.enter()?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `word` lies in memory from `cuMemHostAlloc` with DEVICEMAP (this function's
+        // contract), so it has a device address; `dptr` is a valid out pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, word as *mut _, 0) };
+        check(r, "cuMemHostGetDevicePointer", || {
+            format!("mapping the word {word:p} for {}", self.place())
+        })?;
+        let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        // SAFETY: the stream is live and `dptr` maps a word that stays allocated until the
+        // wait is done (this function's contract).
+        let r = unsafe { sys::cuStreamWaitValue32_v2(self.handle(), dptr, value, flags) };
+        check(r, "cuStreamWaitValue32", || {
+            format!("making {} wait for a word", self.place())
+        })
+    }
+
     fn synchronize(&self, timeout: Duration) -> Result<()> {
         self.record()?.synchronize(timeout)
     }

@@ -50,6 +50,8 @@ enum Op {
     Copy(CopyOp),
     Record(Arc<EventState>),
     Wait(Arc<EventState>),
+    /// `wait_word`: the word's address (page-locked, kept allocated by the caller) and value.
+    WaitWord(usize, u32),
 }
 
 struct Queue {
@@ -273,6 +275,22 @@ impl StreamCore {
                 ))),
             },
             Op::Copy(copy) => self.copy(copy),
+            Op::WaitWord(word, value) => {
+                // SAFETY: `wait_word`'s contract: an aligned word of page-locked memory that
+                // stays allocated until this wait is done; read atomically, as the host
+                // stores it from another thread.
+                let word = unsafe { &*(word as *const std::sync::atomic::AtomicU32) };
+                while word.load(Ordering::Acquire) < value {
+                    if self.abandon.load(Ordering::Acquire) {
+                        return Err(Error::Aborted(format!(
+                            "{}: destroyed while waiting for a word to reach {value}",
+                            self.name
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -424,6 +442,16 @@ impl Stream for EmuStream {
     fn record(&self) -> Result<Box<dyn Event>> {
         let state = self.core.record()?;
         Ok(Box::new(EmuEvent { state }))
+    }
+
+    unsafe fn wait_word(&self, word: *const u32, value: u32) -> Result<()> {
+        if word.is_null() || !(word as usize).is_multiple_of(4) {
+            return Err(Error::invalid(format!(
+                "wait_word on {}: {word:p} is not an aligned 32-bit word",
+                self.core.name
+            )));
+        }
+        self.core.enqueue(Op::WaitWord(word as usize, value))
     }
 
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
