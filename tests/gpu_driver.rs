@@ -1,6 +1,6 @@
 //! The CUDA driver contract (`qccl::gpu::driver`) against the real driver on a GPU: copies
 //! both ways at awkward sizes, stream ordering, events across streams, pointer lookup, bad
-//! addresses refused, device identity.
+//! addresses refused, device identity, a stream waiting for a page-locked word.
 //!
 //! They need an NVIDIA GPU, so they are ignored by default. Run them with
 //! `QCCL_REQUIRE_GPU=1 cargo test --test gpu_driver -- --ignored`. Without a GPU each test
@@ -378,4 +378,31 @@ fn waits_are_bounded_and_streams_drop_cleanly() {
     .expect("recording on another thread");
     event.synchronize(WAIT).unwrap();
     stream.synchronize(WAIT).unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn a_stream_waits_for_a_word() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let Some(d) = driver() else { return };
+    let s = d.create_stream(0).unwrap();
+    let mem = d.alloc_device(0, 4096).unwrap();
+    let gate = d.alloc_pinned(8).unwrap();
+    // SAFETY: page-locked, page-aligned, ours.
+    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
+    word.store(0, Ordering::Release);
+    // SAFETY: the gate outlives the wait (synchronized below).
+    unsafe { s.wait_word(gate.ptr() as *const u32, 2) }.unwrap();
+    let data = pattern(4096, 5);
+    // SAFETY: `data` lives until the synchronize below.
+    unsafe { s.copy_to_device(mem.addr(), data.as_ptr(), data.len()) }.unwrap();
+    let done = s.record().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!done.query().unwrap(), "ran before the word was stored");
+    word.store(1, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!done.query().unwrap(), "ran below the value");
+    word.store(2, Ordering::Release);
+    done.synchronize(WAIT).unwrap();
+    assert_eq!(download(&*s, mem.addr(), 4096), data);
 }

@@ -540,3 +540,36 @@ fn device_pointer_is_not_host_memory() {
     let v = unsafe { std::ptr::read_volatile(mem.addr() as *const u8) };
     println!("EMU read {v}: device memory was host-readable");
 }
+
+/// `wait_word`: work behind it waits until the host stores the value; the caller does not
+/// block; a misaligned word is refused.
+#[test]
+fn a_stream_waits_for_a_word() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let d = EmuDriver::new(1);
+    let s = d.create_stream(0).unwrap();
+    let mem = d.alloc_device(0, 4096).unwrap();
+    let gate = d.alloc_pinned(8).unwrap();
+    // SAFETY: page-locked, page-aligned, ours.
+    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
+    word.store(0, Ordering::Release);
+    // SAFETY: the gate outlives the wait (synchronized below).
+    unsafe { s.wait_word(gate.ptr() as *const u32, 2) }.unwrap();
+    let data = pattern(4096, 3);
+    to_device(&*s, mem.addr(), &data).unwrap();
+    let done = s.record().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!done.query().unwrap(), "ran before the word was stored");
+    word.store(1, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!done.query().unwrap(), "ran below the value");
+    word.store(2, Ordering::Release);
+    done.synchronize(T).unwrap();
+    let mut back = vec![0u8; 4096];
+    to_host(&*s, &mut back, mem.addr()).unwrap();
+    s.synchronize(T).unwrap();
+    assert_eq!(back, data);
+    // SAFETY: never dereferenced: refused first.
+    let r = unsafe { s.wait_word(gate.ptr().add(1) as *const u32, 1) };
+    is_invalid(r, &["aligned"]);
+}
