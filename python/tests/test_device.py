@@ -411,3 +411,72 @@ def test_torch_cuda_tensors_on_comm(size):
             for dt in ["torch.float32", "torch.float16", "torch.bfloat16", "torch.int32", "torch.int64", "torch.uint8"]:
                 assert torch.equal(out[(dt, n)], total), (dt, n)
                 assert torch.equal(out[(dt, n, "stream")], mx), (dt, n)
+
+
+def test_backend_registers_cpu_and_cuda():
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import qccl.torch  # noqa: F401
+
+    caps = getattr(dist.Backend, "backend_capability", None)
+    if caps is None or "qccl" not in caps:
+        pytest.skip("this torch does not record a backend's devices")
+    assert set(caps["qccl"]) == {"cpu", "cuda"}, caps["qccl"]
+    assert torch is not None
+
+
+def _dist_cuda(rank, size, init):
+    """dist.* on CUDA tensors: enqueued on the current stream (NCCL's semantics)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import qccl.torch  # noqa: F401
+
+    dist.init_process_group("qccl", init_method=init, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=60))
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    bad = []
+
+    def eq(name, got, exp):
+        if not torch.equal(got.cpu().double(), exp.double()):
+            bad.append(f"rank {rank}: {name}: got {got.tolist()} expected {exp.tolist()}")
+
+    for dt in [torch.float32, torch.bfloat16, torch.int64]:
+        for n in COUNTS:
+            parts = [((torch.arange(n) * 3 + r * 5 + 1) % 7 + 1).to(dt) for r in range(size)]
+            total = sum(p.double() for p in parts) if n else torch.zeros(0, dtype=torch.float64)
+            t = parts[rank].to(dev)
+            dist.all_reduce(t)
+            eq(f"all_reduce {dt} {n}", t, total)
+            # async: wait() orders the current stream after the call; the future completes.
+            u = parts[rank].to(dev)
+            w = dist.all_reduce(u, async_op=True)
+            w.wait()
+            eq(f"async {dt} {n}", u * 1, total)
+            fut = dist.all_reduce(parts[rank].to(dev), async_op=True).get_future()
+            eq(f"future {dt} {n}", fut.wait()[0], total)
+            out = torch.empty(n * size, dtype=dt, device=dev)
+            dist.all_gather_into_tensor(out, parts[rank].to(dev))
+            eq(f"all_gather {dt} {n}", out, torch.cat(parts).double())
+            b = parts[rank].to(dev)
+            dist.broadcast(b, src=size - 1)
+            eq(f"broadcast {dt} {n}", b, parts[size - 1].double())
+    # Work queued behind a long kernel on the current stream still sees its result.
+    x = torch.full((1 << 20,), float(rank + 1), device=dev)
+    torch.cuda._sleep(50_000_000)
+    x.mul_(2)
+    dist.all_reduce(x)
+    eq("ordered", x[:4], torch.full((4,), float(size * (size + 1))))
+    dist.destroy_process_group()
+    return bad
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_dist_on_cuda_tensors(size, tmp_path):
+    _need_cuda()
+    res = run_ranks(_dist_cuda, size, f"file://{tmp_path}/rendezvous", timeout=300)
+    problems = [p for r in res for p in r]
+    assert not problems, "\n".join(problems[:20])

@@ -144,6 +144,9 @@ class _InPlace:
             self.t.copy_(self.c)
 
 
+# cuda.h's handle of the legacy default stream as a stream argument.
+_CU_STREAM_LEGACY = 0x1
+
 # torch.distributed.Work; older torch names it _Work.
 _WorkBase = getattr(dist, "Work", None) or getattr(dist, "_Work")
 
@@ -361,8 +364,11 @@ class ProcessGroupQCCL(dist.ProcessGroup):
             raise QcclError("qccl backend: the process group was shut down")
         self._worker.drain()
         stream = torch.cuda.current_stream(device)
+        # torch's default stream is the legacy one (handle 0, which qccl takes as "complete
+        # before returning"): name it CU_STREAM_LEGACY, so the call is enqueued there too.
+        handle = stream.cuda_stream or _CU_STREAM_LEGACY
         with torch.cuda.device(device):
-            result = run(stream=stream.cuda_stream)
+            result = run(stream=handle)
             event = torch.cuda.Event()
             event.record(stream)
         w = _CudaWork(self, event, device, result)
