@@ -12,6 +12,7 @@ QCCL_REQUIRE_GPU=1.
 
 import contextlib
 import os
+import time
 import types
 
 import numpy as np
@@ -269,6 +270,40 @@ def test_stream_calls_enqueue(size):
             )
             np.testing.assert_array_equal(out[("host", n)], total.astype(np.int64))
             np.testing.assert_array_equal(out[("fp16", n)], total.astype(np.float32))
+
+
+def _async_failure(rank, size, uid):
+    """Ranks that disagree on a call enqueued on a stream: both calls return at once, the
+    stream is still released, and the comm's failure surfaces through async_error."""
+    _, EmuStream = _helpers()
+    c = qccl.Comm.init(uid, rank, size, timeout=20)
+    s = EmuStream()
+    a = _dev(np.ones(4 + rank, np.float32))
+    assert c.all_reduce(a, stream=s.handle) is None
+    s.synchronize(60)
+    # The core releases the stream as the failed job ends and records the comm's failure just
+    # after (staging's Finish drops before the queue marks the comm): allow that moment.
+    deadline = time.monotonic() + 10
+    err = c.async_error()
+    while err is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        err = c.async_error()
+    try:
+        c.all_reduce(_dev(np.ones(4, np.float32)))
+        later = None
+    except qccl.QcclError as e:
+        later = str(e)
+    c.close()
+    return err, later
+
+
+def test_stream_call_failure_surfaces_through_async_error():
+    uid = qccl.unique_id()
+    with emulated(1):
+        res = run_ranks(_async_failure, 2, uid, timeout=120)
+    for rank, (err, later) in enumerate(res):
+        assert err and "disagree" in err, f"rank {rank}: async error {err!r}"
+        assert later, f"rank {rank}: a call on the failed comm did not raise"
 
 
 def _errors(rank, size, uid):
