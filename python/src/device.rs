@@ -155,11 +155,20 @@ pub(crate) fn run(
     if recv.readonly && recv.bytes > 0 {
         return Err(err("invalid", "the output buffer is read-only".to_string()));
     }
-    if send.iter().chain([&recv]).any(|b| b.device && b.bytes > 0) {
-        if let Err(e) = qccl::internal::gpu() {
+    if let Err(e) = qccl::internal::gpu() {
+        if send.iter().chain([&recv]).any(|b| b.device && b.bytes > 0) {
             return Err(err(
                 "unsupported",
                 format!("CUDA buffers given, but no CUDA device can be used: {e}"),
+            ));
+        }
+        if let Target::Stream(h) = target {
+            return Err(err(
+                "unsupported",
+                format!(
+                    "stream={h:#x} given, but no CUDA device can be used ({e}); host buffers \
+                     take no stream (omit it or pass 0)"
+                ),
             ));
         }
     }
