@@ -515,3 +515,120 @@ def test_dist_on_cuda_tensors(size, tmp_path):
     res = run_ranks(_dist_cuda, size, f"file://{tmp_path}/rendezvous", timeout=300)
     problems = [p for r in res for p in r]
     assert not problems, "\n".join(problems[:20])
+
+
+class _TorchWithFakeCuda:
+    """`torch` as qccl.torch sees it, with `torch.cuda` standing in over an emulated stream."""
+
+    def __init__(self, torch, cuda):
+        self._torch, self.cuda = torch, cuda
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
+def _backend_cuda_branch(rank, size, init):
+    """The backend's CUDA branch (`_call`, `_CudaWork`, every collective's `run(stream=)`) run
+    with CPU tensors on a stream of the emulated driver: torch.cuda is replaced inside
+    qccl.torch only, so what is checked is the branch's Python and the stream it hands qccl,
+    not CUDA tensors (those need a GPU)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import qccl.torch as qt
+
+    _, EmuStream = _helpers()
+    s = EmuStream()
+    log = []
+
+    class Stream:
+        cuda_stream = s.handle
+
+        def wait_event(self, ev):
+            log.append("wait_event")
+
+    class Event:
+        def record(self, stream):
+            log.append("record")
+
+        def query(self):
+            s.synchronize()
+            return True
+
+        def synchronize(self):
+            s.synchronize()
+
+    cuda = types.SimpleNamespace(
+        current_stream=lambda device=None: Stream(),
+        device=lambda d: contextlib.nullcontext(),
+        Event=Event,
+    )
+    qt.torch = _TorchWithFakeCuda(torch, cuda)
+    check = qt._check_device
+    qt._check_device = lambda coll, ts: (check(coll, ts), "fake-cuda")[1]
+    dist.init_process_group("qccl", init_method=init, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=60))
+    bad = []
+
+    def eq(name, got, exp):
+        if not torch.equal(got.double(), exp.double()):
+            bad.append(f"rank {rank}: {name}: got {got.tolist()} expected {exp.tolist()}")
+
+    for n in COUNTS:
+        parts = [((torch.arange(n) * 3 + r * 5 + 1) % 7 + 1).float() for r in range(size)]
+        total = sum(parts) if n else torch.zeros(0)
+        t = parts[rank].clone()
+        w = dist.all_reduce(t, async_op=True)
+        assert isinstance(w, qt._CudaWork)
+        w.wait()
+        assert w.is_completed() and w.is_success()
+        eq(f"all_reduce {n}", t, total)
+        fut = dist.all_reduce(parts[rank].clone(), async_op=True).get_future()
+        eq(f"future {n}", fut.wait()[0], total)
+        out = torch.empty(n * size)
+        dist.all_gather_into_tensor(out, parts[rank])
+        eq(f"all_gather_into_tensor {n}", out, torch.cat(parts))
+        outs = [torch.empty(n) for _ in range(size)]
+        dist.all_gather(outs, parts[rank])
+        eq(f"all_gather {n}", torch.cat(outs), torch.cat(parts))
+        b = parts[rank].clone()
+        dist.broadcast(b, src=size - 1)
+        eq(f"broadcast {n}", b, parts[size - 1])
+        rs = torch.empty(n)
+        dist.reduce_scatter_tensor(rs, torch.cat([parts[rank]] * size))
+        eq(f"reduce_scatter_tensor {n}", rs, total)
+        r = parts[rank].clone()
+        dist.reduce(r, dst=0)
+        if rank == 0:
+            eq(f"reduce {n}", r, total)
+        a2a = torch.empty(n * size)
+        dist.all_to_all_single(a2a, torch.cat([parts[rank] + p for p in range(size)]))
+        eq(f"all_to_all_single {n}", a2a, torch.cat([parts[p] + rank for p in range(size)]))
+        gl = [torch.empty(n) for _ in range(size)] if rank == 0 else None
+        dist.gather(parts[rank], gl, dst=0)
+        if rank == 0:
+            eq(f"gather {n}", torch.cat(gl), torch.cat(parts))
+        sc = torch.empty(n)
+        dist.scatter(sc, list(parts) if rank == 0 else None, src=0)
+        eq(f"scatter {n}", sc, parts[rank])
+        if size > 1 and rank < 2:
+            p = parts[rank].clone()
+            if rank == 0:
+                dist.send(p, 1)
+            else:
+                dist.recv(p, 0)
+                eq(f"send/recv {n}", p, parts[0])
+    s.synchronize()
+    dist.destroy_process_group()
+    assert "wait_event" in log and "record" in log
+    return bad
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_backend_cuda_branch_over_an_emulated_stream(size, tmp_path):
+    pytest.importorskip("torch")
+    with emulated(1):
+        res = run_ranks(_backend_cuda_branch, size, f"file://{tmp_path}/rendezvous", timeout=300)
+    problems = [p for r in res for p in r]
+    assert not problems, "\n".join(problems[:20])
