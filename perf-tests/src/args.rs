@@ -12,6 +12,7 @@
 //! new spelling ([`retired_hint`]).
 
 use crate::coll::Coll;
+use crate::device::Device;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use qccl::{Algo, CodecSpec, DType, ReduceOp};
 use std::path::PathBuf;
@@ -137,6 +138,9 @@ pub struct Args {
     pub csv: Vec<PathBuf>,
     /// `--plot`: SVG of busbw against size (rank 0).
     pub plot: Option<PathBuf>,
+    /// `--device`: where the send and receive buffers live; None: device memory when a
+    /// driver and device are usable, else host memory (`device::resolve`).
+    pub device: Option<Device>,
     /// `-np`: launch this many local ranks.
     pub np: Option<usize>,
     /// `-T`, `--timeout`: bound on the whole `-np` run; None (`-T 0`): no bound.
@@ -407,6 +411,12 @@ struct Cli {
     /// Plot busbw against size as SVG (rank 0): a line per mode, type, op
     #[arg(long, value_name = "FILE.svg", help_heading = QCCL)]
     plot: Option<PathBuf>,
+    /// Where the send and receive buffers live: host | cuda (device memory
+    /// of GPU local rank % GPUs, staged by qccl through page-locked memory)
+    /// [default: cuda when a CUDA driver and GPU are usable, or
+    /// QCCL_GPU_EMULATE is set; else host]
+    #[arg(long, value_name = "host|cuda", help_heading = QCCL, verbatim_doc_comment)]
+    device: Option<String>,
     /// Launch N local ranks over 127.0.0.1 (also spelled -np N, as mpirun)
     #[arg(long, value_name = "N", help_heading = QCCL)]
     np: Option<usize>,
@@ -642,6 +652,12 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         json: None,
         csv: c.csv.iter().cloned().collect(),
         plot: c.plot.clone(),
+        device: c
+            .device
+            .as_deref()
+            .map(Device::parse)
+            .transpose()
+            .map_err(|e| format!("--device: {e}"))?,
         np: c.np,
         timeout: None,
         bind: c.bind_to.parse().map_err(|e| format!("--bind-to: {e}"))?,
@@ -802,12 +818,32 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
     }
     check_topk(&mut a)?;
     check_codec(&a)?;
+    check_device(&a)?;
     if let Some(np) = a.np {
         if a.coll.rooted() && a.root >= np {
             return Err(format!("-r {}: the root must be below -np {np}", a.root).into());
         }
     }
     Ok(Parsed::Run(Box::new(a)))
+}
+
+/// Rejects what `--device cuda` cannot take: `--calibrate` times host buffers (its cost
+/// model is the host path's), and `-R` registers host memory with the comm.
+fn check_device(a: &Args) -> Result<(), ArgError> {
+    if a.device != Some(Device::Cuda) {
+        return Ok(());
+    }
+    if a.calibrate {
+        return Err("--device cuda: --calibrate measures host buffers only (--device host)".into());
+    }
+    if a.register {
+        return Err(
+            "--device cuda: -R registers host memory; device buffers cannot be registered \
+             (-R 0, or --device host)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Rejects what `--calibrate` cannot take and fills in its defaults: it times the
