@@ -240,6 +240,11 @@ iterations), and per codec (every -Z given [fp16, qsgd:bits=4,bucket=128,
 qsgd:bits=8,bucket=128, mstopk:density=0.01, efsign]) encode and decode_add alpha +
 beta*bytes on one core of rank 0, and the wire ratio.
 
+--device cuda: send and receive buffers in GPU memory (device local rank % GPUs), each call
+enqueued on qccl-perf's stream as the C API does, the stream synchronised after each timed
+loop (the time includes qccl's staging through page-locked memory); -c copies the results
+back to check them. The default with a usable CUDA driver and GPU, or QCCL_GPU_EMULATE.
+
 Exit code: 0 all good, 1 some results were wrong (#wrong > 0), 2 an error (arguments, comm,
 a failed rank, the -np timeout).";
 
@@ -346,7 +351,7 @@ struct Cli {
     #[arg(short = 'z', long, value_name = "0-3", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=3), help_heading = GPU)]
     blocking: u8,
-    /// No effect: no CUDA streams
+    /// No effect: device buffers always go on qccl-perf's own stream
     #[arg(short = 'y', long = "stream_null", value_name = "0/1", default_value_t = 0, help_heading = GPU)]
     stream_null: i64,
     /// No effect: no CUDA graphs
@@ -695,7 +700,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
     ] {
         if v != 1 {
             return Err(format!(
-                "-{letter} {v}: only 1 {what} (one rank per process, host memory, one operation \
+                "-{letter} {v}: only 1 {what} (one rank per process, one device, one operation \
                  per iteration)"
             )
             .into());
@@ -706,7 +711,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         Ok(d) => {
             return Err(format!(
                 "-D {d}: nccl-tests' device implementations run NCCL kernels on GPUs; qccl runs \
-                 on host memory, only -D 0 (for the top-k density: --density {d})"
+                 its own code, only -D 0 (for the top-k density: --density {d})"
             )
             .into())
         }

@@ -444,3 +444,22 @@ impl Work {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names() {
+        for (s, d) in [
+            ("host", Device::Host),
+            ("CPU", Device::Host),
+            ("cuda", Device::Cuda),
+            (" GPU ", Device::Cuda),
+        ] {
+            assert_eq!(Device::parse(s), Ok(d), "{s}");
+        }
+        let e = Device::parse("rocm").unwrap_err();
+        assert!(e.contains("'rocm'") && e.contains("host, cuda"), "{e}");
+    }
+}
