@@ -88,8 +88,15 @@ fn emulated_gpu(rest: &str) -> bool {
 
 /// Runs `args` with `--device cuda` under the emulated driver at 1 and 3 ranks.
 fn on_emulated_gpu(args: &[&str]) {
+    on_emulated_gpu_with(|_| args.iter().map(|a| a.to_string()).collect());
+}
+
+/// As [`on_emulated_gpu`], the arguments depending on the number of ranks.
+fn on_emulated_gpu_with(args: impl Fn(usize) -> Vec<String>) {
     for np in [1, 3] {
-        let all = [&["--device", "cuda"], args].concat();
+        let mut all = vec!["--device".to_string(), "cuda".into()];
+        all.extend(args(np));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
         let (code, out, err) = perf(Some("1"), np, &all);
         assert_eq!(code, Some(0), "{all:?} on {np}\n{out}\n{err}");
         check(&out, &err, np, emulated_gpu);
@@ -114,13 +121,11 @@ fn reduce_scatter_unaligned_half() {
 /// Broadcast from the last rank: its send buffer is the root's alone.
 #[test]
 fn broadcast_from_the_last_rank() {
-    for np in [1, 3] {
-        let root = (np - 1).to_string();
-        let args = ["--device", "cuda", "--coll", "broadcast", "-r", &root];
-        let (code, out, err) = perf(Some("1"), np, &args);
-        assert_eq!(code, Some(0), "{out}\n{err}");
-        check(&out, &err, np, emulated_gpu);
-    }
+    on_emulated_gpu_with(|np| {
+        ["--coll", "broadcast", "-r", &(np - 1).to_string()]
+            .map(String::from)
+            .to_vec()
+    });
 }
 
 #[test]
