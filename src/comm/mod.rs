@@ -2,6 +2,8 @@
 
 mod api;
 mod compress;
+#[cfg(feature = "cuda")]
+mod cuda_slices;
 mod device;
 mod hier;
 mod hitopk;
