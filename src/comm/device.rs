@@ -53,8 +53,11 @@ impl Comm {
             // SAFETY: the caller's promise, passed on.
             unsafe { st.start(bufs, &place, stream)? }
         };
-        // The request is not kept: the stream and `async_error` report the outcome.
-        let _ = self.submit(move |e| finish.run(|hosts| run(e, hosts)))?;
+        // The request is not kept: the stream and `async_error` report the outcome. `finish`
+        // releases the stream when dropped, after a failure is recorded.
+        let _ = self
+            .queue
+            .submit_holding(finish, move |e, f| f.run(|hosts| run(e, hosts)))?;
         Ok(())
     }
 

@@ -71,9 +71,22 @@ impl Queue {
         &self,
         f: impl FnOnce(&mut Engine) -> Result<R> + Send + 'static,
     ) -> Result<Request<R>> {
+        self.submit_holding((), move |e, _| f(e))
+    }
+
+    /// As `submit`, with `hold` lent to `f` and dropped only once the outcome is recorded
+    /// (a failure fails the comm first), or with the job if it never runs: a stream released
+    /// by `hold`'s drop then finds the comm's error in place.
+    pub fn submit_holding<R: Send + 'static, H: Send + 'static>(
+        &self,
+        mut hold: H,
+        f: impl FnOnce(&mut Engine, &mut H) -> Result<R> + Send + 'static,
+    ) -> Result<Request<R>> {
         let (tx, rx) = bounded(1);
         let job: Job = Box::new(move |q: &Queue, ticket: u64| {
-            let _ = tx.send(q.execute(ticket, f));
+            let r = q.execute(ticket, |e| f(e, &mut hold));
+            drop(hold);
+            let _ = tx.send(r);
         });
         let mut t = self.lock_turns();
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());

@@ -151,8 +151,9 @@ pub struct Finish {
 
 impl Finish {
     /// Runs the collective (`run` on the host addresses) once the copies in are done, then
-    /// copies the results out; the stream is released either way (on drop).
-    pub fn run(self, run: impl FnOnce(&[*mut u8]) -> Result<()>) -> Result<()> {
+    /// copies the results out; the stream is released either way, on drop (after the comm
+    /// recorded a failure: `Queue::submit_holding`).
+    pub fn run(&mut self, run: impl FnOnce(&[*mut u8]) -> Result<()>) -> Result<()> {
         self.copied_in.synchronize(self.timeout)?;
         run(&self.hosts.0)?;
         let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
