@@ -19,6 +19,10 @@ mod probe;
 pub mod driver;
 #[doc(hidden)]
 pub mod staging;
+// The disk cache folder and stable hash the kernel builders share.
+mod cache;
+// Kernel arguments as cuLaunchKernel takes them (both drivers).
+mod launch;
 // Which driver this process uses (QCCL_GPU_EMULATE, else the real one).
 pub(crate) mod select;
 
