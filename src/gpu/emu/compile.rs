@@ -176,7 +176,7 @@ fn compile_in(dir: &Path, source: &Source) -> Result<PathBuf> {
     )?;
     let pre = String::from_utf8_lossy(&pre);
     let names = kernels::entry_points(&pre);
-    let fibers = SYNC_CALLS.iter().any(|call| pre.contains(call));
+    let fibers = needs_fibers(&pre);
     write("entries.cpp", &generate(source.file, &names, fibers))?;
 
     let object = dir.join("kernels.so");
@@ -190,6 +190,11 @@ fn compile_in(dir: &Path, source: &Source) -> Result<PathBuf> {
         "compiling",
     )?;
     Ok(object)
+}
+
+/// Whether a preprocessed file calls anything that needs the shim's fiber mode.
+fn needs_fibers(preprocessed: &str) -> bool {
+    SYNC_CALLS.iter().any(|call| preprocessed.contains(call))
 }
 
 /// The generated C++ file: the shim, the kernel file, and one packed entry per kernel.
@@ -236,6 +241,18 @@ mod tests {
             g.ends_with("QCCL_EMU_ENTRY(a_k, 1)\nQCCL_EMU_ENTRY(b_k, 1)\n"),
             "{g}"
         );
+    }
+
+    #[test]
+    fn synchronising_files_run_as_fibers() {
+        assert!(!needs_fibers(
+            "extern \"C\" __global__ void k(int* x) { x[0] = 1; }"
+        ));
+        for call in SYNC_CALLS {
+            assert!(needs_fibers(&format!(
+                "void k() {{ {call}(0xffffffffu, 1); }}"
+            )));
+        }
     }
 
     #[test]

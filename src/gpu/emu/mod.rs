@@ -9,7 +9,14 @@
 //!   mapped `PROT_NONE` there (a host read or write through a device pointer faults) and
 //!   read-write at a private address the streams copy through. `locate` answers `Device`
 //!   for any byte of a live allocation's requested length, else `Host` (pinned memory too:
-//!   it is an anonymous mapping the driver does not track).
+//!   an anonymous mapping, listed only so that kernels may be given it).
+//! - Kernels (`compile.rs`, `library.rs`): `function` builds the kernel's `kernels/*.cu` file
+//!   for the CPU with g++ through the shim (cached on disk, loaded once per process) and a
+//!   launch runs it on the stream's worker, in order with the copies, with device-pointer
+//!   arguments translated to their allocations' host aliases (see `EmuStream::launch`). A
+//!   kernel that reads or writes past its buffers is not caught (it runs in this process);
+//!   a shim failure in fiber mode (a barrier not every thread reaches) aborts the process, as
+//!   the shim does in its test drivers.
 //! - Streams (`stream.rs`) are FIFOs run in order by one worker thread each. Copies are
 //!   checked at enqueue (the device range inside one live allocation of the stream's device,
 //!   the host range non-null and not device memory: else `InvalidArgument` naming the
