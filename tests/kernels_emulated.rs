@@ -300,3 +300,64 @@ fn every_kernel_file_loads() {
         eprintln!("{} loaded in {:?}", source.file, start.elapsed());
     }
 }
+
+/// The float codecs' launch plan (`gpu::plans::FloatPlan`) on emulated device memory gives the
+/// Rust codec's payload and decodes, bit for bit, aligned and one element off.
+#[test]
+fn float_codec_plans_match_rust() {
+    use qccl::codec::CodecId;
+    use qccl::gpu::plans::FloatPlan;
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let mut g = Gen::new(13);
+    for id in [CodecId::Fp16, CodecId::Bf16, CodecId::None] {
+        let plan = FloatPlan::new(&d, 0, id).unwrap();
+        let codec = qccl::CodecSpec::parse(id.name()).unwrap().codec().clone();
+        for (ci, n) in COUNTS.into_iter().enumerate() {
+            let finite = ci % 2 == 0;
+            let offset = ci / 2 % 2;
+            let x = g.f32s(n, finite);
+            let mut want = vec![0u8; codec.payload_len(n)];
+            codec.encode_payload(&x, &mut qccl::codec::Rng::from_u64(1), &mut want);
+            assert_eq!(plan.payload_len(n), want.len());
+            let what = format!("{} n={n} finite={finite} offset={offset}", id.name());
+
+            let esize = plan.payload_len(1);
+            let pad = vec![0u8; 4 * offset];
+            let dx = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&x)].concat());
+            let payload = d.alloc_device(0, want.len() + esize * offset + 1).unwrap();
+            let (x_at, p_at) = (
+                dx.addr() + 4 * offset as u64,
+                payload.addr() + (esize * offset) as u64,
+            );
+            // SAFETY: n f32s at x_at and payload_len(n) bytes at p_at, device memory kept
+            // until the download synchronises.
+            unsafe { plan.encode(&*s, x_at, p_at, n) }.unwrap();
+            let got = download(&*s, p_at, want.len());
+            shim::assert_same(&format!("{what}: encode"), &got, &want, esize);
+
+            let acc = g.f32s(n, finite);
+            for add in [false, true] {
+                let mut out = acc.clone();
+                codec.decode_payload(&want, &mut out, add).unwrap();
+                let dacc = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&acc)].concat());
+                let acc_at = dacc.addr() + 4 * offset as u64;
+                // SAFETY: as above, n f32s at acc_at.
+                unsafe { plan.decode(&*s, p_at, acc_at, n, add) }.unwrap();
+                let got = download(&*s, acc_at, 4 * n);
+                let f32s: Vec<u8> = shim::f32_bytes(&out);
+                check(
+                    &format!("{what}: add={add}"),
+                    DType::Float32,
+                    &got,
+                    &f32s,
+                    add,
+                );
+            }
+        }
+    }
+    assert!(matches!(
+        FloatPlan::new(&d, 0, CodecId::Qsgd),
+        Err(Error::Unsupported(_))
+    ));
+}

@@ -38,6 +38,10 @@ pub mod nvrtc;
 #[doc(hidden)]
 pub mod kernels;
 
+// Codecs' and reductions' kernel launch sequences over the driver contract.
+#[doc(hidden)]
+pub mod plans;
+
 // The emulated driver (needs no CUDA): the device path in CI.
 #[doc(hidden)]
 pub mod emu;
