@@ -14,10 +14,12 @@
  *    enqueued after it waits for it; its failure is reported by qcclCommGetAsyncError. With
  *    a NULL stream, or host buffers, the call is complete when it returns. Without a CUDA
  *    driver a non-NULL stream returns qcclUnsupported.
- *    Grouped and non-blocking calls take host memory and no stream for now
- *    (qcclUnsupported otherwise).
+ *    Non-blocking calls (qcclI*) take device buffers too; they are done at qcclWait.
  *  - Between qcclGroupStart() and qcclGroupEnd() calls are queued and run at the outermost
  *    qcclGroupEnd(), which returns when they are complete; buffers stay valid until then.
+ *    Calls of one comm in a group name one stream (qcclUnsupported otherwise); on a
+ *    non-NULL stream the group's calls on that comm are enqueued there and qcclGroupEnd
+ *    returns once they are (NCCL's meaning), their buffers being device memory.
  *  - All ranks of a comm make the same collective calls in the same order.
  *  - A NULL pointer with a non-zero count, an unknown enum value, a count whose byte size
  *    overflows, a root or peer out of range return qcclInvalidArgument; a destroyed comm

@@ -475,3 +475,58 @@ fn bad_kernels_and_launches_are_refused() {
     unsafe { s.launch(&*f, 1, 32, &[p, p, p, Arg::U64(16)]) }.unwrap();
     s.synchronize(WAIT).unwrap();
 }
+
+/// The collectives on cudarc slices (`Comm::*_cuda`), three ranks as threads sharing GPU 0,
+/// each on a cudarc stream of its own, against float64 references; the calls return once
+/// enqueued and the stream orders what follows.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn collectives_on_cudarc_slices() {
+    use cudarc::driver::CudaContext;
+    use qccl::{Comm, Config, ReduceOp};
+    if driver().is_none() {
+        return;
+    }
+    let n = 3;
+    let comms = Comm::init_threads(n, Config::default()).unwrap();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let r = comm.rank();
+                let ctx = CudaContext::new(0).unwrap();
+                let stream = ctx.new_stream().unwrap();
+                for count in [0usize, 1, 7, 65_537] {
+                    let mine = |p: usize| -> Vec<f32> {
+                        (0..count)
+                            .map(|i| ((p * 31 + i) % 13) as f32 - 6.0)
+                            .collect()
+                    };
+                    let sum: Vec<f32> = (0..count)
+                        .map(|i| (0..n).map(|p| f64::from(mine(p)[i])).sum::<f64>() as f32)
+                        .collect();
+                    let send = stream.clone_htod(&mine(r)).unwrap();
+                    let mut recv = stream.alloc_zeros::<f32>(count.max(1)).unwrap();
+                    let mut recv_view = recv.slice_mut(0..count);
+                    comm.all_reduce_cuda(&send, &mut recv_view, ReduceOp::Sum, &stream)
+                        .unwrap();
+                    let got = stream.clone_dtoh(&recv.slice(0..count)).unwrap();
+                    assert_eq!(got, sum, "all_reduce_cuda, count {count}");
+
+                    let mut buf = stream.clone_htod(&mine(r)).unwrap();
+                    comm.all_reduce_cuda_in_place(&mut buf, ReduceOp::Sum, &stream)
+                        .unwrap();
+                    comm.broadcast_cuda_in_place(&mut buf, 1, &stream).unwrap();
+                    assert_eq!(stream.clone_dtoh(&buf).unwrap(), sum, "in place, {count}");
+
+                    let mut all = stream.alloc_zeros::<f32>((n * count).max(1)).unwrap();
+                    let mut all_view = all.slice_mut(0..n * count);
+                    comm.all_gather_cuda(&send, &mut all_view, &stream).unwrap();
+                    let want: Vec<f32> = (0..n).flat_map(mine).collect();
+                    let got = stream.clone_dtoh(&all.slice(0..n * count)).unwrap();
+                    assert_eq!(got, want, "all_gather_cuda, count {count}");
+                }
+                assert!(comm.async_error().is_none());
+            });
+        }
+    });
+}

@@ -284,6 +284,34 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     if let Some(err) = comm.async_error() {
         return Err(format!("async error: {err}"));
     }
+    // Queued (the C ABI's non-blocking and grouped calls): staged in the comm's turn; a
+    // blocking call on another buffer made meanwhile waits behind it without sharing its
+    // staging (it holds the blocking calls' staging while it waits for its turn).
+    let call = comm
+        .prepare_all_reduce(count, DType::Float32, ReduceOp::Sum, None)
+        .map_err(e)?;
+    let queued = vec![buf(d.addr(), len, true, true)];
+    // SAFETY: `d` lives until the request ended (waited below).
+    let req = unsafe {
+        comm.submit_on_buffers(queued, move |eng, h| {
+            call.run(eng, None, bytes(h[0], len)).map(|_| ())
+        })
+    }
+    .map_err(e)?;
+    let other = dev.upload(bytemuck::cast_slice(&mine))?;
+    let c = (count, DType::Float32, ReduceOp::Sum);
+    all_reduce(comm, None, &*other, len, c, std::ptr::null_mut())?;
+    req.wait().map_err(e)?;
+    for (m, what, times) in [(&d, "queued", n * n), (&other, "blocking", 1)] {
+        let out = dev.download(&**m, len)?;
+        for (i, x) in out.chunks_exact(4).enumerate() {
+            let x = f32::from_ne_bytes(x.try_into().expect("4 bytes"));
+            let want = (0..n).map(|p| (p + i) % 5).sum::<usize>() * times;
+            if x != want as f32 {
+                return Err(format!("{what}: element {i} is {x}, want {want}"));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -393,7 +421,7 @@ fn the_callers_stream_orders_the_call() {
 }
 
 #[test]
-fn a_call_on_a_stream_returns_once_enqueued() {
+fn a_call_on_a_stream_returns_once_enqueued_and_queued_calls_stage_in_turn() {
     run_job(3, "enqueue", "1");
 }
 

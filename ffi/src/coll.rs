@@ -1,7 +1,7 @@
 //! Collective and point-to-point entry points, blocking and non-blocking, and
 //! `qcclTest` / `qcclWait`.
 
-use crate::device::{host_only, launch_on, GROUPED, NON_BLOCKING};
+use crate::device::launch_on;
 use crate::group::{guard_op, hold, launch};
 use crate::handle::{self, CommHandle, ReqState};
 use crate::last_error::{guard, no_panic};
@@ -45,9 +45,7 @@ pub unsafe extern "C" fn qcclAllReduce(
     guard_op("qcclAllReduce", comm, || {
         let h = handle::comm(comm)?;
         let a = AllReduceArgs::new(&h.comm, sendbuff, recvbuff, count, datatype, op)?;
-        if in_group() {
-            host_only(&h, &a.call_bufs(), stream, GROUPED)?;
-        } else if !stream.is_null() || h.comm.device_buffers(&a.call_bufs())? {
+        if !stream.is_null() || h.comm.device_buffers(&a.call_bufs())? {
             // Device memory or a stream: staged as one plain all-reduce (fusion plans group
             // host tensors).
             let op = Op::all_reduce(&h.comm, a)?;
@@ -282,8 +280,17 @@ pub(crate) unsafe fn start(
     }
     let state = match make(&h)? {
         Started::Op(op) => {
-            host_only(&h, &op.call_bufs(), std::ptr::null_mut(), NON_BLOCKING)?;
-            ReqState::Pending(h.comm.submit(move |e| no_panic(|| op.run(e)))?)
+            let bufs = op.call_bufs();
+            if h.comm.device_buffers(&bufs)? {
+                let run = move |e: &mut qccl_core::internal::Engine, hosts: &[*mut u8]| {
+                    no_panic(|| op.rebased(hosts).run(e))
+                };
+                // SAFETY: the caller's contract (qccl.h): the buffers stay valid until
+                // qcclWait returns, which is after the request ended.
+                ReqState::Pending(unsafe { h.comm.submit_on_buffers(bufs, run)? })
+            } else {
+                ReqState::Pending(h.comm.submit(move |e| no_panic(|| op.run(e)))?)
+            }
         }
         Started::Fused(slot, tensor) => ReqState::Fused(slot, tensor),
     };
@@ -318,7 +325,11 @@ pub unsafe extern "C" fn qcclIAllReduce(
         unsafe {
             start(comm, request, |h| {
                 let a = AllReduceArgs::new(&h.comm, sendbuff, recvbuff, count, datatype, op)?;
-                host_only(h, &a.call_bufs(), std::ptr::null_mut(), NON_BLOCKING)?;
+                if h.comm.device_buffers(&a.call_bufs())? {
+                    // Device memory: staged as one plain all-reduce (fusion plans group host
+                    // tensors), as the blocking call does.
+                    return Op::all_reduce(&h.comm, a).map(Started::Op);
+                }
                 match plan::route(h, Mode::NonBlocking, a.send, a.recv, a.dtype, a.op)? {
                     Routed::Plain => Op::all_reduce(&h.comm, a).map(Started::Op),
                     Routed::Request(slot, tensor) => Ok(Started::Fused(slot, tensor)),

@@ -3,16 +3,16 @@
 //! memory on the comm's device. On a stream the call is enqueued and returns at once, the
 //! stream waiting for it (`Comm::on_stream`); with NULL (the legacy default stream) it returns
 //! once the result is on the device (`Comm::on_buffers`). Host buffers with a NULL stream
-//! take the host path unchanged. Grouped and non-blocking calls take host
-//! memory only for now (an explicit `qcclUnsupported` otherwise).
+//! take the host path unchanged. Grouped calls are staged together at `qcclGroupEnd`
+//! (group.rs, spans.rs); non-blocking calls are staged in the comm's turn
+//! (`Comm::submit_on_buffers`).
 
-use crate::group::launch;
+use crate::group::{launch, queue};
 use crate::handle::CommHandle;
 use crate::nesting::in_group;
 use crate::op::Op;
 use crate::types::{qcclComm_t, qcclStream_t};
-use qccl_core::internal::CallBuf;
-use qccl_core::{Error, Result};
+use qccl_core::Result;
 use std::sync::Arc;
 
 /// Runs the blocking call `op` on comm `token` where its buffers live, ordered on `stream`.
@@ -23,8 +23,8 @@ pub(crate) fn launch_on(
     stream: qcclStream_t,
 ) -> Result<()> {
     if in_group() {
-        host_only(&h, &op.call_bufs(), stream, GROUPED)?;
-        return launch(token, h, op);
+        // Staged at qcclGroupEnd, with the group's other calls on this comm.
+        return queue(token, h, op, stream);
     }
     let bufs = op.call_bufs();
     let comm = h.clone();
@@ -42,27 +42,6 @@ pub(crate) fn launch_on(
         comm.comm
             .on_buffers(&bufs, stream, |hosts| launch(token, h, op.rebased(hosts)))
     }
-}
-
-/// Which calls cannot take device memory yet, for `host_only`.
-pub(crate) const GROUPED: &str = "inside qcclGroupStart/qcclGroupEnd";
-pub(crate) const NON_BLOCKING: &str = "in non-blocking calls";
-
-/// An error unless `bufs` are host memory and `stream` NULL (`when` says which kind of call
-/// cannot take device memory yet).
-pub(crate) fn host_only(
-    h: &CommHandle,
-    bufs: &[CallBuf],
-    stream: qcclStream_t,
-    when: &str,
-) -> Result<()> {
-    if !stream.is_null() || h.comm.device_buffers(bufs)? {
-        return Err(Error::Unsupported(format!(
-            "device buffers and streams {when}: not supported yet (blocking calls outside a \
-             group take them)"
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -85,6 +64,14 @@ mod tests {
         m
     }
 
+    fn upload_into(gpu: &dyn Driver, m: &dyn DeviceMem, data: &[f32]) {
+        let s = gpu.create_stream(0).unwrap();
+        // SAFETY: `data` outlives the synchronize; `m` holds at least `data`.
+        unsafe { s.copy_to_device(m.addr(), data.as_ptr().cast(), std::mem::size_of_val(data)) }
+            .unwrap();
+        s.synchronize(WAIT).unwrap();
+    }
+
     fn download(gpu: &dyn Driver, m: &dyn DeviceMem, n: usize) -> Vec<f32> {
         let mut out = vec![0f32; n];
         let s = gpu.create_stream(0).unwrap();
@@ -103,7 +90,8 @@ mod tests {
     }
 
     /// Three ranks as threads: device buffers through the blocking C calls (NULL stream and
-    /// a stream of the emulated driver), refused inside a group and by non-blocking calls.
+    /// a stream of the emulated driver), in groups (collectives and sends sharing a buffer)
+    /// and in non-blocking calls.
     #[test]
     fn c_calls_take_device_buffers() {
         let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
@@ -155,28 +143,61 @@ mod tests {
                         .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).fold(0.0, f32::max))
                         .collect();
                     assert_eq!(download(&*gpu, &*send, count), max);
-                    // Not yet: inside a group, and non-blocking.
+                    // Grouped: an all-reduce into `recv`, then `recv` sent on round the ring
+                    // and `send` sent the other way; one staged copy of `recv` (spans.rs), so
+                    // the send reads what the all-reduce wrote.
+                    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                    let got_sum = upload(&*gpu, &vec![-1.0; count]);
+                    let got_theirs = upload(&*gpu, &vec![-1.0; count]);
+                    let (gs, gt) = (
+                        got_sum.addr() as *mut c_void,
+                        got_theirs.addr() as *mut c_void,
+                    );
+                    let theirs: Vec<f32> = (0..count).map(|i| ((next + i) % 7) as f32).collect();
+                    for stream in [null_mut(), user.raw()] {
+                        upload_into(&*gpu, &*send, &mine);
+                        assert_eq!(qcclGroupStart(), qcclSuccess);
+                        let rcs = unsafe {
+                            [
+                                qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, stream),
+                                qcclSend(rp, count, qcclFloat32, next as i32, comm, stream),
+                                qcclRecv(gs, count, qcclFloat32, prev as i32, comm, stream),
+                                qcclSend(sp, count, qcclFloat32, prev as i32, comm, stream),
+                                qcclRecv(gt, count, qcclFloat32, next as i32, comm, stream),
+                            ]
+                        };
+                        assert_eq!(rcs, [qcclSuccess; 5], "{}", last_error(comm));
+                        assert_eq!(qcclGroupEnd(), qcclSuccess, "{}", last_error(comm));
+                        user.synchronize(WAIT).unwrap();
+                        assert_eq!(download(&*gpu, &*recv, count), want);
+                        assert_eq!(download(&*gpu, &*got_sum, count), want);
+                        assert_eq!(download(&*gpu, &*got_theirs, count), theirs);
+                    }
+                    // One stream per comm in a group: a second one spoils the group.
                     assert_eq!(qcclGroupStart(), qcclSuccess);
+                    let rc = unsafe {
+                        qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, user.raw())
+                    };
+                    assert_eq!(rc, qcclSuccess);
                     let rc = unsafe {
                         qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, null_mut())
                     };
                     assert_eq!(rc, qcclUnsupported);
                     assert!(
-                        last_error(comm).contains("inside qcclGroupStart"),
+                        last_error(comm).contains("one stream per comm"),
                         "{}",
                         last_error(comm)
                     );
                     assert_eq!(qcclGroupEnd(), qcclUnsupported);
+                    // Non-blocking: staged in the comm's turn, done at qcclWait.
+                    upload_into(&*gpu, &*recv, &vec![0.0; count]);
                     let mut req = null_mut();
                     let rc = unsafe {
                         qcclIAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, &mut req)
                     };
-                    assert_eq!(rc, qcclUnsupported);
-                    assert!(
-                        last_error(comm).contains("non-blocking"),
-                        "{}",
-                        last_error(comm)
-                    );
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+                    assert_eq!(download(&*gpu, &*recv, count), want);
                     // The comm still works.
                     let rc = unsafe {
                         qcclAllReduce(sp, rp, count, qcclFloat32, qcclMin, comm, null_mut())

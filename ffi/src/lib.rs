@@ -28,6 +28,7 @@ mod nesting;
 mod op;
 mod plan;
 mod register;
+mod spans;
 pub mod types;
 
 pub use codec::*;

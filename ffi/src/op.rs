@@ -68,6 +68,29 @@ impl Op {
         v
     }
 
+    /// Moves each of its buffers (a fusion group's host tensors included) where `f` says.
+    pub(crate) fn map_bufs(&mut self, f: &impl Fn(RawBuf) -> RawBuf) {
+        match self {
+            Op::AllReduce { send, recv, .. }
+            | Op::Coll { send, recv, .. }
+            | Op::HiTopK { send, recv, .. } => {
+                *send = send.map(f);
+                *recv = f(*recv);
+            }
+            Op::Fused { parts, .. } => {
+                for (s, r) in parts {
+                    *s = s.map(f);
+                    *r = f(*r);
+                }
+            }
+        }
+    }
+
+    /// True for a fusion plan's group (its tensors are host memory, not in `call_bufs`).
+    pub(crate) fn is_fused(&self) -> bool {
+        matches!(self, Op::Fused { .. })
+    }
+
     /// The same operation on `hosts`, one address per `call_bufs` entry (same lengths).
     pub(crate) fn rebased(mut self, hosts: &[*mut u8]) -> Op {
         match &mut self {
@@ -424,6 +447,19 @@ impl P2pPlan {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.self_copies.is_empty() && self.phases.is_empty()
+    }
+
+    /// Moves each of its buffers where `f` says.
+    pub(crate) fn map_bufs(&mut self, f: &impl Fn(RawBuf) -> RawBuf) {
+        for (s, r) in &mut self.self_copies {
+            *s = f(*s);
+            *r = f(*r);
+        }
+        for (_, (sends, recvs)) in &mut self.phases {
+            for (_, b) in sends.iter_mut().chain(recvs.iter_mut()) {
+                *b = f(*b);
+            }
+        }
     }
 
     /// Runs the plan on the comm's engine.

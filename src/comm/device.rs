@@ -58,7 +58,19 @@ impl Comm {
         Ok(())
     }
 
-    /// The comm's staging on device `ordinal`, made on its first device call; an error when
+    /// An error unless `ordinal` is the comm's device (set here by its first device call).
+    fn check_device(&self, ordinal: usize) -> Result<()> {
+        let mine = *self.device.get_or_init(|| ordinal);
+        if mine != ordinal {
+            return Err(Error::invalid(format!(
+                "buffers on device {ordinal}, but this comm's device is {mine} (the device of \
+                 its first call on device memory)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The comm's staging in `guard` on device `ordinal`, made on first use; an error when
     /// the comm's device is another.
     fn staging_on<'a>(
         &self,
@@ -66,26 +78,75 @@ impl Comm {
         driver: std::sync::Arc<dyn crate::gpu::driver::Driver>,
         ordinal: usize,
     ) -> Result<&'a mut Staging> {
-        if let Some(s) = guard.as_ref() {
-            if s.ordinal() != ordinal {
-                return Err(Error::invalid(format!(
-                    "buffers on device {ordinal}, but this comm's device is {} (the device of \
-                     its first call on device memory)",
-                    s.ordinal()
-                )));
-            }
-        } else {
-            crate::qlog!(
-                Info,
-                "rank {}: device buffers on {} device {ordinal} ({}), staged through \
-                 page-locked memory",
-                self.rank,
-                driver.kind(),
-                driver.device(ordinal).map(|d| d.name).unwrap_or_default()
-            );
-            *guard = Some(Staging::new(driver, ordinal, self.config.timeout)?);
+        self.check_device(ordinal)?;
+        if guard.is_none() {
+            *guard = Some(self.new_staging(driver, ordinal)?);
         }
         Ok(guard.as_mut().expect("set above"))
+    }
+
+    fn new_staging(
+        &self,
+        driver: std::sync::Arc<dyn crate::gpu::driver::Driver>,
+        ordinal: usize,
+    ) -> Result<Staging> {
+        crate::qlog!(
+            Info,
+            "rank {}: device buffers on {} device {ordinal} ({}), staged through page-locked \
+             memory",
+            self.rank,
+            driver.kind(),
+            driver.device(ordinal).map(|d| d.name).unwrap_or_default()
+        );
+        Staging::new(driver, ordinal, self.config.timeout)
+    }
+
+    /// As `on_buffers` with the legacy default stream, but queued behind the comm's earlier
+    /// operations and returning at once (the C ABI's non-blocking and grouped calls): where
+    /// each buffer lives is found now, the copies in, `run` and the copies out happen in the
+    /// comm's turn, and the request ends once the results are on the device.
+    ///
+    /// # Safety
+    /// Each buffer must be valid for its reads and writes until the request has ended.
+    #[doc(hidden)]
+    pub unsafe fn submit_on_buffers(
+        &self,
+        bufs: Vec<CallBuf>,
+        run: impl FnOnce(&mut crate::coll::Engine, &[*mut u8]) -> Result<()> + Send + 'static,
+    ) -> Result<crate::Request<()>> {
+        let found = match crate::gpu::select::driver() {
+            Ok(driver) => {
+                let place = staging::locate(&*driver, &bufs)?;
+                place.ordinal()?.map(|o| (driver, place, o))
+            }
+            Err(_) => None,
+        };
+        let (driver, place, ordinal) = match found {
+            Some(f) => f,
+            None => {
+                let hosts: Vec<usize> = bufs.iter().map(|b| b.addr as usize).collect();
+                return self.submit(move |e| {
+                    let hosts: Vec<*mut u8> = hosts.into_iter().map(|a| a as *mut u8).collect();
+                    run(e, &hosts)
+                });
+            }
+        };
+        self.check_device(ordinal)?;
+        let staging = self.queued_staging.clone();
+        let first = if staging.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            Some(self.new_staging(driver, ordinal)?)
+        } else {
+            None
+        };
+        self.submit(move |e| {
+            let mut guard = staging.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.is_none() {
+                *guard = first;
+            }
+            let st = guard.as_mut().expect("made before the call was queued");
+            // SAFETY: the caller's promise, passed on; the legacy default stream.
+            unsafe { st.run(&bufs, &place, std::ptr::null_mut(), |hosts| run(e, hosts)) }
+        })
     }
 
     /// True when any of `bufs` is device memory (false without a usable driver).

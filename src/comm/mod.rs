@@ -2,6 +2,8 @@
 
 mod api;
 mod compress;
+#[cfg(feature = "cuda")]
+mod cuda_slices;
 mod device;
 mod hier;
 mod hitopk;
@@ -108,8 +110,14 @@ pub struct Comm {
     inspector: Option<Arc<crate::transport::stall::Inspector>>,
     /// Buffers registered with the comm (`register`), shared with its links.
     registry: Arc<crate::transport::registry::Registry>,
-    /// Staging of device buffers, on the device of the first call that had some.
+    /// The comm's device: that of its first call on device memory (an NCCL comm belongs to
+    /// one device).
+    device: std::sync::OnceLock<usize>,
+    /// Staging of device buffers, on the comm's device.
     staging: std::sync::Mutex<Option<crate::gpu::staging::Staging>>,
+    /// Staging of queued calls (`submit_on_buffers`), used only in the comm's turn: a
+    /// caller holding `staging` waits for its turn, so queued calls cannot share it.
+    queued_staging: Arc<std::sync::Mutex<Option<crate::gpu::staging::Staging>>>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -422,7 +430,9 @@ impl Comm {
             shrinker: Default::default(),
             inspector,
             registry,
+            device: Default::default(),
             staging: Default::default(),
+            queued_staging: Default::default(),
         })
     }
 
