@@ -12,6 +12,7 @@
 //! new spelling ([`retired_hint`]).
 
 use crate::coll::Coll;
+use crate::device::Device;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use qccl::{Algo, CodecSpec, DType, ReduceOp};
 use std::path::PathBuf;
@@ -137,6 +138,9 @@ pub struct Args {
     pub csv: Vec<PathBuf>,
     /// `--plot`: SVG of busbw against size (rank 0).
     pub plot: Option<PathBuf>,
+    /// `--device`: where the send and receive buffers live; None: device memory when a
+    /// driver and device are usable, else host memory (`device::resolve`).
+    pub device: Option<Device>,
     /// `-np`: launch this many local ranks.
     pub np: Option<usize>,
     /// `-T`, `--timeout`: bound on the whole `-np` run; None (`-T 0`): no bound.
@@ -235,6 +239,11 @@ given, float sum, median call, max over ranks, fit over -b..-e by -f [4K..64M by
 iterations), and per codec (every -Z given [fp16, qsgd:bits=4,bucket=128,
 qsgd:bits=8,bucket=128, mstopk:density=0.01, efsign]) encode and decode_add alpha +
 beta*bytes on one core of rank 0, and the wire ratio.
+
+--device cuda: send and receive buffers in GPU memory (device local rank % GPUs), each call
+enqueued on qccl-perf's stream as the C API does, the stream synchronised after each timed
+loop (the time includes qccl's staging through page-locked memory); -c copies the results
+back to check them. The default with a usable CUDA driver and GPU, or QCCL_GPU_EMULATE.
 
 Exit code: 0 all good, 1 some results were wrong (#wrong > 0), 2 an error (arguments, comm,
 a failed rank, the -np timeout).";
@@ -342,7 +351,7 @@ struct Cli {
     #[arg(short = 'z', long, value_name = "0-3", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=3), help_heading = GPU)]
     blocking: u8,
-    /// No effect: no CUDA streams
+    /// No effect: device buffers always go on qccl-perf's own stream
     #[arg(short = 'y', long = "stream_null", value_name = "0/1", default_value_t = 0, help_heading = GPU)]
     stream_null: i64,
     /// No effect: no CUDA graphs
@@ -407,6 +416,12 @@ struct Cli {
     /// Plot busbw against size as SVG (rank 0): a line per mode, type, op
     #[arg(long, value_name = "FILE.svg", help_heading = QCCL)]
     plot: Option<PathBuf>,
+    /// Where the send and receive buffers live: host | cuda (device memory
+    /// of GPU local rank % GPUs, staged by qccl through page-locked memory)
+    /// [default: cuda when a CUDA driver and GPU are usable, or
+    /// QCCL_GPU_EMULATE is set; else host]
+    #[arg(long, value_name = "host|cuda", help_heading = QCCL, verbatim_doc_comment)]
+    device: Option<String>,
     /// Launch N local ranks over 127.0.0.1 (also spelled -np N, as mpirun)
     #[arg(long, value_name = "N", help_heading = QCCL)]
     np: Option<usize>,
@@ -642,6 +657,12 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         json: None,
         csv: c.csv.iter().cloned().collect(),
         plot: c.plot.clone(),
+        device: c
+            .device
+            .as_deref()
+            .map(Device::parse)
+            .transpose()
+            .map_err(|e| format!("--device: {e}"))?,
         np: c.np,
         timeout: None,
         bind: c.bind_to.parse().map_err(|e| format!("--bind-to: {e}"))?,
@@ -679,7 +700,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
     ] {
         if v != 1 {
             return Err(format!(
-                "-{letter} {v}: only 1 {what} (one rank per process, host memory, one operation \
+                "-{letter} {v}: only 1 {what} (one rank per process, one device, one operation \
                  per iteration)"
             )
             .into());
@@ -690,7 +711,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         Ok(d) => {
             return Err(format!(
                 "-D {d}: nccl-tests' device implementations run NCCL kernels on GPUs; qccl runs \
-                 on host memory, only -D 0 (for the top-k density: --density {d})"
+                 its own code, only -D 0 (for the top-k density: --density {d})"
             )
             .into())
         }
@@ -802,12 +823,32 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
     }
     check_topk(&mut a)?;
     check_codec(&a)?;
+    check_device(&a)?;
     if let Some(np) = a.np {
         if a.coll.rooted() && a.root >= np {
             return Err(format!("-r {}: the root must be below -np {np}", a.root).into());
         }
     }
     Ok(Parsed::Run(Box::new(a)))
+}
+
+/// Rejects what `--device cuda` cannot take: `--calibrate` times host buffers (its cost
+/// model is the host path's), and `-R` registers host memory with the comm.
+fn check_device(a: &Args) -> Result<(), ArgError> {
+    if a.device != Some(Device::Cuda) {
+        return Ok(());
+    }
+    if a.calibrate {
+        return Err("--device cuda: --calibrate measures host buffers only (--device host)".into());
+    }
+    if a.register {
+        return Err(
+            "--device cuda: -R registers host memory; device buffers cannot be registered \
+             (-R 0, or --device host)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Rejects what `--calibrate` cannot take and fills in its defaults: it times the

@@ -15,7 +15,8 @@
 //! `-S` stamps each line, `-c N` checks up to N calls per size and mode.
 
 use crate::args::{Args, TimeStat};
-use crate::coll::{self, Ctx, Shape};
+use crate::coll::{self, Coll, Ctx, Ran, Shape};
+use crate::device::Gpu;
 use crate::elem::{Elem, Filler};
 use crate::report::{self, CodecCols, IterStats, Measure, Row, StepTimes};
 use half::{bf16, f16};
@@ -73,7 +74,7 @@ fn settle(comm: &Comm) -> Result<()> {
 
 /// Runs every (type, op) combination the arguments ask for, `-N` times (0: until the process
 /// is stopped); returns the total wrong count.
-pub fn run(comm: &Comm, a: &Args, sink: &mut Sink) -> Result<u64> {
+pub fn run(comm: &Comm, a: &Args, sink: &mut Sink, mut gpu: Option<&mut Gpu>) -> Result<u64> {
     settle(comm)?;
     let mut wrong = 0;
     let mut cycle = 0;
@@ -85,16 +86,16 @@ pub fn run(comm: &Comm, a: &Args, sink: &mut Sink) -> Result<u64> {
                     continue;
                 }
                 wrong += match dtype {
-                    DType::Int8 => sizes::<i8>(comm, a, op, cycle, sink)?,
-                    DType::Uint8 => sizes::<u8>(comm, a, op, cycle, sink)?,
-                    DType::Int32 => sizes::<i32>(comm, a, op, cycle, sink)?,
-                    DType::Uint32 => sizes::<u32>(comm, a, op, cycle, sink)?,
-                    DType::Int64 => sizes::<i64>(comm, a, op, cycle, sink)?,
-                    DType::Uint64 => sizes::<u64>(comm, a, op, cycle, sink)?,
-                    DType::Float16 => sizes::<f16>(comm, a, op, cycle, sink)?,
-                    DType::Float32 => sizes::<f32>(comm, a, op, cycle, sink)?,
-                    DType::Float64 => sizes::<f64>(comm, a, op, cycle, sink)?,
-                    DType::Bfloat16 => sizes::<bf16>(comm, a, op, cycle, sink)?,
+                    DType::Int8 => sizes::<i8>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Uint8 => sizes::<u8>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Int32 => sizes::<i32>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Uint32 => sizes::<u32>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Int64 => sizes::<i64>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Uint64 => sizes::<u64>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Float16 => sizes::<f16>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Float32 => sizes::<f32>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Float64 => sizes::<f64>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
+                    DType::Bfloat16 => sizes::<bf16>(comm, a, op, cycle, sink, gpu.as_deref_mut())?,
                     other => {
                         return Err(qccl::Error::Unsupported(format!(
                             "qccl-perf has no element type for {other}"
@@ -111,7 +112,14 @@ pub fn run(comm: &Comm, a: &Args, sink: &mut Sink) -> Result<u64> {
 }
 
 /// One table section: every size for element type `T` and `op`.
-fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, cycle: u64, sink: &mut Sink) -> Result<u64> {
+fn sizes<T: Elem>(
+    comm: &Comm,
+    a: &Args,
+    op: ReduceOp,
+    cycle: u64,
+    sink: &mut Sink,
+    mut gpu: Option<&mut Gpu>,
+) -> Result<u64> {
     let n = comm.size();
     let es = std::mem::size_of::<T>();
     let shapes: Vec<Shape> = a
@@ -129,6 +137,15 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, cycle: u64, sink: &mut Si
         .buffer_bytes
         .max(((send.len() + recv.len()) * es) as u64);
     let (send, recv) = (&mut send[u..], &mut recv[u..]);
+    // --device cuda: device buffers of the same lengths and offset, the calls' own; the host
+    // ones fill them and read their results back for the checks.
+    if let Some(g) = gpu.as_deref_mut() {
+        g.reserve(
+            std::mem::size_of_val(&*send),
+            std::mem::size_of_val(&*recv),
+            u * es,
+        )?;
+    }
     // -R 1: registered once for the whole section, as nccl-tests registers its buffers.
     let mut handles = Vec::new();
     if a.register {
@@ -175,10 +192,15 @@ fn sizes<T: Elem>(comm: &Comm, a: &Args, op: ReduceOp, cycle: u64, sink: &mut Si
             );
             TopK::new(a.density.unwrap_or(crate::args::DEFAULT_DENSITY)).key(key)
         });
-        let (s, r) = (&mut send[..sh.send], &mut recv[..sh.recv]);
-        let oop = measure(&ctx, a, sh, false, s, r)?;
+        let mut bufs = Bufs {
+            send: &mut send[..sh.send],
+            recv: &mut recv[..sh.recv],
+            gpu: gpu.as_deref_mut(),
+            done: Vec::new(),
+        };
+        let oop = measure(&ctx, a, sh, false, &mut bufs)?;
         let ip = if a.coll.has_in_place() {
-            Some(measure(&ctx, a, sh, true, s, r)?)
+            Some(measure(&ctx, a, sh, true, &mut bufs)?)
         } else {
             None
         };
@@ -248,6 +270,60 @@ struct Mode {
     steps: Option<StepTimes>,
 }
 
+/// The buffers of one size: host memory, and with `--device cuda` the device buffers the calls
+/// run on, which the host ones fill before a run and receive the results of for the checks.
+struct Bufs<'a, T> {
+    send: &'a mut [T],
+    recv: &'a mut [T],
+    gpu: Option<&'a mut Gpu>,
+    /// The host calls' reports since the last `finish` (device calls report through the GPU).
+    done: Vec<Ran>,
+}
+
+impl<T: Elem> Bufs<'_, T> {
+    /// Fills the inputs of a run (`coll::init`), and the device buffers with them.
+    fn init(&mut self, ctx: &Ctx<'_>, coll: Coll, sh: Shape, in_place: bool) -> Result<()> {
+        coll::init(ctx, coll, sh, in_place, self.send, self.recv);
+        match self.gpu.as_deref_mut() {
+            Some(g) => g.upload(self.send, self.recv),
+            None => Ok(()),
+        }
+    }
+
+    /// One call: run now on host memory; enqueued on the GPU's stream (it returns at once).
+    fn run(&mut self, ctx: &Ctx<'_>, coll: Coll, sh: Shape, in_place: bool) -> Result<()> {
+        match self.gpu.as_deref_mut() {
+            Some(g) => g.enqueue::<T>(ctx, coll, in_place, sh),
+            None => {
+                let ran = coll::run(ctx, coll, in_place, self.send, self.recv)?;
+                self.done.push(ran);
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits for the calls so far (nccl-tests' cudaStreamSynchronize) and returns their
+    /// reports in call order.
+    fn finish(&mut self, comm: &Comm) -> Result<Vec<Ran>> {
+        match self.gpu.as_deref_mut() {
+            Some(g) => g.sync(comm),
+            None => Ok(std::mem::take(&mut self.done)),
+        }
+    }
+
+    /// One call on fresh inputs, finished, its results in the host buffers for the checks;
+    /// its report.
+    fn checked(&mut self, ctx: &Ctx<'_>, coll: Coll, sh: Shape, in_place: bool) -> Result<Ran> {
+        self.init(ctx, coll, sh, in_place)?;
+        self.run(ctx, coll, sh, in_place)?;
+        let ran = self.finish(ctx.comm)?.pop().unwrap_or_default();
+        if let Some(g) = self.gpu.as_deref_mut() {
+            g.download(self.send, self.recv)?;
+        }
+        Ok(ran)
+    }
+}
+
 /// Warmup, barrier, `iters` timed calls; then, with `-c N` (or a codec), calls on fresh inputs,
 /// checked: up to N for the plain collectives (stopping at the first with wrong elements, as
 /// nccl-tests), one with a codec or a top-k collective (which also measures its error).
@@ -256,22 +332,23 @@ fn measure<T: Elem>(
     a: &Args,
     sh: Shape,
     in_place: bool,
-    send: &mut [T],
-    recv: &mut [T],
+    b: &mut Bufs<'_, T>,
 ) -> Result<Mode> {
     let coll = a.coll;
     // Time on real inputs, as nccl-tests does: after an earlier size's check the buffers hold
     // NaN poison, and codecs (MSTopK's exact fallback, qsgd's NaN buckets) run other paths on it.
-    coll::init(ctx, coll, sh, in_place, send, recv);
+    b.init(ctx, coll, sh, in_place)?;
     for _ in 0..a.warmup {
-        coll::run(ctx, coll, in_place, send, recv)?;
+        b.run(ctx, coll, sh, in_place)?;
     }
+    b.finish(ctx.comm)?;
     let iters = match a.target_secs {
         None => a.iters,
         Some(target) => {
             // Every rank must run the same count: size it on the slowest rank's call.
             let t = Instant::now();
-            coll::run(ctx, coll, in_place, send, recv)?;
+            b.run(ctx, coll, sh, in_place)?;
+            b.finish(ctx.comm)?;
             let mut one = [t.elapsed().as_secs_f64()];
             ctx.comm.all_reduce_in_place(&mut one, ReduceOp::Max)?;
             ((target / one[0].max(1e-9)) as usize).clamp(1, a.iters)
@@ -279,24 +356,28 @@ fn measure<T: Elem>(
     };
     ctx.comm.barrier()?;
     let t0 = Instant::now();
-    let mut ran = coll::Ran::default();
-    // HiTopK's step times summed over the timed calls (four steps, then the scatter-add).
-    let mut step_sum = [0f64; 5];
-    // -I: each iteration's own time (µs), taken only when asked for.
+    let mut timed = Vec::with_capacity(iters);
+    // -I: each iteration's own time (µs), taken only when asked for (on a GPU each call is
+    // then waited for before the next).
     let mut each = Vec::with_capacity(if a.per_iter { iters } else { 0 });
     for _ in 0..iters {
         let t = a.per_iter.then(Instant::now);
-        ran = coll::run(ctx, coll, in_place, send, recv)?;
+        b.run(ctx, coll, sh, in_place)?;
         if let Some(t) = t {
+            timed.append(&mut b.finish(ctx.comm)?);
             each.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        if let Some((steps, add)) = ran.steps {
-            for (acc, d) in step_sum.iter_mut().zip(steps.iter().chain([&add])) {
-                *acc += d.as_secs_f64();
-            }
+    }
+    timed.append(&mut b.finish(ctx.comm)?);
+    let mine = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let ran = timed.last().copied().unwrap_or_default();
+    // HiTopK's step times summed over the timed calls (four steps, then the scatter-add).
+    let mut step_sum = [0f64; 5];
+    for (steps, add) in timed.iter().filter_map(|r| r.steps) {
+        for (acc, d) in step_sum.iter_mut().zip(steps.iter().chain([&add])) {
+            *acc += d.as_secs_f64();
         }
     }
-    let mine = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     let time_us = combine_time(ctx.comm, a.time_stat, mine)?;
     let iter = if a.per_iter {
         // nccl-tests' i_* figures: each iteration on its slowest rank.
@@ -328,9 +409,8 @@ fn measure<T: Elem>(
         if let Some(key) = &z.key {
             ctx.comm.forget_residual(key)?;
         }
-        coll::init(ctx, coll, sh, in_place, send, recv);
-        coll::run(ctx, coll, in_place, send, recv)?;
-        let acc = coll::accuracy(ctx, recv, z.codec.codec().error_bound());
+        b.checked(ctx, coll, sh, in_place)?;
+        let acc = coll::accuracy(ctx, b.recv, z.codec.codec().error_bound());
         // Every rank holds the whole (bit-identical) result and should report the same;
         // the max makes the table hold even if not. Byte counts < 2^53 are exact in f64.
         let inter_sent = ran.inter.map_or(-1.0, |w| w.sent as f64);
@@ -360,15 +440,14 @@ fn measure<T: Elem>(
         if let Some(key) = &o.key {
             ctx.comm.forget_residual(key)?;
         }
-        coll::init(ctx, coll, sh, in_place, send, recv);
-        coll::run(ctx, coll, in_place, send, recv)?;
-        let acc = coll::accuracy(ctx, recv, None);
+        b.checked(ctx, coll, sh, in_place)?;
+        let acc = coll::accuracy(ctx, b.recv, None);
         // The dense baselines must be exact sums (integer-valued inputs), as all_reduce; the
         // sparse schemes only finite (accuracy() without a bound).
         let local_wrong = if coll.sparse() {
             acc.wrong
         } else {
-            coll::check(ctx, coll, sh, in_place, send, recv)
+            coll::check(ctx, coll, sh, in_place, b.send, b.recv)
         };
         let mut v = [
             acc.rel_err,
@@ -394,9 +473,8 @@ fn measure<T: Elem>(
     } else if a.check > 0 {
         let mut total = [0u64];
         for _ in 0..a.check {
-            coll::init(ctx, coll, sh, in_place, send, recv);
-            coll::run(ctx, coll, in_place, send, recv)?;
-            let local = coll::check(ctx, coll, sh, in_place, send, recv);
+            b.checked(ctx, coll, sh, in_place)?;
+            let local = coll::check(ctx, coll, sh, in_place, b.send, b.recv);
             ctx.comm.all_reduce(&[local], &mut total, ReduceOp::Sum)?;
             if total[0] > 0 {
                 break;

@@ -13,18 +13,22 @@
 //! Exit code: 0 all good, 1 some results were wrong (#wrong > 0), 2 an error (arguments, comm,
 //! a failed rank, the -np timeout). See `--help` and README.md.
 
-#![forbid(unsafe_code)]
+// Only `device` (device addresses, `Comm::on_stream`) may use `unsafe`.
+#![deny(unsafe_code)]
 
 mod args;
 mod bench;
 mod calibrate;
 mod cfmt;
 mod coll;
+#[allow(unsafe_code)]
+mod device;
 mod elem;
 mod plot;
 mod report;
 
 use args::{Args, Parsed};
+use device::{Device, Gpu};
 use qccl::launch::Launch;
 use qccl::{Comm, Config};
 use report::RankInfo;
@@ -67,13 +71,17 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// (pid, host, CPUs, links) of every rank, for the "Using devices" lines.
-fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
-    // pid, then the host name, the CPU list and the link kinds, each NUL-padded.
-    const REC: usize = 160;
+/// (pid, host, CPUs, links, GPU) of every rank, for the "Using devices" lines.
+fn rank_table(comm: &Comm, gpu: Option<&Gpu>) -> qccl::Result<Vec<RankInfo>> {
+    // pid, then the host name, the CPU list and the link kinds, each NUL-padded; then the
+    // GPU's ordinal (u32::MAX: host buffers), bus id and name.
+    const REC: usize = 264;
     const HOST: std::ops::Range<usize> = 4..68;
     const CPUS: std::ops::Range<usize> = 68..128;
-    const LINKS: std::ops::Range<usize> = 128..REC;
+    const LINKS: std::ops::Range<usize> = 128..160;
+    const ORDINAL: std::ops::Range<usize> = 160..164;
+    const BUS: std::ops::Range<usize> = 164..200;
+    const NAME: std::ops::Range<usize> = 200..REC;
     let mut mine = [0u8; REC];
     mine[..4].copy_from_slice(&std::process::id().to_le_bytes());
     let put = |rec: &mut [u8], at: std::ops::Range<usize>, s: &str| {
@@ -85,6 +93,12 @@ fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
         qccl::launch::allowed_cpus().map_or_else(|_| "?".into(), |c| qccl::launch::cpu_list(&c));
     put(&mut mine, CPUS, &cpus);
     put(&mut mine, LINKS, comm.transport_name());
+    let ordinal = gpu.map_or(u32::MAX, |g| g.info().ordinal as u32);
+    mine[ORDINAL].copy_from_slice(&ordinal.to_le_bytes());
+    if let Some(g) = gpu {
+        put(&mut mine, BUS, &g.info().bus_id);
+        put(&mut mine, NAME, &g.info().name);
+    }
     let mut all = vec![0u8; REC * comm.size()];
     comm.all_gather(&mine[..], &mut all)?;
     let text = |b: &[u8]| {
@@ -99,6 +113,14 @@ fn rank_table(comm: &Comm) -> qccl::Result<Vec<RankInfo>> {
             host: text(&rec[HOST]),
             cpus: text(&rec[CPUS]),
             links: text(&rec[LINKS]),
+            gpu: match u32::from_le_bytes(rec[ORDINAL].try_into().expect("4 bytes")) {
+                u32::MAX => None,
+                o => Some(report::GpuInfo {
+                    ordinal: o as usize,
+                    bus_id: text(&rec[BUS]),
+                    name: text(&rec[NAME]),
+                }),
+            },
         })
         .collect())
 }
@@ -122,8 +144,9 @@ fn write_outputs(
     n: usize,
     rows: &[report::Row],
     wrong: u64,
+    device: Device,
 ) -> Result<(), (std::path::PathBuf, std::io::Error)> {
-    let rep = report::report(a, n, rows, wrong);
+    let rep = report::report(a, n, rows, wrong, device);
     let mut files: Vec<(&std::path::Path, String)> = Vec::new();
     if let Some(path) = &a.json {
         files.push((path, report::json(&rep)));
@@ -149,6 +172,14 @@ fn write_outputs(
 
 /// One rank's whole run; returns the exit code.
 fn rank_main(a: &Args) -> i32 {
+    // Before any comm: a --device cuda that cannot run stops here, naming what is missing.
+    let device = match device::resolve(a) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("qccl-perf: {e}");
+            return EXIT_ERROR;
+        }
+    };
     let comm = match open_comm() {
         Ok(c) => c,
         Err(e) => {
@@ -176,7 +207,11 @@ fn rank_main(a: &Args) -> i32 {
         };
     }
     let result = (|| -> qccl::Result<u64> {
-        let ranks = rank_table(&comm)?;
+        let mut gpu = match device {
+            Device::Cuda => Some(Gpu::open(comm.local_rank(), comm.config().timeout)?),
+            Device::Host => None,
+        };
+        let ranks = rank_table(&comm, gpu.as_ref())?;
         if rank == 0 {
             print!("{}", report::header(a, n, &ranks));
         }
@@ -186,7 +221,7 @@ fn rank_main(a: &Args) -> i32 {
             buffer_bytes: 0,
             emulated: report::emulated(&ranks),
         };
-        let wrong = bench::run(&comm, a, &mut sink)?;
+        let wrong = bench::run(&comm, a, &mut sink, gpu.as_mut())?;
         // Every rank takes part in the maxima; rank 0 prints them.
         let memory = if a.memory_report {
             let mut m = [sink.buffer_bytes, peak_rss_bytes()];
@@ -200,7 +235,7 @@ fn rank_main(a: &Args) -> i32 {
             if let Some([buffers, rss]) = memory {
                 print!("{}", report::memory_line(buffers, rss));
             }
-            write_outputs(a, n, &sink.rows, wrong)
+            write_outputs(a, n, &sink.rows, wrong, device)
                 .map_err(|(path, e)| qccl::Error::io(format!("writing {}", path.display()), e))?;
         }
         Ok(wrong)
@@ -234,6 +269,13 @@ fn main() {
             std::process::exit(EXIT_ERROR);
         }
     };
+    // --device cuda without a driver: one message, before any rank starts.
+    if a.np.is_some() && a.device == Some(Device::Cuda) {
+        if let Err(e) = device::resolve(&a) {
+            eprintln!("qccl-perf: {e}");
+            std::process::exit(EXIT_ERROR);
+        }
+    }
     let code = match a.np {
         // Ranks that found wrong results finish the run; any other failure stops the job.
         Some(np) => {

@@ -4,6 +4,7 @@
 
 use crate::args::{Args, Step};
 use crate::cfmt::{fmt_e, fmt_g};
+use crate::device::Device;
 use crate::plot::Series;
 use qccl::{Algo, DType, ReduceOp, TopKScheme, Wire};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -215,6 +216,17 @@ pub struct RankInfo {
     pub cpus: String,
     /// Its comm's link kinds (`tcp+shm`, `tcp+ib-emulated`).
     pub links: String,
+    /// The GPU whose memory holds its buffers (`--device cuda`); None: host memory.
+    pub gpu: Option<GpuInfo>,
+}
+
+/// A rank's GPU, as nccl-tests names it.
+pub struct GpuInfo {
+    pub ordinal: usize,
+    /// PCI bus id (`0000:3b:00.0`).
+    pub bus_id: String,
+    /// `NVIDIA H100 80GB HBM3`.
+    pub name: String,
 }
 
 /// True when some rank's links run over the emulated RDMA fabric (QCCL_IB_EMULATE=1).
@@ -254,8 +266,13 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
     let _ = writeln!(
         s,
         "# qccl-perf: {} on {nranks} ranks, {schedule}, {time}, warmup per size and mode after \
-         50 ms of small all-reduces at start; collectives always block on the host{}",
+         50 ms of small all-reduces at start; {}{}",
         a.coll.name(),
+        if ranks.iter().any(|i| i.gpu.is_some()) {
+            "calls on device buffers return once enqueued on a stream"
+        } else {
+            "collectives always block on the host"
+        },
         if a.blocking > 0 {
             format!(" (-z {}: the only mode)", a.blocking)
         } else {
@@ -338,14 +355,30 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
         );
     }
     let _ = writeln!(s, "#");
-    let _ = writeln!(s, "# Using devices");
-    for (r, i) in ranks.iter().enumerate() {
+    if ranks.iter().any(|i| i.gpu.is_some()) {
         let _ = writeln!(
             s,
-            "#  Rank {r:2} Group  0 Pid {:6} on {:>10} device {:2} [host] cpu memory, cpus {}, \
-             links {}",
-            i.pid, i.host, 0, i.cpus, i.links
+            "# device buffers (--device cuda): send and receive buffers in GPU memory, staged \
+             by qccl through page-locked host memory; calls enqueued on qccl-perf's stream, \
+             which is synchronised after each timed loop (with -I after each call)"
         );
+    }
+    let _ = writeln!(s, "# Using devices");
+    for (r, i) in ranks.iter().enumerate() {
+        let _ = match &i.gpu {
+            // nccl-tests' own line.
+            Some(g) => writeln!(
+                s,
+                "#  Rank {r:2} Group  0 Pid {:6} on {:>10} device {:2} [{}] {}",
+                i.pid, i.host, g.ordinal, g.bus_id, g.name
+            ),
+            None => writeln!(
+                s,
+                "#  Rank {r:2} Group  0 Pid {:6} on {:>10} device {:2} [host] cpu memory, cpus \
+                 {}, links {}",
+                i.pid, i.host, 0, i.cpus, i.links
+            ),
+        };
     }
     if emulated(ranks) {
         let _ = writeln!(
@@ -603,6 +636,10 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
+fn host_device() -> String {
+    "host".into()
+}
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -643,6 +680,9 @@ pub struct Report {
     /// `-C 1`: the results have `cpu_time_us` (rank 0's own time; the table's time column).
     #[serde(default, skip_serializing_if = "is_false")]
     pub report_cputime: bool,
+    /// Where rank 0's buffers were: `host` or `cuda` (`--device`).
+    #[serde(default = "host_device")]
+    pub device: String,
     /// Mean busbw over every line and mode (the footer's "Avg bus bandwidth").
     pub avg_busbw: f64,
     /// Wrong elements over every line and mode.
@@ -749,7 +789,7 @@ pub struct TopKFields {
 }
 
 /// The report of a run of `a` on `nranks` ranks.
-pub fn report(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> Report {
+pub fn report(a: &Args, nranks: usize, rows: &[Row], wrong: u64, device: Device) -> Report {
     let names = |v: Vec<&str>| {
         if v.len() == 1 {
             v[0].to_string()
@@ -790,6 +830,11 @@ pub fn report(a: &Args, nranks: usize, rows: &[Row], wrong: u64) -> Report {
         check: a.check > 0,
         time_stat: a.time_stat.name().into(),
         report_cputime: a.report_cputime,
+        device: match device {
+            Device::Host => "host",
+            Device::Cuda => "cuda",
+        }
+        .into(),
         avg_busbw: round9(avg_busbw(rows)),
         wrong,
         results: rows

@@ -1605,7 +1605,7 @@ fn plan_errors_name_the_file_and_field() {
     }
 }
 
-/// The CPU list each rank's header line reports (`cpus 0-3, links tcp+shm`).
+/// The CPU list each rank's header line reports (`cpus 0-3, links tcp+shm`; host buffers).
 fn rank_cpus(out: &str) -> Vec<String> {
     out.lines()
         .filter(|l| l.starts_with("#  Rank "))
@@ -1624,7 +1624,18 @@ fn bind_to_places_ranks_as_mpirun() {
     let np_s = np.to_string();
     // core: rank r on the r-th CPU this process may use (auto does the same when they fit).
     for bind in ["core", "auto"] {
-        let o = run(&["-np", &np_s, "--bind-to", bind, "-b", "1K", "-e", "1K"]);
+        let o = run(&[
+            "-np",
+            &np_s,
+            "--bind-to",
+            bind,
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "--device",
+            "host",
+        ]);
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
         let want: Vec<String> = cpus[..np].iter().map(|c| c.to_string()).collect();
@@ -1632,7 +1643,7 @@ fn bind_to_places_ranks_as_mpirun() {
     }
     // auto with twice as many ranks as CPUs: round-robin, each CPU gets two.
     let twice = (2 * cpus.len()).to_string();
-    let o = run(&["-np", &twice, "-b", "1K", "-e", "1K"]);
+    let o = run(&["-np", &twice, "-b", "1K", "-e", "1K", "--device", "host"]);
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
     let want: Vec<String> = cpus.iter().chain(&cpus).map(|c| c.to_string()).collect();
@@ -1640,7 +1651,7 @@ fn bind_to_places_ranks_as_mpirun() {
     // none, and auto with one rank more than CPUs (uneven): every rank may run anywhere.
     let over = (cpus.len() + 1).to_string();
     for args in [vec!["-np", &np_s, "--bind-to", "none"], vec!["-np", &over]] {
-        let o = run(&[&args[..], &["-b", "1K", "-e", "1K"]].concat());
+        let o = run(&[&args[..], &["-b", "1K", "-e", "1K", "--device", "host"]].concat());
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
         let ranks = rank_cpus(&out);
@@ -1708,7 +1719,8 @@ fn ranks_confined_to_fewer_cores_than_the_machine_has_yield() {
 /// emulated (one column after nccl-tests' 13): no speed claim.
 #[test]
 fn emulated_rdma_rows_are_marked() {
-    let mut all = vec!["-np", "2"];
+    // Host buffers: their device lines name the links (a GPU's name nccl-tests' way).
+    let mut all = vec!["-np", "2", "--device", "host"];
     all.extend_from_slice(QUICK);
     let o = Command::new(BIN)
         .args(&all)

@@ -8,15 +8,20 @@
 //!
 //! qccl's errors become the exceptions of `qccl.errors` carrying qccl's message.
 
+use device::{Job, Outcome, Target};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
+use qccl::internal::{Buf as CallSize, Coll, CollCall};
 use qccl::{
     Algo, Compression, Config, DType, Layout, ReduceOp, RegHandle, TopK, TopKScheme, UniqueId,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+mod device;
+mod emulated;
 
 // ---- errors ----------------------------------------------------------------------------------
 
@@ -79,9 +84,25 @@ struct Buf {
     numel: usize,
     dtype: DType,
     readonly: bool,
+    /// Device memory by its owner's word (a CUDA tensor or `__cuda_array_interface__`):
+    /// never read or written here, only through the device path (`device.rs`).
+    device: bool,
+    /// The v3 CUDA array interface's `stream`, if it names one.
+    stream: Option<u64>,
 }
 
 impl Buf {
+    /// No buffer (a call's unused side).
+    const EMPTY: Buf = Buf {
+        ptr: 0,
+        bytes: 0,
+        numel: 0,
+        dtype: DType::Uint8,
+        readonly: false,
+        device: false,
+        stream: None,
+    };
+
     /// The buffer as bytes.
     ///
     /// Callers pass only buffers whose object they hold for the duration of the use (an
@@ -147,10 +168,10 @@ const DTYPES: &str =
 fn buf_of(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
     if obj.hasattr("data_ptr")? && obj.hasattr("is_contiguous")? {
         let device: String = obj.getattr("device")?.getattr("type")?.extract()?;
-        if device != "cpu" {
+        if device != "cpu" && device != "cuda" {
             return Err(err(
                 "unsupported",
-                format!("{what}: a tensor on device '{device}'; qccl handles CPU tensors"),
+                format!("{what}: a tensor on device '{device}'; qccl handles CPU and CUDA tensors"),
             ));
         }
         if !obj.call_method0("is_contiguous")?.extract::<bool>()? {
@@ -174,23 +195,42 @@ fn buf_of(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
             numel,
             dtype,
             readonly: false,
+            device: device == "cuda",
+            stream: None,
         });
+    }
+    if let Some(ai) = device::interface(obj)? {
+        let mut b = interface_buf(what, &ai, "__cuda_array_interface__")?;
+        b.device = true;
+        b.stream = device::interface_stream(what, &ai)?;
+        return Ok(b);
     }
     let ai = obj.getattr("__array_interface__").map_err(|_| {
         PyTypeError::new_err(format!(
-            "{what}: expected a numpy array or a torch tensor, got {}",
+            "{what}: expected a numpy array, a torch tensor or an object with \
+             __cuda_array_interface__, got {}",
             obj.get_type()
                 .name()
                 .map(|n| n.to_string())
                 .unwrap_or_default()
         ))
     })?;
-    let ai = ai.downcast::<PyDict>()?;
+    interface_buf(what, ai.downcast::<PyDict>()?, "__array_interface__")
+}
+
+/// The buffer an array interface dict describes (numpy's `__array_interface__` or the CUDA
+/// array interface, which share these keys): C-contiguous, of a qccl element type.
+fn interface_buf(what: &str, ai: &Bound<'_, PyDict>, name: &str) -> PyResult<Buf> {
     let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
-        ai.get_item(k)?.ok_or_else(|| {
-            PyValueError::new_err(format!("{what}: __array_interface__ has no '{k}'"))
-        })
+        ai.get_item(k)?
+            .ok_or_else(|| PyValueError::new_err(format!("{what}: {name} has no '{k}'")))
     };
+    if ai.get_item("mask")?.is_some_and(|m| !m.is_none()) {
+        return Err(err(
+            "unsupported",
+            format!("{what}: masked arrays are not supported ({name} has a mask)"),
+        ));
+    }
     let typestr: String = get("typestr")?.extract()?;
     let dtype = dtype_of_name(&typestr).ok_or_else(|| {
         err(
@@ -211,7 +251,8 @@ fn buf_of(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
                     return Err(err(
                         "invalid",
                         format!(
-                            "{what}: the array is not C-contiguous (use numpy.ascontiguousarray)"
+                            "{what}: the array is not C-contiguous (strides {strides:?} for \
+                             shape {shape:?}; make a contiguous copy first)"
                         ),
                     ));
                 }
@@ -226,6 +267,8 @@ fn buf_of(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Buf> {
         numel,
         dtype,
         readonly,
+        device: false,
+        stream: None,
     })
 }
 
@@ -457,8 +500,8 @@ impl PyComm {
 
     /// recv[i] = op over ranks of send[i]; in place in `send` when `recv` is None. `op`: "sum"
     /// (default), "prod", "max", "min", "avg" (floats) or NCCL's number; `algo`: ring, tree,
-    /// sra, auto. Returns the algorithm that ran.
-    #[pyo3(signature = (send, recv=None, op=None, algo=None))]
+    /// sra, auto. Returns the algorithm that ran (None when enqueued on a stream).
+    #[pyo3(signature = (send, recv=None, op=None, algo=None, stream=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
@@ -466,7 +509,8 @@ impl PyComm {
         recv: Option<&Bound<'_, PyAny>>,
         op: Option<&Bound<'_, PyAny>>,
         algo: Option<&str>,
-    ) -> PyResult<String> {
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<String>> {
         let c = self.comm()?;
         let op = op.map(op_of).transpose()?.unwrap_or(ReduceOp::Sum);
         let algo = algo_of(algo)?;
@@ -475,23 +519,38 @@ impl PyComm {
             Some(r) => (pair("all_reduce", Some(s), &r)?, r),
             None => (None, s),
         };
+        if let Some(t) = device::target(stream, &[send, Some(recv)])? {
+            let (n, dt) = (recv.numel, recv.dtype);
+            let call = CollCall::new(Coll::AllReduce, n, dt)
+                .op(op)
+                .bufs(sized(send), CallSize::Bytes(recv.bytes));
+            check(&c, &call).py()?;
+            let job = Job::AllReduce(Box::new(c.prepare_all_reduce(n, dt, op, algo).py()?));
+            return Ok(
+                device::run(py, &c, t, job, send, recv)?.and_then(|o| match o {
+                    Outcome::Algo(a) => Some(a.name().to_string()),
+                    _ => None,
+                }),
+            );
+        }
         let (rs, n, dt) = (recv.slice_mut()?, recv.numel, recv.dtype);
         let ss = send.map(|b| b.slice());
         let a = py
             .allow_threads(|| c.all_reduce_raw(ss, rs, n, dt, op, algo))
             .py()?;
-        Ok(a.name().to_string())
+        Ok(Some(a.name().to_string()))
     }
 
     /// Rank r's `recv` gets the reduction of part r of every rank's `send` (size x len(recv)).
     /// With `send` None, `recv` is the whole buffer and the result lands in this rank's part.
-    #[pyo3(signature = (send, recv, op=None))]
+    #[pyo3(signature = (send, recv, op=None, stream=None))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
         send: Option<&Bound<'_, PyAny>>,
         recv: &Bound<'_, PyAny>,
         op: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         const C: &str = "reduce_scatter";
         let c = self.comm()?;
@@ -502,6 +561,12 @@ impl PyComm {
             Some(_) => r.numel,
             None => per_rank(C, "the buffer", r.numel, self.size)?,
         };
+        if let Some(t) = device::target(stream, &[s, Some(r)])? {
+            let call = CollCall::new(Coll::ReduceScatter, count, r.dtype)
+                .op(op)
+                .bufs(sized(s), CallSize::Bytes(r.bytes));
+            return on_device(py, &c, t, call, s, r);
+        }
         let (rs, ss, dt) = (r.slice_mut()?, s.map(|b| b.slice()), r.dtype);
         py.allow_threads(|| c.reduce_scatter_raw(ss, rs, count, dt, op))
             .py()
@@ -509,12 +574,13 @@ impl PyComm {
 
     /// `recv` (size x len(send)) gets every rank's `send` in rank order; in place when `send`
     /// is None or this rank's part of `recv`.
-    #[pyo3(signature = (send, recv))]
+    #[pyo3(signature = (send, recv, stream=None))]
     fn all_gather(
         &self,
         py: Python<'_>,
         send: Option<&Bound<'_, PyAny>>,
         recv: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         const C: &str = "all_gather";
         let c = self.comm()?;
@@ -538,15 +604,33 @@ impl PyComm {
             }
             s => pair(C, s, &r)?,
         };
+        if let Some(t) = device::target(stream, &[s0, Some(r)])? {
+            let call = CollCall::new(Coll::AllGather, count, r.dtype)
+                .bufs(sized(s), CallSize::Bytes(r.bytes));
+            return on_device(py, &c, t, call, s, r);
+        }
         let (rs, ss, dt) = (r.slice_mut()?, s.map(|b| b.slice()), r.dtype);
         py.allow_threads(|| c.all_gather_raw(ss, rs, count, dt))
             .py()
     }
 
     /// Broadcast of `buf` from `root`, in place.
-    fn broadcast(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
+    #[pyo3(signature = (buf, root, stream=None))]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        root: usize,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let c = self.comm()?;
         let b = buf_of("broadcast: buf", buf)?;
+        if let Some(t) = device::target(stream, &[Some(b)])? {
+            let call = CollCall::new(Coll::Broadcast, b.numel, b.dtype)
+                .root(root)
+                .bufs(CallSize::None, CallSize::Bytes(b.bytes));
+            return on_device(py, &c, t, call, None, b);
+        }
         let (bs, n, dt) = (b.slice_mut()?, b.numel, b.dtype);
         py.allow_threads(|| c.broadcast_raw(None, bs, n, dt, root))
             .py()
@@ -554,7 +638,7 @@ impl PyComm {
 
     /// Reduction of every rank's `send` onto root's `recv`; in place in `recv` when `send` is
     /// None; `recv` may be None off the root.
-    #[pyo3(signature = (send, recv, op=None, root=0))]
+    #[pyo3(signature = (send, recv, op=None, root=0, stream=None))]
     fn reduce(
         &self,
         py: Python<'_>,
@@ -562,12 +646,31 @@ impl PyComm {
         recv: Option<&Bound<'_, PyAny>>,
         op: Option<&Bound<'_, PyAny>>,
         root: usize,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         const C: &str = "reduce";
         let c = self.comm()?;
         let op = op.map(op_of).transpose()?.unwrap_or(ReduceOp::Sum);
         let s = opt_buf("reduce: send", send)?;
         let r = opt_buf("reduce: recv", recv)?;
+        if let Some(t) = device::target(stream, &[s, r])? {
+            let (send, recv, n) = match (s, r) {
+                (None, None) => {
+                    return Err(err("invalid", format!("{C}: give send, recv or both")))
+                }
+                (Some(s), None) => (Some(s), Buf::EMPTY, s.numel),
+                (s, Some(r)) => {
+                    let s = pair(C, s, &r)?;
+                    (s, r, s.map_or(r.numel, |s| s.numel))
+                }
+            };
+            let dt = send.map_or(recv.dtype, |s| s.dtype);
+            let call = CollCall::new(Coll::Reduce, n, dt)
+                .op(op)
+                .root(root)
+                .bufs(sized(send), CallSize::Bytes(recv.bytes));
+            return on_device(py, &c, t, call, send, recv);
+        }
         match (s, r) {
             (None, None) => Err(err("invalid", format!("{C}: give send, recv or both"))),
             (Some(s), None) => {
@@ -586,11 +689,13 @@ impl PyComm {
     }
 
     /// Part p of `send` goes to rank p; part q of `recv` comes from rank q.
+    #[pyo3(signature = (send, recv, stream=None))]
     fn all_to_all(
         &self,
         py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         const C: &str = "all_to_all";
         let c = self.comm()?;
@@ -603,6 +708,11 @@ impl PyComm {
             ));
         }
         let count = per_rank(C, "send", s.numel, self.size)?;
+        if let Some(t) = device::target(stream, &[Some(s), Some(r)])? {
+            let call = CollCall::new(Coll::AllToAll, count, r.dtype)
+                .bufs(CallSize::Bytes(s.bytes), CallSize::Bytes(r.bytes));
+            return on_device(py, &c, t, call, Some(s), r);
+        }
         let (rs, ss, dt) = (r.slice_mut()?, s.slice(), r.dtype);
         py.allow_threads(|| c.all_to_all_raw(ss, rs, count, dt))
             .py()
@@ -610,13 +720,14 @@ impl PyComm {
 
     /// Root's `recv` (size x len(send)) gets every rank's `send` in rank order; `recv` may be
     /// None off the root.
-    #[pyo3(signature = (send, recv, root=0))]
+    #[pyo3(signature = (send, recv, root=0, stream=None))]
     fn gather(
         &self,
         py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: Option<&Bound<'_, PyAny>>,
         root: usize,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         const C: &str = "gather";
         let c = self.comm()?;
@@ -630,6 +741,13 @@ impl PyComm {
                 ));
             }
         }
+        if let Some(t) = device::target(stream, &[Some(s), r])? {
+            let r = r.unwrap_or(Buf::EMPTY);
+            let call = CollCall::new(Coll::Gather, s.numel, s.dtype)
+                .root(root)
+                .bufs(CallSize::Bytes(s.bytes), CallSize::Bytes(r.bytes));
+            return on_device(py, &c, t, call, Some(s), r);
+        }
         let rs = match r {
             Some(r) => r.slice_mut()?,
             None => &mut [],
@@ -640,13 +758,14 @@ impl PyComm {
 
     /// Part r of root's `send` (size x len(recv)) lands in rank r's `recv`; `send` may be None
     /// off the root.
-    #[pyo3(signature = (send, recv, root=0))]
+    #[pyo3(signature = (send, recv, root=0, stream=None))]
     fn scatter(
         &self,
         py: Python<'_>,
         send: Option<&Bound<'_, PyAny>>,
         recv: &Bound<'_, PyAny>,
         root: usize,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         const C: &str = "scatter";
         let c = self.comm()?;
@@ -660,23 +779,56 @@ impl PyComm {
                 ));
             }
         }
+        if let Some(t) = device::target(stream, &[s, Some(r)])? {
+            let s = s.unwrap_or(Buf::EMPTY);
+            let call = CollCall::new(Coll::Scatter, r.numel, r.dtype)
+                .root(root)
+                .bufs(CallSize::Bytes(s.bytes), CallSize::Bytes(r.bytes));
+            return on_device(py, &c, t, call, Some(s), r);
+        }
         let ss = s.map_or(&[][..], |b| b.slice());
         let (rs, n, dt) = (r.slice_mut()?, r.numel, r.dtype);
         py.allow_threads(|| c.scatter_raw(ss, rs, n, dt, root)).py()
     }
 
     /// Sends `buf` to `peer` (which calls `recv`).
-    fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
+    #[pyo3(signature = (buf, peer, stream=None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        peer: usize,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let c = self.comm()?;
         let b = buf_of("send: buf", buf)?;
+        if let Some(t) = device::target(stream, &[Some(b)])? {
+            let call = CollCall::new(Coll::Send, b.numel, b.dtype)
+                .root(peer)
+                .bufs(CallSize::Bytes(b.bytes), CallSize::None);
+            return on_device(py, &c, t, call, Some(b), Buf::EMPTY);
+        }
         let (bs, n, dt) = (b.slice(), b.numel, b.dtype);
         py.allow_threads(|| c.send_raw(bs, n, dt, peer)).py()
     }
 
     /// Receives `buf` from `peer` (which calls `send`).
-    fn recv(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
+    #[pyo3(signature = (buf, peer, stream=None))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        peer: usize,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let c = self.comm()?;
         let b = buf_of("recv: buf", buf)?;
+        if let Some(t) = device::target(stream, &[Some(b)])? {
+            let call = CollCall::new(Coll::Recv, b.numel, b.dtype)
+                .root(peer)
+                .bufs(CallSize::None, CallSize::Bytes(b.bytes));
+            return on_device(py, &c, t, call, None, b);
+        }
         let (bs, n, dt) = (b.slice_mut()?, b.numel, b.dtype);
         py.allow_threads(|| c.recv_raw(bs, n, dt, peer)).py()
     }
@@ -691,7 +843,7 @@ impl PyComm {
     /// bucket=128", "topk:density=0.01,ef=1", "fp16", ...); in place when `recv` is None.
     /// `key` (str or int) names the tensor across calls: it keys the error-feedback residual and
     /// the layout. Every rank ends bit-identical. Returns {"algo", "sent", "received"}.
-    #[pyo3(signature = (send, spec, recv=None, op=None, key=None, algo=None, intra_host=false))]
+    #[pyo3(signature = (send, spec, recv=None, op=None, key=None, algo=None, intra_host=false, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_compressed<'py>(
         &self,
@@ -703,7 +855,8 @@ impl PyComm {
         key: Option<&Bound<'py, PyAny>>,
         algo: Option<&str>,
         intra_host: bool,
-    ) -> PyResult<Bound<'py, PyDict>> {
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let c = self.comm()?;
         let op = op.map(op_of).transpose()?.unwrap_or(ReduceOp::Sum);
         let mut comp = Compression::parse(spec).py()?.intra_host(intra_host);
@@ -718,6 +871,22 @@ impl PyComm {
             Some(r) => (pair("all_reduce_compressed", Some(s), &r)?, r),
             None => (None, s),
         };
+        if let Some(t) = device::target(stream, &[send, Some(recv)])? {
+            let (n, dt) = (recv.numel, recv.dtype);
+            let call = CollCall::new(Coll::AllReduce, n, dt)
+                .op(op)
+                .bufs(sized(send), CallSize::Bytes(recv.bytes))
+                .codec(&comp.codec, comp.key.is_some());
+            check(&c, &call).py()?;
+            let prepared = c.prepare_all_reduce_compressed(n, dt, op, &comp).py()?;
+            let job = Job::Compressed(Box::new(prepared));
+            return match device::run(py, &c, t, job, send, recv)? {
+                Some(Outcome::Report(rep)) => {
+                    report_dict(py, rep.algo.name(), rep.wire.sent, rep.wire.received).map(Some)
+                }
+                _ => Ok(None),
+            };
+        }
         let (rs, ss, n, dt) = (
             recv.slice_mut()?,
             send.map(|b| b.slice()),
@@ -727,13 +896,13 @@ impl PyComm {
         let rep = py
             .allow_threads(|| c.all_reduce_compressed_raw(ss, rs, n, dt, op, &comp))
             .py()?;
-        report_dict(py, rep.algo.name(), rep.wire.sent, rep.wire.received)
+        report_dict(py, rep.algo.name(), rep.wire.sent, rep.wire.received).map(Some)
     }
 
     /// Top-k all-reduce (sum) of `buf` in place at `density`: HiTopKComm ("hitopk") or a
     /// baseline ("naiveag", "treear", "2dtar"), error feedback keyed by `key`. Returns
     /// {"algo", "sent", "received", "k"}.
-    #[pyo3(signature = (buf, density, key=None, scheme="hitopk", error_feedback=true, samplings=30))]
+    #[pyo3(signature = (buf, density, key=None, scheme="hitopk", error_feedback=true, samplings=30, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn topk_all_reduce<'py>(
         &self,
@@ -744,7 +913,8 @@ impl PyComm {
         scheme: &str,
         error_feedback: bool,
         samplings: u32,
-    ) -> PyResult<Bound<'py, PyDict>> {
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let c = self.comm()?;
         let scheme = TopKScheme::parse(scheme).py()?;
         let mut o = TopK::new(density).error_feedback(error_feedback);
@@ -753,13 +923,20 @@ impl PyComm {
             o = o.key(k);
         }
         let b = buf_of("topk_all_reduce: buf", buf)?;
-        let (bs, dt) = (b.slice_mut()?, b.dtype);
-        let rep = py
-            .allow_threads(|| with_float!(bs, dt, |s| c.topk_all_reduce(s, scheme, &o)))
-            .py()?;
+        let rep = if let Some(t) = device::target(stream, &[Some(b)])? {
+            let prepared = c.prepare_topk(b.numel, b.dtype, scheme, &o).py()?;
+            match device::run(py, &c, t, Job::TopK(Arc::new(prepared)), None, b)? {
+                Some(Outcome::TopK(rep)) => rep,
+                _ => return Ok(None),
+            }
+        } else {
+            let (bs, dt) = (b.slice_mut()?, b.dtype);
+            py.allow_threads(|| with_float!(bs, dt, |s| c.topk_all_reduce(s, scheme, &o)))
+                .py()?
+        };
         let d = report_dict(py, rep.scheme.name(), rep.wire.sent, rep.wire.received)?;
         d.set_item("k", rep.k)?;
-        Ok(d)
+        Ok(Some(d))
     }
 
     /// Registers the layout (`[(name, count), ...]`) of the buffer called with tensor `key`.
@@ -811,6 +988,12 @@ impl PyComm {
     fn register(&self, buf: &Bound<'_, PyAny>) -> PyResult<u64> {
         let c = self.comm()?;
         let b = buf_of("register: buf", buf)?;
+        if b.device {
+            return Err(err(
+                "unsupported",
+                "register: device buffers cannot be registered yet (host memory only)".to_string(),
+            ));
+        }
         if b.bytes == 0 {
             return Err(err(
                 "invalid",
@@ -901,6 +1084,34 @@ impl PyComm {
     }
 }
 
+/// The size of a call's buffer for `CollCall::validate` (None: in place or unused).
+fn sized(b: Option<Buf>) -> CallSize {
+    b.map_or(CallSize::None, |b| CallSize::Bytes(b.bytes))
+}
+
+/// Validates `call` as the core's `*_raw` calls do (the error names the collective).
+fn check(c: &qccl::Comm, call: &CollCall<'_>) -> qccl::Result<()> {
+    let shape = qccl::internal::Shape {
+        rank: c.rank(),
+        size: c.size(),
+    };
+    call.validate(shape)
+        .map_err(|e| e.prefixed(&format!("{}: ", call.coll.name())))
+}
+
+/// Runs a validated collective through the device path (see `device.rs`).
+fn on_device(
+    py: Python<'_>,
+    c: &Arc<qccl::Comm>,
+    t: Target,
+    call: CollCall<'static>,
+    send: Option<Buf>,
+    recv: Buf,
+) -> PyResult<()> {
+    let job = Job::coll(c, call).py()?;
+    device::run(py, c, t, job, send, recv).map(drop)
+}
+
 fn key_of(key: Option<&Bound<'_, PyAny>>) -> PyResult<Option<qccl::TensorKey>> {
     let Some(k) = key.filter(|k| !k.is_none()) else {
         return Ok(None);
@@ -928,11 +1139,23 @@ fn dtype_size(name: &str) -> Option<usize> {
     dtype_of_name(name).map(|d| d.size())
 }
 
+/// The driver device buffers would go through ("cuda", "emulated"), or None when there is
+/// none (internal: the device tests choose their cases by it).
+#[pyfunction]
+fn _gpu_driver() -> Option<&'static str> {
+    qccl::internal::gpu().ok().map(|d| d.kind())
+}
+
 #[pymodule]
 fn _qccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyComm>()?;
     m.add_function(wrap_pyfunction!(unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_size, m)?)?;
+    m.add_function(wrap_pyfunction!(_gpu_driver, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    if emulated::wanted() {
+        m.add_class::<emulated::EmuArray>()?;
+        m.add_class::<emulated::EmuStream>()?;
+    }
     Ok(())
 }

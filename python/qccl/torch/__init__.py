@@ -11,7 +11,15 @@ The process group is written in Python (a `torch.distributed.ProcessGroup` subcl
 source for every torch version. Rank 0 of each group creates a qccl unique id and hands it to
 the others through the group's c10d store. Each group runs its calls on one worker thread, in
 issue order; `async_op=True` returns at once with a Work whose `wait()` raises the
-collective's error and whose `get_future()` completes with the tensors. CPU tensors only.
+collective's error and whose `get_future()` completes with the tensors.
+
+CUDA tensors go as ProcessGroupNCCL's do: each call is enqueued on
+`torch.cuda.current_stream(tensor.device)` and returns (the stream waits for the result; qccl
+stages the bytes through page-locked host memory); the Work's `wait()`/`synchronize()` make
+the caller's current stream wait for it without blocking the host, `is_completed()` asks
+whether the stream passed it, and `get_future()` completes (from a helper thread) once it
+did. A call on CUDA tensors first lets the group's queued CPU calls reach qccl, so every rank
+issues its calls in one order. Tensors of one call are all CPU or all CUDA.
 """
 
 from __future__ import annotations
@@ -88,14 +96,24 @@ def _check_reducible(coll: str, t: torch.Tensor, op: str) -> None:
         )
 
 
-def _check_cpu(coll: str, ts: Sequence[torch.Tensor]) -> None:
+def _check_device(coll: str, ts: Sequence[torch.Tensor]) -> Optional[torch.device]:
+    """The CUDA device of the call's tensors, or None for CPU tensors; raises for other
+    devices, sparse tensors, and CPU and CUDA tensors mixed in one call."""
+    kinds = set()
+    cuda = None
     for t in ts:
-        if t.device.type != "cpu":
+        if t.device.type not in ("cpu", "cuda"):
             raise UnsupportedError(
-                f"qccl backend: {coll} got a tensor on {t.device}; qccl handles CPU tensors"
+                f"qccl backend: {coll} got a tensor on {t.device}; qccl handles CPU and CUDA tensors"
             )
         if t.is_sparse:
             raise UnsupportedError(f"qccl backend: {coll} got a sparse tensor")
+        kinds.add(t.device.type)
+        if t.device.type == "cuda" and cuda is None:
+            cuda = t.device
+    if len(kinds) > 1:
+        raise UnsupportedError(f"qccl backend: {coll} got CPU and CUDA tensors in one call")
+    return cuda
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -125,6 +143,9 @@ class _InPlace:
         if self.c is not self.t:
             self.t.copy_(self.c)
 
+
+# cuda.h's handle of the legacy default stream as a stream argument.
+_CU_STREAM_LEGACY = 0x1
 
 # torch.distributed.Work; older torch names it _Work.
 _WorkBase = getattr(dist, "Work", None) or getattr(dist, "_Work")
@@ -170,6 +191,60 @@ class _Work(_WorkBase):
         return self._fut
 
 
+class _CudaWork(_WorkBase):
+    """A call enqueued on a CUDA stream, as ProcessGroupNCCL's Work: `event` marks its end on
+    that stream."""
+
+    def __init__(self, pg: "ProcessGroupQCCL", event, device: torch.device, result):
+        super().__init__()
+        self._pg = pg
+        self._event = event
+        self._device = device
+        self._result = result
+        self._fut: Optional[torch.futures.Future] = None
+
+    def _error(self) -> Optional[Exception]:
+        err = self._pg._comm.async_error() if not self._pg._closed else None
+        return QcclError(f"qccl backend: the comm failed: {err}") if err else None
+
+    def wait(self, timeout=None) -> bool:
+        # NCCL's semantics: the caller's current stream waits for the work; the host does not.
+        torch.cuda.current_stream(self._device).wait_event(self._event)
+        err = self._error()
+        if err is not None:
+            raise err
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def is_completed(self) -> bool:
+        return self._event.query()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error() is None
+
+    def exception(self):
+        return self._error()
+
+    def result(self):
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        if self._fut is None:
+            ev, result = self._event, self._result
+
+            def done():
+                ev.synchronize()
+                err = self._error()
+                if err is not None:
+                    raise err
+                return result
+
+            self._fut = self._pg._completions().submit(done)
+        return self._fut
+
+
 class _Worker:
     """One thread running a group's calls in issue order."""
 
@@ -195,6 +270,11 @@ class _Worker:
                 fut.set_exception(e)
                 continue
             fut.set_result(r)
+
+    def drain(self) -> None:
+        """Returns once every call submitted so far ran (their errors stay with their Work)."""
+        fut = self.submit(lambda: None)
+        fut.wait()
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -258,6 +338,8 @@ class ProcessGroupQCCL(dist.ProcessGroup):
         self._rank = rank
         self._size = size
         self._worker = _Worker(f"qccl-pg-r{rank}")
+        # Completes the futures of calls on CUDA streams (made on first use).
+        self._done: Optional[_Worker] = None
         # Before torch 2.7 C++ can outlive a Python Work: keep recent ones alive.
         self._keep: "collections.deque" = collections.deque(maxlen=256 if _TORCH < (2, 7) else 0)
         self._closed = False
@@ -271,6 +353,32 @@ class ProcessGroupQCCL(dist.ProcessGroup):
         w = _Work(self._worker.submit(fn))
         self._keep.append(w)
         return w
+
+    def _call(self, device: Optional[torch.device], run: Callable[..., object]):
+        """Runs `run(stream=...)`: on the worker for CPU tensors (stream None); for CUDA
+        tensors on `device`, now, enqueued on its current stream (NCCL's semantics), after the
+        calls queued before it reached qccl."""
+        if device is None:
+            return self._submit(run)
+        if self._closed:
+            raise QcclError("qccl backend: the process group was shut down")
+        self._worker.drain()
+        stream = torch.cuda.current_stream(device)
+        # torch's default stream is the legacy one (handle 0, which qccl takes as "complete
+        # before returning"): name it CU_STREAM_LEGACY, so the call is enqueued there too.
+        handle = stream.cuda_stream or _CU_STREAM_LEGACY
+        with torch.cuda.device(device):
+            result = run(stream=handle)
+            event = torch.cuda.Event()
+            event.record(stream)
+        w = _CudaWork(self, event, device, result)
+        self._keep.append(w)
+        return w
+
+    def _completions(self) -> _Worker:
+        if self._done is None:
+            self._done = _Worker(f"qccl-pg-done-r{self._rank}")
+        return self._done
 
     @property
     def comm(self) -> Comm:
@@ -296,6 +404,8 @@ class ProcessGroupQCCL(dist.ProcessGroup):
             return
         self._closed = True
         self._worker.close()
+        if self._done is not None:
+            self._done.close()
         self._comm.close()
 
     def abort(self) -> None:
@@ -308,55 +418,59 @@ class ProcessGroupQCCL(dist.ProcessGroup):
     _abort = abort
 
     # ---- collectives ---------------------------------------------------------------------
+    #
+    # Each call's `run(stream=None)` does the work: on the worker for CPU tensors, or now on
+    # the current CUDA stream for CUDA tensors (`_call`), where temporaries live on the same
+    # device and every copy is enqueued on that stream in order.
 
     def allreduce(self, tensors: List[torch.Tensor], opts=None) -> _Work:
         op = _op(opts) if opts is not None else "sum"
-        _check_cpu("all_reduce", tensors)
+        dev = _check_device("all_reduce", tensors)
         for t in tensors:
             _check_reducible("all_reduce", t, op)
 
-        def run():
+        def run(stream=None):
             for t in tensors:
                 ip = _InPlace(t)
-                self._comm.all_reduce(ip.buf, op=op)
+                self._comm.all_reduce(ip.buf, op=op, stream=stream)
                 ip.done()
             return tensors
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts=None) -> _Work:
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: List[torch.Tensor], opts=None) -> _Work:
-        _check_cpu("broadcast", tensors)
+        dev = _check_device("broadcast", tensors)
         root = opts.rootRank if opts is not None else 0
 
-        def run():
+        def run(stream=None):
             for t in tensors:
                 ip = _InPlace(t, raw=True)
-                self._comm.broadcast(ip.buf, root)
+                self._comm.broadcast(ip.buf, root, stream=stream)
                 ip.done()
             return tensors
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def reduce(self, tensors: List[torch.Tensor], opts=None) -> _Work:
         op = _op(opts)
         root = opts.rootRank
-        _check_cpu("reduce", tensors)
+        dev = _check_device("reduce", tensors)
         for t in tensors:
             _check_reducible("reduce", t, op)
 
-        def run():
+        def run(stream=None):
             for t in tensors:
                 ip = _InPlace(t)
-                self._comm.reduce(None, ip.buf, op=op, root=root)
+                self._comm.reduce(None, ip.buf, op=op, root=root, stream=stream)
                 ip.done()
             return tensors
 
-        return self._submit(run)
+        return self._call(dev, run)
 
-    def _gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+    def _gather_into(self, out: torch.Tensor, inp: torch.Tensor, stream=None) -> None:
         """All-gather of `inp` into contiguous-or-not `out` (size·numel elements)."""
         if out.numel() != inp.numel() * self._size:
             raise ValueError(
@@ -369,140 +483,142 @@ class ProcessGroupQCCL(dist.ProcessGroup):
             )
         ip = _InPlace(out, raw=True)
         # An input that is this rank's slot of the output is the in-place form.
-        self._comm.all_gather(_raw(inp), ip.buf)
+        self._comm.all_gather(_raw(inp), ip.buf, stream=stream)
         ip.done()
 
     def allgather(self, output_lists, inputs, opts=None) -> _Work:
-        _check_cpu("all_gather", inputs)
+        dev = _check_device("all_gather", list(inputs) + [o for outs in output_lists for o in outs])
 
-        def run():
+        def run(stream=None):
             for outs, inp in zip(output_lists, inputs):
                 if len(outs) != self._size:
                     raise ValueError(
                         f"qccl backend: all_gather needs {self._size} output tensors, got {len(outs)}"
                     )
-                flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
-                self._gather_into(flat, inp)
+                flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype, device=inp.device)
+                self._gather_into(flat, inp, stream)
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view_as(o))
             return output_lists
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts=None) -> _Work:
-        _check_cpu("all_gather_into_tensor", [output, inp])
+        dev = _check_device("all_gather_into_tensor", [output, inp])
 
-        def run():
-            self._gather_into(output, inp)
+        def run(stream=None):
+            self._gather_into(output, inp, stream)
             return [output]
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> _Work:
-        _check_cpu("all_gather_into_tensor", list(outputs) + list(inputs))
+        dev = _check_device("all_gather_into_tensor", list(outputs) + list(inputs))
 
-        def run():
+        def run(stream=None):
             for o, i in zip(outputs, inputs):
-                self._gather_into(o, i)
+                self._gather_into(o, i, stream)
             return list(outputs)
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def _scatter_reduce(self, out: torch.Tensor, flat: torch.Tensor, op: str) -> None:
+    def _scatter_reduce(self, out: torch.Tensor, flat: torch.Tensor, op: str, stream=None) -> None:
         if flat.numel() != out.numel() * self._size:
             raise ValueError(
                 f"qccl backend: reduce_scatter input has {flat.numel()} elements, expected "
                 f"{self._size} x {out.numel()}"
             )
         ip = _InPlace(out)
-        self._comm.reduce_scatter(_flat(flat), ip.buf, op=op)
+        self._comm.reduce_scatter(_flat(flat), ip.buf, op=op, stream=stream)
         ip.done()
 
     def reduce_scatter(self, outputs, input_lists, opts=None) -> _Work:
         op = _op(opts)
-        _check_cpu("reduce_scatter", outputs)
+        dev = _check_device("reduce_scatter", list(outputs) + [i for ins in input_lists for i in ins])
         for o in outputs:
             _check_reducible("reduce_scatter", o, op)
 
-        def run():
+        def run(stream=None):
             for o, ins in zip(outputs, input_lists):
                 if len(ins) != self._size:
                     raise ValueError(
                         f"qccl backend: reduce_scatter needs {self._size} input tensors, got {len(ins)}"
                     )
                 flat = torch.cat([i.reshape(-1) for i in ins])
-                self._scatter_reduce(o, flat, op)
+                self._scatter_reduce(o, flat, op, stream)
             return outputs
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor, opts=None) -> _Work:
         op = _op(opts)
-        _check_cpu("reduce_scatter_tensor", [output, inp])
+        dev = _check_device("reduce_scatter_tensor", [output, inp])
         _check_reducible("reduce_scatter_tensor", output, op)
 
-        def run():
-            self._scatter_reduce(output, inp, op)
+        def run(stream=None):
+            self._scatter_reduce(output, inp, op, stream)
             return [output]
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> _Work:
         op = _op(opts)
-        _check_cpu("reduce_scatter_tensor", list(outputs) + list(inputs))
+        dev = _check_device("reduce_scatter_tensor", list(outputs) + list(inputs))
         for o in outputs:
             _check_reducible("reduce_scatter_tensor", o, op)
 
-        def run():
+        def run(stream=None):
             for o, i in zip(outputs, inputs):
-                self._scatter_reduce(o, i, op)
+                self._scatter_reduce(o, i, op, stream)
             return list(outputs)
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def _all_to_all_parts(self, outs: List[torch.Tensor], ins: List[torch.Tensor]) -> None:
+    def _all_to_all_parts(self, outs: List[torch.Tensor], ins: List[torch.Tensor], stream=None) -> None:
         """All-to-all of byte parts of any sizes: padded to the largest part of any rank."""
         n = self._size
         ins_b = [_flat(i).view(torch.uint8) for i in ins]
         outs_ip = [_InPlace(o) for o in outs]
         outs_b = [ip.buf.view(torch.uint8) for ip in outs_ip]
         local = max([i.numel() for i in ins_b] + [o.numel() for o in outs_b] + [0])
+        # The sizes are host values: a host all-reduce (in this call's turn).
         m = torch.tensor([local], dtype=torch.int64)
         self._comm.all_reduce(m, op="max")
         width = int(m.item())
-        send = torch.zeros(n * width, dtype=torch.uint8)
+        dev = ins_b[0].device if ins_b else None
+        send = torch.zeros(n * width, dtype=torch.uint8, device=dev)
         for p, i in enumerate(ins_b):
             send[p * width : p * width + i.numel()] = i
-        recv = torch.empty(n * width, dtype=torch.uint8)
-        self._comm.all_to_all(send, recv)
+        recv = torch.empty(n * width, dtype=torch.uint8, device=dev)
+        self._comm.all_to_all(send, recv, stream=stream)
         for q, o in enumerate(outs_b):
             o.copy_(recv[q * width : q * width + o.numel()])
         for ip in outs_ip:
             ip.done()
 
     def alltoall(self, outputs, inputs, opts=None) -> _Work:
-        _check_cpu("all_to_all", list(outputs) + list(inputs))
+        dev = _check_device("all_to_all", list(outputs) + list(inputs))
         if len(outputs) != self._size or len(inputs) != self._size:
             raise ValueError(
                 f"qccl backend: all_to_all needs {self._size} input and output tensors"
             )
 
-        def run():
-            self._all_to_all_parts(list(outputs), list(inputs))
+        def run(stream=None):
+            self._all_to_all_parts(list(outputs), list(inputs), stream)
             return list(outputs)
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes, opts=None) -> _Work:
-        _check_cpu("all_to_all_single", [output, inp])
+        dev = _check_device("all_to_all_single", [output, inp])
         n = self._size
 
         def rows(t, splits, what):
@@ -520,31 +636,31 @@ class ProcessGroupQCCL(dist.ProcessGroup):
                 )
             return list(torch.split(t, list(splits)))
 
-        def run():
+        def run(stream=None):
             if not output_split_sizes and not input_split_sizes and output.is_contiguous():
                 if inp.numel() % n:
                     raise ValueError(
                         f"qccl backend: all_to_all_single input has {inp.numel()} elements, not a multiple of {n}"
                     )
-                self._comm.all_to_all(_raw(inp), _raw(output))
+                self._comm.all_to_all(_raw(inp), _raw(output), stream=stream)
                 return [output]
             outs = rows(output, output_split_sizes, "output")
             ins = rows(inp, input_split_sizes, "input")
             flat_out = [torch.empty_like(o) for o in outs]
-            self._all_to_all_parts(flat_out, [i.contiguous() for i in ins])
+            self._all_to_all_parts(flat_out, [i.contiguous() for i in ins], stream)
             for o, f in zip(outs, flat_out):
                 o.copy_(f)
             return [output]
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     alltoall_base = all_to_all_single
 
     def gather(self, output_lists, inputs, opts=None) -> _Work:
         root = opts.rootRank
-        _check_cpu("gather", inputs)
+        dev = _check_device("gather", list(inputs) + [o for outs in output_lists for o in outs])
 
-        def run():
+        def run(stream=None):
             for idx, inp in enumerate(inputs):
                 src = _raw(inp)
                 if self._rank == root:
@@ -553,23 +669,23 @@ class ProcessGroupQCCL(dist.ProcessGroup):
                         raise ValueError(
                             f"qccl backend: gather needs {self._size} output tensors on the root, got {len(outs)}"
                         )
-                    flat = torch.empty(src.numel() * self._size, dtype=src.dtype)
-                    self._comm.gather(src, flat, root)
+                    flat = torch.empty(src.numel() * self._size, dtype=src.dtype, device=src.device)
+                    self._comm.gather(src, flat, root, stream=stream)
                     for r, o in enumerate(outs):
                         ip = _InPlace(o, raw=True)
                         ip.buf.copy_(flat[r * src.numel() : (r + 1) * src.numel()])
                         ip.done()
                 else:
-                    self._comm.gather(src, None, root)
+                    self._comm.gather(src, None, root, stream=stream)
             return output_lists
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def scatter(self, outputs, input_lists, opts=None) -> _Work:
         root = opts.rootRank
-        _check_cpu("scatter", outputs)
+        dev = _check_device("scatter", list(outputs) + [i for ins in input_lists for i in ins])
 
-        def run():
+        def run(stream=None):
             for idx, out in enumerate(outputs):
                 ip = _InPlace(out, raw=True)
                 if self._rank == root:
@@ -579,35 +695,35 @@ class ProcessGroupQCCL(dist.ProcessGroup):
                             f"qccl backend: scatter needs {self._size} input tensors on the root, got {len(ins)}"
                         )
                     flat = torch.cat([_raw(i) for i in ins])
-                    self._comm.scatter(flat, ip.buf, root)
+                    self._comm.scatter(flat, ip.buf, root, stream=stream)
                 else:
-                    self._comm.scatter(None, ip.buf, root)
+                    self._comm.scatter(None, ip.buf, root, stream=stream)
                 ip.done()
             return outputs
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> _Work:
-        _check_cpu("send", tensors)
+        dev = _check_device("send", tensors)
 
-        def run():
+        def run(stream=None):
             for t in tensors:
-                self._comm.send(_raw(t), dst)
+                self._comm.send(_raw(t), dst, stream=stream)
             return tensors
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> _Work:
-        _check_cpu("recv", tensors)
+        dev = _check_device("recv", tensors)
 
-        def run():
+        def run(stream=None):
             for t in tensors:
                 ip = _InPlace(t, raw=True)
-                self._comm.recv(ip.buf, src)
+                self._comm.recv(ip.buf, src, stream=stream)
                 ip.done()
             return tensors
 
-        return self._submit(run)
+        return self._call(dev, run)
 
     def recvAnysource(self, tensors, tag=0):
         raise UnsupportedError("qccl backend: recv from any source is not supported")
@@ -639,7 +755,7 @@ def register() -> None:
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     try:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
     except TypeError:  # torch without `devices`
         dist.Backend.register_backend(BACKEND, _create, extended_api=True)
 

@@ -11,7 +11,9 @@ one broadcast on that group), so the hooks work whatever backend the group uses 
 "qccl", ...). Gradients are averaged; every rank ends with bit-identical buckets. DDP rebuilds
 its buckets after the first iteration, so compression starts at `start_iter` (default 2: once
 buckets are final); before, buckets are averaged uncompressed. Error feedback is keyed per
-bucket (its index), and a bucket whose length changes starts a fresh residual.
+bucket (its index), and a bucket whose length changes starts a fresh residual. CUDA buckets go
+through qccl's device path (staged through page-locked memory); the future completes once the
+result is on the device.
 """
 
 import weakref
@@ -110,8 +112,19 @@ class CompressionState:
 
 
 def _run(state: CompressionState, fn: Callable[[torch.Tensor], None], buf: torch.Tensor) -> torch.futures.Future:
+    ready = None
+    if buf.is_cuda:
+        # A CUDA bucket is written on the caller's current stream: the call starts once that
+        # work is done, and the future completes once the result is on the device.
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(buf.device))
+
     def job() -> torch.Tensor:
+        if ready is not None:
+            ready.synchronize()
         fn(buf)
+        if ready is not None:
+            torch.cuda.synchronize(buf.device)
         return buf
 
     return state._runner.submit(job)

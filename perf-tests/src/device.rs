@@ -1,0 +1,465 @@
+//! `--device cuda`: the send and receive buffers in device memory, allocated through qccl's
+//! CUDA driver contract (the real driver, or the emulated one under QCCL_GPU_EMULATE), and
+//! every collective run on the device addresses the way the C API runs a call on a stream
+//! (`Comm::on_stream`): enqueued on qccl-perf's own stream and returning at once; the stream
+//! is synchronised at the end of the timed loop, as nccl-tests does with
+//! cudaStreamSynchronize. qccl stages the buffers through page-locked host memory.
+//!
+//! The one module of qccl-perf with `unsafe`: device addresses are raw, and `on_stream` takes
+//! the caller's promise that they stay valid until the stream passes each call (held here by
+//! synchronising before any buffer is freed).
+
+use crate::args::Args;
+use crate::coll::{Coll, Ctx, Ran, Shape};
+use crate::elem::Elem;
+use qccl::internal::gpu_driver::{DeviceInfo, DeviceMem, Driver, Event, Stream};
+use qccl::internal::{
+    AllReduceCall, Buf, CallBuf, Coll as Call, CollCall, Engine, PreparedAllReduce, PreparedTopK,
+    Shape as Where,
+};
+use qccl::{Comm, Error, Result};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Where the send and receive buffers live (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// Host memory (qccl's host collectives on the buffers themselves).
+    Host,
+    /// Device memory of a CUDA GPU.
+    Cuda,
+}
+
+impl Device {
+    /// `host` or `cuda` (any case).
+    pub fn parse(s: &str) -> std::result::Result<Device, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "host" | "cpu" => Ok(Device::Host),
+            "cuda" | "gpu" => Ok(Device::Cuda),
+            _ => Err(format!("'{s}' is not a device (host, cuda)")),
+        }
+    }
+}
+
+/// The device this process runs on: `--device` as given (`cuda` needs a usable driver:
+/// `Unsupported` naming what is missing), else cuda when a driver and device are usable and
+/// the run can take device buffers (not `--calibrate`, not `-R`), else host.
+pub fn resolve(a: &Args) -> Result<Device> {
+    match a.device {
+        Some(Device::Host) => Ok(Device::Host),
+        Some(Device::Cuda) => match qccl::internal::gpu() {
+            Ok(_) => Ok(Device::Cuda),
+            Err(Error::Unsupported(why)) => Err(Error::Unsupported(format!(
+                "--device cuda: {why} (--device host runs on host memory; QCCL_GPU_EMULATE=1 \
+                 emulates a GPU)"
+            ))),
+            Err(e) => Err(e.prefixed("--device cuda: ")),
+        },
+        None if a.calibrate || a.register => Ok(Device::Host),
+        None => Ok(match qccl::internal::gpu() {
+            Ok(_) => Device::Cuda,
+            Err(_) => Device::Host,
+        }),
+    }
+}
+
+/// Calls in flight on the stream at most: each holds page-locked copies of its buffers until
+/// it is done, so an unbounded queue of large calls would pin memory without limit.
+const IN_FLIGHT: usize = 4;
+
+/// This rank's GPU: its stream, the current table section's device buffers, and the calls
+/// enqueued since the last [`Gpu::sync`].
+pub struct Gpu {
+    driver: Arc<dyn Driver>,
+    info: DeviceInfo,
+    stream: Box<dyn Stream>,
+    /// Send and receive buffers (None before the first section), each allocated `offset`
+    /// bytes longer and used from there on (`-u`).
+    bufs: Option<(Box<dyn DeviceMem>, Box<dyn DeviceMem>)>,
+    offset: usize,
+    /// An event after each call still possibly in flight, oldest first.
+    in_flight: VecDeque<Box<dyn Event>>,
+    /// Each call's report, pushed by the comm's worker as the call runs (in call order).
+    done: Arc<Mutex<Vec<Ran>>>,
+    enqueued: usize,
+    /// Bound on one wait for the stream: the comm's timeout for each call in flight.
+    timeout: Duration,
+}
+
+impl Gpu {
+    /// Device `local_rank % devices` (several ranks may share one GPU, which NCCL refuses and
+    /// qccl allows) with a stream of qccl-perf's own; `timeout` bounds each call's wait.
+    pub fn open(local_rank: usize, timeout: Duration) -> Result<Gpu> {
+        let driver = qccl::internal::gpu()?;
+        let ordinal = local_rank % driver.device_count().max(1);
+        let info = driver.device(ordinal)?;
+        let stream = driver.create_stream(ordinal)?;
+        Ok(Gpu {
+            driver,
+            info,
+            stream,
+            bufs: None,
+            offset: 0,
+            in_flight: VecDeque::new(),
+            done: Arc::default(),
+            enqueued: 0,
+            timeout: timeout.saturating_mul(IN_FLIGHT as u32 + 1),
+        })
+    }
+
+    /// The device's identity, for the `# Using devices` lines.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Device buffers for a table section: `send` and `recv` bytes, each starting `offset`
+    /// bytes into its allocation. The previous section's are freed once its calls are done.
+    pub fn reserve(&mut self, send: usize, recv: usize, offset: usize) -> Result<()> {
+        self.stream.synchronize(self.timeout)?;
+        self.bufs = None;
+        let o = self.info.ordinal;
+        let send = self.driver.alloc_device(o, offset + send.max(1))?;
+        let recv = self.driver.alloc_device(o, offset + recv.max(1))?;
+        self.bufs = Some((send, recv));
+        self.offset = offset;
+        Ok(())
+    }
+
+    /// (send, recv) device addresses of the current section.
+    fn addrs(&self) -> Result<(u64, u64)> {
+        let (s, r) = self
+            .bufs
+            .as_ref()
+            .ok_or_else(|| Error::Internal("qccl-perf: no device buffers reserved".into()))?;
+        let o = self.offset as u64;
+        Ok((s.addr() + o, r.addr() + o))
+    }
+
+    /// Copies `send` and `recv` into the device buffers, after the calls enqueued so far;
+    /// returns once the copies are done.
+    pub fn upload<T: Elem>(&mut self, send: &[T], recv: &[T]) -> Result<()> {
+        let (s, r) = self.addrs()?;
+        for (dst, src) in [(s, send), (r, recv)] {
+            // SAFETY: `src` is borrowed until the synchronize below, which ends the copy;
+            // `dst` is this section's device buffer, which has room for `src` (`reserve` was
+            // given the section's largest lengths) and lives until the next `reserve`.
+            unsafe {
+                self.stream
+                    .copy_to_device(dst, src.as_ptr().cast(), std::mem::size_of_val(src))?
+            };
+        }
+        self.stream.synchronize(self.timeout)
+    }
+
+    /// Copies the device buffers back into `send` and `recv`, after the calls enqueued so far.
+    pub fn download<T: Elem>(&mut self, send: &mut [T], recv: &mut [T]) -> Result<()> {
+        let (s, r) = self.addrs()?;
+        for (src, dst) in [(s, send), (r, recv)] {
+            // SAFETY: `dst` is borrowed mutably, so nothing else reads or writes it, until
+            // the synchronize below, which ends the copy; `src` as in `upload`.
+            unsafe {
+                self.stream.copy_to_host(
+                    dst.as_mut_ptr().cast(),
+                    src,
+                    std::mem::size_of_val(dst),
+                )?
+            };
+        }
+        self.stream.synchronize(self.timeout)
+    }
+
+    /// Enqueues one call of `coll` on the device buffers (the shape's leading parts; in place
+    /// as [`crate::coll::run`] lays it out) and returns; its report comes from [`Gpu::sync`].
+    pub fn enqueue<T: Elem>(
+        &mut self,
+        ctx: &Ctx<'_>,
+        coll: Coll,
+        in_place: bool,
+        sh: Shape,
+    ) -> Result<()> {
+        let (s, r) = self.addrs()?;
+        let es = std::mem::size_of::<T>();
+        let (work, bufs) = Work::prepare::<T>(
+            ctx,
+            coll,
+            in_place,
+            sh,
+            (s, sh.send * es),
+            (r, sh.recv * es),
+        )?;
+        let done = self.done.clone();
+        let call_bufs: Vec<CallBuf> = bufs.clone();
+        // SAFETY: the buffers are this section's device memory (lengths within `reserve`'s),
+        // freed only after the stream is synchronised (`reserve`, `Drop`), so they stay valid
+        // until the stream passes the call; the stream is this driver's, on their device.
+        unsafe {
+            ctx.comm
+                .on_stream(&call_bufs, self.stream.raw(), move |e, hosts| {
+                    let ran = work.run(e, &bufs, hosts)?;
+                    done.lock().unwrap_or_else(|p| p.into_inner()).push(ran);
+                    Ok(())
+                })?
+        };
+        self.enqueued += 1;
+        self.in_flight.push_back(self.stream.record()?);
+        if self.in_flight.len() > IN_FLIGHT {
+            let oldest = self.in_flight.pop_front().expect("more than IN_FLIGHT");
+            oldest.synchronize(self.timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every enqueued call is done and returns their reports in call order; the
+    /// comm's error if one failed.
+    pub fn sync(&mut self, comm: &Comm) -> Result<Vec<Ran>> {
+        self.stream.synchronize(self.timeout)?;
+        self.in_flight.clear();
+        if let Some(e) = comm.async_error() {
+            return Err(e);
+        }
+        let ran = std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
+        let enqueued = std::mem::take(&mut self.enqueued);
+        if ran.len() != enqueued {
+            return Err(Error::Internal(format!(
+                "qccl-perf: {enqueued} calls enqueued on the device but {} reported",
+                ran.len()
+            )));
+        }
+        Ok(ran)
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // The buffers must outlive every call that may still read or write them.
+        let _ = self.stream.synchronize(self.timeout);
+    }
+}
+
+/// One call, checked and prepared on the caller's thread (as the C API prepares a call
+/// before enqueueing it), run later on the comm's worker on the staged host addresses.
+enum Work {
+    AllReduce(Box<AllReduceCall>),
+    Compressed(Box<PreparedAllReduce>),
+    TopK(Box<PreparedTopK>),
+    /// Every other collective: the engine's own call, as `Comm`'s methods run it.
+    Call(CollCall<'static>),
+    /// The ring shift of [`crate::coll`]'s sendrecv: a send to `next` and a receive from
+    /// `prev`, sending first on even ranks; a local copy on one rank.
+    SendRecv {
+        send: CollCall<'static>,
+        recv: CollCall<'static>,
+        send_first: bool,
+        /// One rank: the shift is a copy.
+        alone: bool,
+    },
+}
+
+/// (device address, bytes) of a buffer.
+type Dev = (u64, usize);
+
+impl Work {
+    /// The call and its buffers as `on_stream` takes them: the send buffer (read) then the
+    /// receive buffer (written; read too in place); a buffer the call does not use on this
+    /// rank (a root-only one elsewhere) is empty, as the C API passes it.
+    fn prepare<T: Elem>(
+        ctx: &Ctx<'_>,
+        coll: Coll,
+        in_place: bool,
+        sh: Shape,
+        send: Dev,
+        recv: Dev,
+    ) -> Result<(Work, Vec<CallBuf>)> {
+        let (c, dtype, op) = (ctx.comm, T::DTYPE, ctx.op);
+        let buf = |(addr, len): Dev, reads, writes| CallBuf {
+            addr,
+            len,
+            reads,
+            writes,
+        };
+        // In place the data lives in `send` for reduce_scatter (the n·count buffer) and in
+        // `recv` otherwise, as in coll::run.
+        let whole = if coll == Coll::ReduceScatter {
+            send
+        } else {
+            recv
+        };
+        let bufs = if in_place {
+            vec![buf(whole, true, true)]
+        } else {
+            vec![buf(send, true, false), buf(recv, false, true)]
+        };
+        let work = match coll {
+            Coll::AllReduce => match &ctx.compression {
+                Some(z) => Work::Compressed(Box::new(
+                    c.prepare_all_reduce_compressed(sh.count, dtype, op, z)?,
+                )),
+                None => Work::AllReduce(Box::new(c.prepare_all_reduce(
+                    sh.count,
+                    dtype,
+                    op,
+                    Some(ctx.algo),
+                )?)),
+            },
+            Coll::TopK(scheme) => {
+                let o = ctx.topk.as_ref().ok_or_else(|| {
+                    Error::Internal(format!("no top-k options for --coll {}", coll.name()))
+                })?;
+                Work::TopK(Box::new(c.prepare_topk(sh.count, dtype, scheme, o)?))
+            }
+            Coll::SendRecv => {
+                let n = ctx.n;
+                let p2p = |kind, peer| CollCall::new(kind, sh.count, dtype).root(peer);
+                let send = p2p(Call::Send, (ctx.rank + 1) % n);
+                let recv = p2p(Call::Recv, (ctx.rank + n - 1) % n);
+                if n > 1 {
+                    for call in [&send, &recv] {
+                        call.validate(Where {
+                            rank: ctx.rank,
+                            size: n,
+                        })?;
+                    }
+                }
+                Work::SendRecv {
+                    send,
+                    recv,
+                    send_first: ctx.rank.is_multiple_of(2),
+                    alone: n == 1,
+                }
+            }
+            other => {
+                let kind = match other {
+                    Coll::ReduceScatter => Call::ReduceScatter,
+                    Coll::AllGather => Call::AllGather,
+                    Coll::Broadcast => Call::Broadcast,
+                    Coll::Reduce => Call::Reduce,
+                    Coll::AllToAll => Call::AllToAll,
+                    Coll::Gather => Call::Gather,
+                    Coll::Scatter => Call::Scatter,
+                    Coll::AllReduce | Coll::TopK(_) | Coll::SendRecv => {
+                        unreachable!("matched above")
+                    }
+                };
+                let call = CollCall::new(kind, sh.count, dtype)
+                    .op(op)
+                    .root(ctx.root)
+                    .bufs(
+                        if in_place {
+                            Buf::None
+                        } else {
+                            Buf::Bytes(send.1)
+                        },
+                        Buf::Bytes(if in_place { whole.1 } else { recv.1 }),
+                    );
+                call.validate(Where {
+                    rank: ctx.rank,
+                    size: ctx.n,
+                })
+                .map_err(|e| e.prefixed(&format!("{}: ", kind.name())))?;
+                // Root-only buffers are left out elsewhere, as the C API leaves them.
+                let mut bufs = bufs;
+                if !in_place {
+                    use qccl::internal::Side;
+                    for (b, side) in bufs.iter_mut().zip([Side::Send, Side::Recv]) {
+                        if !call.uses(side, ctx.rank) {
+                            b.len = 0;
+                        }
+                    }
+                }
+                return Ok((Work::Call(call), bufs));
+            }
+        };
+        Ok((work, bufs))
+    }
+
+    /// Runs the call on the staged host addresses `hosts` (one per buffer of `bufs`).
+    fn run(self, e: &mut Engine, bufs: &[CallBuf], hosts: &[*mut u8]) -> Result<Ran> {
+        // SAFETY: staging hands each non-empty buffer its own page-locked copy of `len`
+        // bytes, owned by the call until this returns and distinct from the other buffer's,
+        // so the slices are valid and a shared and a mutable one never alias.
+        let (send, recv): (Option<&[u8]>, &mut [u8]) = unsafe {
+            let slice = |i: usize| -> &mut [u8] {
+                match bufs[i].len {
+                    0 => &mut [],
+                    len => std::slice::from_raw_parts_mut(hosts[i], len),
+                }
+            };
+            match bufs.len() {
+                1 => (None, slice(0)),
+                _ => (Some(&*slice(0)), slice(1)),
+            }
+        };
+        match self {
+            Work::AllReduce(call) => Ok(Ran {
+                algo: Some(call.run(e, send, recv)?),
+                ..Ran::default()
+            }),
+            Work::Compressed(call) => {
+                let rep = call.run(e, send, recv)?;
+                Ok(Ran {
+                    algo: Some(rep.algo),
+                    wire: Some(rep.wire),
+                    inter: rep.inter,
+                    ..Ran::default()
+                })
+            }
+            Work::TopK(call) => {
+                // In place only, as coll::run: out of place is a copy, then in place.
+                if let Some(s) = send {
+                    recv.copy_from_slice(s);
+                }
+                let rep = call.run(e, recv)?;
+                Ok(Ran {
+                    algo: None,
+                    wire: Some(rep.wire),
+                    inter: None,
+                    steps: Some((rep.steps, rep.scatter_add)),
+                    k: rep.k,
+                })
+            }
+            Work::Call(call) => {
+                // An empty root-only send buffer elsewhere is ignored there (`run_call`).
+                e.run_call(&call, send, recv)?;
+                Ok(Ran::default())
+            }
+            Work::SendRecv {
+                send: to_next,
+                recv: from_prev,
+                send_first,
+                alone,
+            } => {
+                let s = send.unwrap_or(&[]);
+                if alone {
+                    recv.copy_from_slice(s);
+                } else if send_first {
+                    e.run_call(&to_next, Some(s), &mut [])?;
+                    e.run_call(&from_prev, None, recv)?;
+                } else {
+                    e.run_call(&from_prev, None, recv)?;
+                    e.run_call(&to_next, Some(s), &mut [])?;
+                }
+                Ok(Ran::default())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names() {
+        for (s, d) in [
+            ("host", Device::Host),
+            ("CPU", Device::Host),
+            ("cuda", Device::Cuda),
+            (" GPU ", Device::Cuda),
+        ] {
+            assert_eq!(Device::parse(s), Ok(d), "{s}");
+        }
+        let e = Device::parse("rocm").unwrap_err();
+        assert!(e.contains("'rocm'") && e.contains("host, cuda"), "{e}");
+    }
+}

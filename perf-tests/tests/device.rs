@@ -1,0 +1,221 @@
+//! qccl-perf on device buffers (`--device cuda`), run as a user would, under the emulated GPU
+//! driver (QCCL_GPU_EMULATE=1): its device memory faults when host code touches it, so a
+//! collective that skipped qccl's staging crashes the rank instead of passing. At 1 and 3
+//! ranks (sharing the one emulated GPU), dense and compressed all-reduce and other
+//! collectives (a root-only buffer, HiTopK) with `-c 1` checks against the float64 reference,
+//! the `# Using devices` lines nccl-tests prints for GPUs, the default (cuda when a driver is
+//! usable), and the refusal of `--device cuda` without a driver.
+//!
+//! The same runs on a real GPU: `--ignored` (QCCL_REQUIRE_GPU=1 makes a missing GPU a failure).
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_qccl-perf");
+/// Sizes of the quick runs: 1K 4K 16K 64K.
+const QUICK: &[&str] = &[
+    "-b", "1K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "-c", "1", "-T", "120",
+];
+
+/// qccl-perf on `np` ranks (0: one, without -np) with `args` and the quick sizes,
+/// QCCL_GPU_EMULATE set to `emulate` (None: unset); (exit code, stdout, stderr).
+fn perf(emulate: Option<&str>, np: usize, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(BIN);
+    if np > 0 {
+        cmd.args(["-np", &np.to_string()]);
+    }
+    cmd.args(args).args(QUICK);
+    match emulate {
+        Some(n) => cmd.env("QCCL_GPU_EMULATE", n),
+        None => cmd.env_remove("QCCL_GPU_EMULATE"),
+    };
+    let o: Output = cmd.output().expect("run qccl-perf");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Checks a successful run on `np` ranks: one nccl-tests GPU line per rank, naming a device
+/// `device` matches, and four table lines with no wrong element in either mode.
+fn check(out: &str, err: &str, np: usize, device: impl Fn(&str) -> bool) {
+    let ranks: Vec<&str> = out.lines().filter(|l| l.starts_with("#  Rank ")).collect();
+    assert_eq!(ranks.len(), np, "one device line per rank:\n{out}\n{err}");
+    for (r, l) in ranks.iter().enumerate() {
+        // #  Rank  0 Group  0 Pid  12345 on HOST device  0 [0000:3b:00.0] NVIDIA H100 ...
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(f[..3], ["#", "Rank", &r.to_string()], "{l}");
+        assert_eq!(f[3..5], ["Group", "0"], "{l}");
+        assert_eq!((f[5], f[7], f[9]), ("Pid", "on", "device"), "{l}");
+        let rest = l.split_once(" device ").expect("device").1;
+        assert!(device(rest), "rank {r}'s device: {l}");
+    }
+    assert!(out.contains("# device buffers (--device cuda)"), "{out}");
+    assert!(
+        out.contains("# Out of bounds values : 0 OK"),
+        "{out}\n{err}"
+    );
+    // Where the #wrong columns are (-I adds columns before the in-place ones).
+    let head: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("#       size"))
+        .unwrap_or_else(|| panic!("no column header:\n{out}"))
+        .split_whitespace()
+        .skip(1)
+        .collect();
+    let wrong: Vec<usize> = (0..head.len()).filter(|&i| head[i] == "#wrong").collect();
+    assert_eq!(wrong.len(), 2, "{out}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    for f in rows {
+        assert_eq!(f.len(), head.len(), "{f:?}");
+        assert_eq!(f[wrong[0]], "0", "out-of-place #wrong: {f:?}");
+        assert!(
+            f[wrong[1]] == "0" || f[wrong[1]] == "N/A",
+            "in-place #wrong: {f:?}"
+        );
+    }
+}
+
+/// The emulated GPU, as its driver names it: `device  0 [emulated:0] emulated GPU`.
+fn emulated_gpu(rest: &str) -> bool {
+    rest.split_whitespace().collect::<Vec<_>>() == ["0", "[emulated:0]", "emulated", "GPU"]
+}
+
+/// Runs `args` with `--device cuda` under the emulated driver at 1 and 3 ranks.
+fn on_emulated_gpu(args: &[&str]) {
+    on_emulated_gpu_with(|_| args.iter().map(|a| a.to_string()).collect());
+}
+
+/// As [`on_emulated_gpu`], the arguments depending on the number of ranks.
+fn on_emulated_gpu_with(args: impl Fn(usize) -> Vec<String>) {
+    for np in [1, 3] {
+        let mut all = vec!["--device".to_string(), "cuda".into()];
+        all.extend(args(np));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let (code, out, err) = perf(Some("1"), np, &all);
+        assert_eq!(code, Some(0), "{all:?} on {np}\n{out}\n{err}");
+        check(&out, &err, np, emulated_gpu);
+    }
+}
+
+#[test]
+fn all_reduce_dense() {
+    on_emulated_gpu(&["-d", "float", "-o", "sum"]);
+}
+
+#[test]
+fn all_reduce_compressed() {
+    on_emulated_gpu(&["-Z", "qsgd:bits=4,bucket=128"]);
+}
+
+#[test]
+fn reduce_scatter_unaligned_half() {
+    on_emulated_gpu(&["--coll", "reduce_scatter", "-d", "half", "-u", "3"]);
+}
+
+/// Broadcast from the last rank: its send buffer is the root's alone.
+#[test]
+fn broadcast_from_the_last_rank() {
+    on_emulated_gpu_with(|np| {
+        ["--coll", "broadcast", "-r", &(np - 1).to_string()]
+            .map(String::from)
+            .to_vec()
+    });
+}
+
+#[test]
+fn hitopk_per_iteration() {
+    on_emulated_gpu(&["--coll", "hitopk", "-I", "1"]);
+}
+
+/// Without --device a usable driver means device buffers (the result file says so); with
+/// --device host the lines are the host ones.
+#[test]
+fn default_is_cuda_when_a_driver_is_usable() {
+    let json = std::env::temp_dir().join(format!("qccl-perf-device-{}.json", std::process::id()));
+    let path = json.to_str().unwrap();
+    let (code, out, err) = perf(Some("1"), 1, &["-J", path]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    check(&out, &err, 1, emulated_gpu);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["device"], "cuda", "{doc}");
+    let _ = std::fs::remove_file(&json);
+    let (code, out, err) = perf(Some("1"), 1, &["--device", "host"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("[host] cpu memory"), "{out}");
+    assert!(!out.contains("# device buffers"), "{out}");
+}
+
+/// `--device cuda` without a driver stops before any rank makes a comm, naming what is
+/// missing; the default falls back to host memory.
+#[test]
+fn cuda_without_a_driver_is_refused() {
+    if qccl::gpu::available().is_ok() {
+        eprintln!("skipped: this machine has a CUDA driver and GPU");
+        return;
+    }
+    for np in [0, 1, 3] {
+        let (code, out, err) = perf(None, np, &["--device", "cuda"]);
+        assert_eq!(code, Some(2), "{out}\n{err}");
+        assert!(out.is_empty(), "no table, no header:\n{out}");
+        assert!(
+            err.starts_with("qccl-perf: unsupported: --device cuda: ")
+                && err.contains("--device host"),
+            "{err}"
+        );
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "one message, not one per rank:\n{err}"
+        );
+    }
+    let (code, out, err) = perf(None, 1, &[]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("[host] cpu memory"), "{out}");
+}
+
+/// Options device buffers cannot take are refused by name.
+#[test]
+fn register_and_calibrate_are_host_only() {
+    for args in [&["-R", "1"][..], &["--calibrate"]] {
+        let all = [&["--device", "cuda"], args].concat();
+        let (code, out, err) = perf(Some("1"), 1, &all);
+        assert_eq!(code, Some(2), "{all:?}\n{out}\n{err}");
+        assert!(err.starts_with("qccl-perf: --device cuda: "), "{err}");
+    }
+}
+
+/// The same runs on a real GPU (every rank on device `local rank % GPUs`).
+#[test]
+#[ignore = "needs an NVIDIA GPU (QCCL_REQUIRE_GPU=1 makes a missing one a failure)"]
+fn on_a_real_gpu() {
+    if let Err(e) = qccl::gpu::available() {
+        assert_ne!(
+            std::env::var("QCCL_REQUIRE_GPU").as_deref(),
+            Ok("1"),
+            "QCCL_REQUIRE_GPU=1 but no GPU: {e}"
+        );
+        eprintln!("skipped: {e}");
+        return;
+    }
+    let real = |rest: &str| !rest.contains("emulated") && rest.contains(':');
+    for args in [
+        &[][..],
+        &["-Z", "qsgd:bits=4,bucket=128"],
+        &["--coll", "reduce_scatter", "-d", "half"],
+        &["--coll", "hitopk"],
+    ] {
+        for np in [1, 3] {
+            let all = [&["--device", "cuda"], args].concat();
+            let (code, out, err) = perf(None, np, &all);
+            assert_eq!(code, Some(0), "{all:?} on {np}\n{out}\n{err}");
+            check(&out, &err, np, real);
+        }
+    }
+}
