@@ -1,13 +1,14 @@
 //! The CUDA driver contract (`qccl::gpu::driver`) against the real driver on a GPU: copies
 //! both ways at awkward sizes, stream ordering, events across streams, pointer lookup, bad
-//! addresses refused, device identity, a stream waiting for a page-locked word.
+//! addresses refused, device identity, a stream waiting for a page-locked word, kernel
+//! launches (NVRTC images of kernels/, compared with the Rust reduction) and their errors.
 //!
 //! They need an NVIDIA GPU, so they are ignored by default. Run them with
 //! `QCCL_REQUIRE_GPU=1 cargo test --test gpu_driver -- --ignored`. Without a GPU each test
 //! skips with a message, unless QCCL_REQUIRE_GPU=1 makes that a failure.
 #![cfg(feature = "cuda")]
 
-use qccl::gpu::driver::{DeviceMem, Driver, Event, Memory, Stream};
+use qccl::gpu::driver::{Arg, DeviceMem, Driver, Event, Memory, Stream};
 use qccl::internal::CudaDriver;
 use qccl::Error;
 use std::time::Duration;
@@ -405,6 +406,74 @@ fn a_stream_waits_for_a_word() {
     word.store(2, Ordering::Release);
     done.synchronize(WAIT).unwrap();
     assert_eq!(download(&*s, mem.addr(), 4096), data);
+}
+
+/// Little-endian f32 bytes of `n` values that sum exactly in either order.
+fn f32_data(n: usize, seed: u32) -> Vec<u8> {
+    (0..n as u32)
+        .flat_map(|i| (((i * 7 + seed) % 1000) as f32 * 0.5).to_le_bytes())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn kernels_launch_and_match_rust() {
+    let Some(d) = driver() else { return };
+    let s = d.create_stream(0).unwrap();
+    let f = d.function(0, "qccl_reduce_sum_f32").unwrap();
+    assert_eq!(f.name(), "qccl_reduce_sum_f32");
+    assert_eq!(f.ordinal(), 0);
+    // Looked up once: the same function again.
+    let again = d.function(0, "qccl_reduce_sum_f32").unwrap();
+    assert!(std::ptr::addr_eq(&*f, &*again));
+    for n in [0usize, 1, 7, 4099, 1_000_003] {
+        let (a, b) = (f32_data(n, 1), f32_data(n, 2));
+        let mut want = vec![0u8; a.len()];
+        qccl::internal::reduce3(qccl::DType::Float32, qccl::ReduceOp::Sum, &mut want, &a, &b);
+        let da = upload(&d, &*s, &[&a[..], &[0; 4]].concat());
+        let db = upload(&d, &*s, &[&b[..], &[0; 4]].concat());
+        let grid = n.div_ceil(256).clamp(1, 1024) as u32;
+        let args = [
+            Arg::Ptr(da.addr()),
+            Arg::Ptr(da.addr()),
+            Arg::Ptr(db.addr()),
+            Arg::U64(n as u64),
+        ];
+        // SAFETY: reduce.cu's (out, a, b, count) on live device memory of n floats each,
+        // kept until the download synchronises.
+        unsafe { s.launch(&*f, grid, 256, &args) }.unwrap();
+        assert_eq!(download(&*s, da.addr(), a.len()), want, "n={n}");
+    }
+    let avg = d.function(0, "qccl_finish_avg_f32").unwrap();
+    let x = f32_data(1000, 3);
+    let mut want = x.clone();
+    qccl::internal::finish_avg(qccl::DType::Float32, &mut want, 3);
+    let dx = upload(&d, &*s, &x);
+    let args = [Arg::Ptr(dx.addr()), Arg::U64(1000), Arg::U64(3)];
+    // SAFETY: (x, count, n) on 1000 live floats, kept until the download.
+    unsafe { s.launch(&*avg, 4, 256, &args) }.unwrap();
+    assert_eq!(download(&*s, dx.addr(), x.len()), want);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn bad_kernels_and_launches_are_refused() {
+    let Some(d) = driver() else { return };
+    let s = d.create_stream(0).unwrap();
+    for name in ["qccl_reduce_sum_f33", "not a name"] {
+        let e = d.function(0, name).map(|_| ()).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains(name), "{e}");
+    }
+    let f = d.function(0, "qccl_reduce_sum_u8").unwrap();
+    let mem = d.alloc_device(0, 16).unwrap();
+    let p = Arg::Ptr(mem.addr());
+    // SAFETY: refused before reaching the driver.
+    let r = unsafe { s.launch(&*f, 0, 256, &[p, p, p, Arg::U64(16)]) };
+    assert_invalid(r, "qccl_reduce_sum_u8");
+    // SAFETY: a valid launch on `mem`, synchronised below.
+    unsafe { s.launch(&*f, 1, 32, &[p, p, p, Arg::U64(16)]) }.unwrap();
+    s.synchronize(WAIT).unwrap();
 }
 
 /// The collectives on cudarc slices (`Comm::*_cuda`), three ranks as threads sharing GPU 0,

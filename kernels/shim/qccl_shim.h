@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -71,14 +72,31 @@ constexpr int warpSize = 32;
 
 namespace qccl_shim {
 
+struct Block;
+inline thread_local Block* g_block = nullptr;  // set while a fiber-mode launch runs
+
+#ifdef QCCL_SHIM_THROW
+// With QCCL_SHIM_THROW (the emulated driver's in-process build), a failure outside fiber mode
+// throws this instead of aborting, so the launcher reports it as an error. Inside fiber mode
+// it still aborts: an exception cannot unwind out of a ucontext fiber.
+struct Failure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+#endif
+
 [[noreturn]] inline void fail(const char* fmt, ...) {
-    std::fprintf(stderr, "qccl_shim: block (%u,%u,%u) thread (%u,%u,%u): ", blockIdx.x, blockIdx.y,
-                 blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    char msg[1024];
+    int at = std::snprintf(msg, sizeof msg, "qccl_shim: block (%u,%u,%u) thread (%u,%u,%u): ",
+                           blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y,
+                           threadIdx.z);
     va_list ap;
     va_start(ap, fmt);
-    std::vfprintf(stderr, fmt, ap);
+    std::vsnprintf(msg + at, sizeof msg - at, fmt, ap);
     va_end(ap);
-    std::fputc('\n', stderr);
+#ifdef QCCL_SHIM_THROW
+    if (!g_block) throw Failure(msg);
+#endif
+    std::fprintf(stderr, "%s\n", msg);
     std::abort();
 }
 
@@ -123,7 +141,6 @@ struct Block {
     uint64_t events = 0;      // arrivals and exits, to detect a round without progress
 };
 
-inline thread_local Block* g_block = nullptr;  // set while a fiber-mode block runs
 
 inline unsigned linear_tid() {
     return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);

@@ -11,7 +11,10 @@
 //! memory ([`Driver::alloc_pinned`], `cuMemHostAlloc` PORTABLE|DEVICEMAP, never
 //! write-combined: the CPU reads staged bytes) and device memory ([`Driver::alloc_device`],
 //! `cuMemAlloc`, not the async pool, so CUDA IPC can share it later), streams (created, or the
-//! caller's borrowed), asynchronous copies between host and device, events.
+//! caller's borrowed), asynchronous copies between host and device, events, and launches of
+//! qccl's own kernels (`kernels/*.cu`): [`Driver::function`] looks an entry point up once per
+//! device, [`Stream::launch`] enqueues it with typed arguments ([`Arg`]; typed so that the
+//! emulated driver, which runs the same sources on the CPU, knows which are device addresses).
 //!
 //! Rules both implementations keep (the device path relies on them):
 //! - Work on one stream runs in the order it was enqueued; `Stream::wait_event` makes later
@@ -57,6 +60,36 @@ pub struct DeviceInfo {
     pub memory: u64,
 }
 
+/// One kernel argument, as the kernel declares it (`cuLaunchKernel` passes each by value).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A pointer parameter (`T*`): a device address of the launching device, page-locked
+    /// memory from `alloc_pinned`, or 0 (null).
+    Ptr(u64),
+    /// `uint64_t` (counts).
+    U64(u64),
+    /// `uint32_t` / `unsigned`.
+    U32(u32),
+    /// `int`.
+    I32(i32),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+}
+
+/// A kernel entry point loaded on one device; `Driver::function` makes it.
+pub trait Function: Send + Sync {
+    /// The entry point's name, `qccl_reduce_sum_f32`.
+    fn name(&self) -> &str;
+
+    /// The device it was loaded on.
+    fn ordinal(&self) -> usize;
+
+    /// The implementation's function, for `Stream::launch` of the same driver.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// The driver: real (libcuda) or emulated.
 pub trait Driver: Send + Sync {
     /// "cuda" or "emulated", for logs.
@@ -93,6 +126,12 @@ pub trait Driver: Send + Sync {
         ordinal: usize,
         raw: *mut std::ffi::c_void,
     ) -> Result<Box<dyn Stream>>;
+
+    /// Kernel entry point `name` of qccl's `kernels/` on device `ordinal`. The first call for
+    /// a device loads the kernels for it (the real driver: the kernel file's NVRTC image; the
+    /// emulated one: the file built for the CPU), later calls reuse the module. An unknown
+    /// name is `InvalidArgument` naming it; no way to build the kernels is `Unsupported`.
+    fn function(&self, ordinal: usize, name: &str) -> Result<std::sync::Arc<dyn Function>>;
 }
 
 /// Page-locked host memory; freed on drop.
@@ -165,6 +204,17 @@ pub trait Stream: Send {
     /// `word` must lie in page-locked memory from this driver's `alloc_pinned`, 4-byte
     /// aligned, and stay allocated until the wait is known done.
     unsafe fn wait_word(&self, word: *const u32, value: u32) -> Result<()>;
+
+    /// Enqueues kernel `f` on a 1-D grid of `grid` blocks of `block` threads (no dynamic
+    /// shared memory) with `args`. Errors (a function of another device or driver, an empty
+    /// grid or block, arguments that do not fit the kernel where the driver can tell) name the
+    /// kernel; a kernel that faults fails the stream (sticky) as a failed copy does.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number and type, and every memory range
+    /// the kernel reads or writes through them must stay valid (and not be touched by
+    /// anything else) until the launch is known done, as for the copies.
+    unsafe fn launch(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()>;
 
     /// Blocks until all work enqueued so far is done, at most `timeout`; its first error.
     fn synchronize(&self, timeout: Duration) -> Result<()>;

@@ -61,6 +61,32 @@ pub fn entry_points(text: &str) -> Vec<String> {
     out
 }
 
+/// The files that may define entry point `name` (their entry points match it), for a driver
+/// to load in turn; `InvalidArgument` when `name` is not a C identifier or no file matches.
+pub fn sources_for(name: &str) -> crate::Result<Vec<&'static Source>> {
+    let plain = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(crate::Error::invalid(format!(
+            "kernel name {name:?} is not a C identifier"
+        )));
+    }
+    let found: Vec<_> = SOURCES
+        .iter()
+        .filter(|s| s.entry_points().iter().any(|p| matches(p, name)))
+        .collect();
+    if found.is_empty() {
+        return Err(unknown_kernel(name));
+    }
+    Ok(found)
+}
+
+/// The error for a kernel no file of kernels/ defines.
+pub fn unknown_kernel(name: &str) -> crate::Error {
+    crate::Error::invalid(format!("no kernel named {name:?} in qccl's kernels/"))
+}
+
 /// Whether `name` is matched by `pattern`, where each `*` stands for one or more characters.
 pub fn matches(pattern: &str, name: &str) -> bool {
     match pattern.split_once('*') {
@@ -302,6 +328,18 @@ mod tests {
         assert!(!matches("exact", "exactly"));
         assert!(matches("*", "anything"));
         assert!(!matches("*", ""));
+    }
+
+    #[test]
+    fn kernel_names_find_their_files() {
+        let files = |n| -> Vec<&str> { sources_for(n).unwrap().iter().map(|s| s.file).collect() };
+        assert_eq!(files("qccl_reduce_sum_f32"), ["reduce.cu"]);
+        assert_eq!(files("qccl_fp16_encode"), ["floats.cu"]);
+        for bad in ["", "1abc", "a-b", "qccl_reduce_sum_f32\0"] {
+            assert!(sources_for(bad).is_err(), "{bad:?}");
+        }
+        let e = sources_for("qccl_no_such_kernel").unwrap_err().to_string();
+        assert!(e.contains("qccl_no_such_kernel"), "{e}");
     }
 
     #[test]

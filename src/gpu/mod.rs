@@ -3,8 +3,8 @@
 //!
 //! What exists: the driver probe ([`available`], [`device_count`]) and, inside the crate, the
 //! embedded kernel sources and their NVRTC compilation (CUBIN for a device's exact `sm_XY`,
-//! PTX as a fallback). What does not exist yet: device buffers in collectives, kernel launches,
-//! streams. Every collective takes host memory only.
+//! PTX as a fallback), and kernel launches in the driver contract (`driver.rs`). What does not
+//! exist yet: device buffers in collectives, streams.
 //!
 //! With the cargo feature `cuda` (on by default) qccl links no CUDA library: `libcuda.so.1`
 //! and `libnvrtc.so.13`/`.so.12` are opened at run time, so the same build runs on a machine
@@ -19,6 +19,10 @@ mod probe;
 pub mod driver;
 #[doc(hidden)]
 pub mod staging;
+// The disk cache folder and stable hash the kernel builders share.
+mod cache;
+// Kernel arguments as cuLaunchKernel takes them (both drivers).
+mod launch;
 // Which driver this process uses (QCCL_GPU_EMULATE, else the real one).
 pub(crate) mod select;
 
@@ -33,6 +37,10 @@ pub mod nvrtc;
 
 #[doc(hidden)]
 pub mod kernels;
+
+// Codecs' and reductions' kernel launch sequences over the driver contract.
+#[doc(hidden)]
+pub mod plans;
 
 // The emulated driver (needs no CUDA): the device path in CI.
 #[doc(hidden)]

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::nvrtc::sys;
 
+use super::cache::{default_cache_dir, StableHash};
 use super::kernels;
 use crate::{Error, Result};
 
@@ -249,19 +250,6 @@ impl Compiler {
     }
 }
 
-/// The disk cache folder from the environment (see [`Compiler::shared`]).
-fn default_cache_dir(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
-    if let Some(dir) = var("QCCL_CACHE_DIR") {
-        return (!dir.is_empty()).then(|| PathBuf::from(dir));
-    }
-    if let Some(xdg) = var("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        return Some(PathBuf::from(xdg).join("qccl"));
-    }
-    var("HOME")
-        .filter(|h| !h.is_empty())
-        .map(|h| PathBuf::from(h).join(".cache").join("qccl"))
-}
-
 fn read_cached(file: &Path, target: Target) -> Option<Vec<u8>> {
     let bytes = std::fs::read(file).ok()?;
     // A truncated or foreign file is recompiled (and then overwritten).
@@ -284,26 +272,19 @@ fn write_cached(file: &Path, bytes: &[u8]) {
     }
 }
 
-/// FNV-1a over the sources, header names and options: a stable key across runs and builds
-/// (std's hasher promises neither).
+/// The stable hash of the sources, header names and options (the disk cache's key).
 fn hash_program(p: &Program, options: &[String]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes.iter().chain(&[0xff]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
-    eat(p.name.as_bytes());
-    eat(p.source.as_bytes());
+    let mut h = StableHash::new();
+    h.eat(p.name.as_bytes());
+    h.eat(p.source.as_bytes());
     for (name, text) in p.headers {
-        eat(name.as_bytes());
-        eat(text.as_bytes());
+        h.eat(name.as_bytes());
+        h.eat(text.as_bytes());
     }
     for o in options {
-        eat(o.as_bytes());
+        h.eat(o.as_bytes());
     }
-    h
+    h.finish()
 }
 
 /// Frees an NVRTC program on every path out.
@@ -542,30 +523,6 @@ AXPY(double, f64)
                 None
             }
         }
-    }
-
-    #[test]
-    fn cache_dir_from_environment() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |v: &str| {
-                pairs
-                    .iter()
-                    .find(|(k, _)| *k == v)
-                    .map(|(_, x)| std::ffi::OsString::from(x))
-            }
-        };
-        let d = |pairs| default_cache_dir(env(pairs));
-        assert_eq!(
-            d(&[("QCCL_CACHE_DIR", "/c"), ("HOME", "/h")]),
-            Some("/c".into())
-        );
-        assert_eq!(d(&[("QCCL_CACHE_DIR", ""), ("HOME", "/h")]), None);
-        assert_eq!(
-            d(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
-            Some("/x/qccl".into())
-        );
-        assert_eq!(d(&[("HOME", "/h")]), Some("/h/.cache/qccl".into()));
-        assert_eq!(d(&[]), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+use qccl::DType;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -259,5 +260,71 @@ pub fn assert_same(what: &str, got: &[u8], want: &[u8], size: usize) {
             &got[r.clone()],
             &want[r]
         );
+    }
+}
+
+/// True when element bytes `b` of dtype `d` are a NaN.
+pub fn is_nan(d: DType, b: &[u8]) -> bool {
+    match d {
+        DType::Float16 => u16::from_le_bytes([b[0], b[1]]) & 0x7fff > 0x7c00,
+        DType::Bfloat16 => u16::from_le_bytes([b[0], b[1]]) & 0x7fff > 0x7f80,
+        DType::Float32 => f32::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        DType::Float64 => f64::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        _ => false,
+    }
+}
+
+/// Bit-for-bit equality, except that a NaN matches any NaN where `any_nan` (sum, product and
+/// division: Rust leaves the sign and payload of their NaN results unspecified).
+pub fn check(what: &str, d: DType, got: &[u8], want: &[u8], any_nan: bool) {
+    if any_nan {
+        let size = d.size();
+        let (mut g, mut w) = (got.to_vec(), want.to_vec());
+        for (g, w) in g.chunks_mut(size).zip(w.chunks_mut(size)) {
+            if is_nan(d, g) && is_nan(d, w) {
+                g.fill(0);
+                w.fill(0);
+            }
+        }
+        assert_same(what, &g, &w, size)
+    } else {
+        assert_same(what, got, want, d.size())
+    }
+}
+
+/// Random elements of `d`: integers uniform over their bits, floats mixing ordinary values
+/// with random bit patterns (NaN, infinity, subnormal) and signed zeros.
+pub fn random(g: &mut Gen, d: DType, n: usize) -> Vec<u8> {
+    match d {
+        DType::Float32 => g
+            .f32s(n, false)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::Float64 => g
+            .f32s(n, false)
+            .iter()
+            .zip(g.f32s(n, false))
+            .flat_map(|(&v, w)| {
+                // Keep a NaN's payload and fill the low bits, so f64 NaNs are varied too.
+                let x = if v.is_nan() {
+                    f64::from_bits((v as f64).to_bits() | w.to_bits() as u64)
+                } else {
+                    v as f64 + w as f64 * 1e-9
+                };
+                x.to_le_bytes()
+            })
+            .collect(),
+        DType::Float16 => g
+            .f32s(n, false)
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        DType::Bfloat16 => g
+            .f32s(n, false)
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        _ => g.bytes(n * d.size()),
     }
 }

@@ -17,18 +17,22 @@ mod context;
 mod device;
 mod event;
 mod memory;
+mod module;
 mod stream;
 
-use super::driver::{DeviceInfo, DeviceMem, Driver, Memory, Pinned, Stream};
+use super::driver::{DeviceInfo, DeviceMem, Driver, Function, Memory, Pinned, Stream};
 use crate::error::{Error, Result};
 use context::Context;
 use memory::{CudaDeviceMem, CudaPinned};
+use module::Modules;
 use std::sync::Arc;
 use stream::CudaStream;
 
 /// The CUDA driver with every device's primary context retained (released on drop, after
 /// the last memory, stream and event made through it).
 pub struct CudaDriver {
+    // Declared first: modules unload before the contexts are released.
+    modules: Vec<Modules>,
     contexts: Vec<Arc<Context>>,
 }
 
@@ -49,7 +53,8 @@ impl CudaDriver {
         let contexts = (0..count)
             .map(|ordinal| Context::retain(ordinal).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
-        Ok(CudaDriver { contexts })
+        let modules = contexts.iter().cloned().map(Modules::new).collect();
+        Ok(CudaDriver { modules, contexts })
     }
 
     /// Device `ordinal`'s context, or an error naming the ordinal.
@@ -107,6 +112,14 @@ impl Driver for CudaDriver {
         // SAFETY: `raw` is null or a live stream of device `ordinal` that outlives the
         // returned value (this function's contract).
         Ok(Box::new(unsafe { CudaStream::borrow(ctx, raw)? }))
+    }
+
+    fn function(&self, ordinal: usize, name: &str) -> Result<Arc<dyn Function>> {
+        self.context(ordinal)?;
+        let f = self.modules[ordinal]
+            .function(name)
+            .map_err(|e| e.prefixed(&format!("kernel {name} on CUDA device {ordinal}: ")))?;
+        Ok(f)
     }
 }
 

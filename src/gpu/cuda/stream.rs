@@ -1,12 +1,14 @@
 //! Streams: qccl's own (`cuStreamCreate`, non-blocking) or the caller's, borrowed; the
-//! asynchronous copies between host and device, events on them, and waits.
+//! asynchronous copies between host and device, kernel launches, events on them, and waits.
 
 use super::call::check;
 use super::context::Context;
 use super::event::CudaEvent;
 use super::memory::check_device_range;
+use super::module::CudaFunction;
 use crate::error::{Error, Result};
-use crate::gpu::driver::{Event, Stream};
+use crate::gpu::driver::{Arg, Event, Function, Stream};
+use crate::gpu::launch::ArgBlock;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -215,6 +217,59 @@ impl Stream for CudaStream {
         check(r, "cuStreamWaitValue32", || {
             format!("making {} wait for a word", self.place())
         })
+    }
+
+    unsafe fn launch(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
+        let what = || {
+            format!(
+                "launching kernel {} (grid {grid}, block {block}) on {}",
+                f.name(),
+                self.place()
+            )
+        };
+        let Some(func) = f.as_any().downcast_ref::<CudaFunction>() else {
+            return Err(Error::invalid(format!(
+                "{}: the function was not made by the CUDA driver",
+                what()
+            )));
+        };
+        if func.ordinal() != self.ordinal() {
+            return Err(Error::invalid(format!(
+                "{}: the function was loaded for CUDA device {}",
+                what(),
+                func.ordinal()
+            )));
+        }
+        if grid == 0 || block == 0 {
+            return Err(Error::invalid(format!(
+                "{}: an empty grid or block",
+                what()
+            )));
+        }
+        let mut values = ArgBlock::new(args);
+        let mut params = values.params();
+        let _current = self.ctx.enter()?;
+        // SAFETY: a function of a module loaded in this stream's context; `params` holds a
+        // pointer to each argument's value, which the driver copies before returning; the
+        // caller vouches that they match the kernel's parameters and that the memory they
+        // name stays valid until the launch is done (this function's contract); 1-D shape,
+        // no dynamic shared memory, no `extra`.
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                func.raw(),
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                self.handle(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check(r, "cuLaunchKernel", what)
     }
 
     fn synchronize(&self, timeout: Duration) -> Result<()> {

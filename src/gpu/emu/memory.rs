@@ -195,10 +195,34 @@ impl Allocation {
         Ok(())
     }
 
+    /// The allocation's bytes at their host alias, kept mapped until the view is dropped
+    /// (a launch holds it while its kernel runs; a free waits for it).
+    pub fn host_view(&self) -> std::result::Result<HostView<'_>, Freed> {
+        let mapping = self.mapping.read().unwrap_or_else(|p| p.into_inner());
+        if mapping.is_none() {
+            return Err(Freed);
+        }
+        Ok(HostView { mapping })
+    }
+
     /// Unmaps the memory once no copy is using it.
     fn unmap(&self) {
         let mut mapping = self.mapping.write().unwrap_or_else(|p| p.into_inner());
         mapping.take();
+    }
+}
+
+/// A live allocation's host alias (see [`Allocation::host_view`]).
+pub struct HostView<'a> {
+    mapping: std::sync::RwLockReadGuard<'a, Option<Mapping>>,
+}
+
+impl HostView<'_> {
+    /// The host address of the allocation's first byte.
+    pub fn base(&self) -> *mut u8 {
+        self.mapping
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |m| m.host.as_ptr())
     }
 }
 
@@ -323,20 +347,39 @@ impl Drop for EmuDeviceMem {
     }
 }
 
-/// Page-aligned host memory (an anonymous mapping); the emulator does not tell it from
-/// pageable memory, as `locate` need not.
+/// The live page-locked ranges (`alloc_pinned`), which kernels may be given as they are.
+#[derive(Default)]
+pub struct PinnedTable {
+    ranges: Mutex<BTreeMap<u64, usize>>,
+}
+
+impl PinnedTable {
+    /// True when `addr` lies in a live range, or just past its end (where a zero-length
+    /// piece at the end of a buffer starts).
+    pub fn contains(&self, addr: u64) -> bool {
+        let ranges = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        ranges
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &len)| addr - start <= len as u64)
+    }
+}
+
+/// Page-aligned host memory (an anonymous mapping), listed in the driver's [`PinnedTable`]
+/// while it lives (`locate` still answers `Host` for it, as CUDA does).
 pub struct EmuPinned {
     ptr: NonNull<u8>,
     len: usize,
     mapped: usize,
+    table: Arc<PinnedTable>,
 }
 
 // SAFETY: the mapping is owned by this value; callers synchronise access to the bytes.
 unsafe impl Send for EmuPinned {}
 
 impl EmuPinned {
-    /// `len` (>= 1) bytes.
-    pub fn new(len: usize) -> Result<EmuPinned> {
+    /// `len` (>= 1) bytes, listed in `table`.
+    pub fn new(len: usize, table: &Arc<PinnedTable>) -> Result<EmuPinned> {
         let mapped = round_to_pages(len)?;
         // SAFETY: a new private anonymous mapping at an address the kernel picks.
         let p = unsafe {
@@ -354,7 +397,17 @@ impl EmuPinned {
         }
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::System("mmap returned null".into()))?;
-        Ok(EmuPinned { ptr, len, mapped })
+        table
+            .ranges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ptr.as_ptr() as u64, len);
+        Ok(EmuPinned {
+            ptr,
+            len,
+            mapped,
+            table: table.clone(),
+        })
     }
 }
 
@@ -370,6 +423,11 @@ impl crate::gpu::driver::Pinned for EmuPinned {
 
 impl Drop for EmuPinned {
     fn drop(&mut self) {
+        self.table
+            .ranges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(self.ptr.as_ptr() as u64));
         // SAFETY: mapped in `new` with `mapped` bytes, unmapped only here.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
     }

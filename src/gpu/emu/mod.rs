@@ -9,7 +9,14 @@
 //!   mapped `PROT_NONE` there (a host read or write through a device pointer faults) and
 //!   read-write at a private address the streams copy through. `locate` answers `Device`
 //!   for any byte of a live allocation's requested length, else `Host` (pinned memory too:
-//!   it is an anonymous mapping the driver does not track).
+//!   an anonymous mapping, listed only so that kernels may be given it).
+//! - Kernels (`compile.rs`, `library.rs`): `function` builds the kernel's `kernels/*.cu` file
+//!   for the CPU with g++ through the shim (cached on disk, loaded once per process) and a
+//!   launch runs it on the stream's worker, in order with the copies, with device-pointer
+//!   arguments translated to their allocations' host aliases (see `EmuStream::launch`). A
+//!   kernel that reads or writes past its buffers is not caught (it runs in this process);
+//!   a shim failure in fiber mode (a barrier not every thread reaches) aborts the process, as
+//!   the shim does in its test drivers.
 //! - Streams (`stream.rs`) are FIFOs run in order by one worker thread each. Copies are
 //!   checked at enqueue (the device range inside one live allocation of the stream's device,
 //!   the host range non-null and not device memory: else `InvalidArgument` naming the
@@ -31,8 +38,10 @@
 //! stream reaches it (a sticky error), [`EmuDriver::delay_next_copy`] makes it wait first
 //! (a slow kernel ahead of it, for ordering tests).
 
+mod compile;
 mod event;
 mod fault;
+mod library;
 mod memory;
 mod stream;
 
@@ -40,13 +49,14 @@ mod stream;
 mod tests;
 
 pub use event::EmuEvent;
+pub use library::EmuFunction;
 pub use memory::{EmuDeviceMem, EmuPinned, DEVICE_MEMORY};
 pub use stream::EmuStream;
 
 use crate::error::{Error, Result};
-use crate::gpu::driver::{DeviceInfo, DeviceMem, Driver, Memory, Pinned, Stream};
+use crate::gpu::driver::{DeviceInfo, DeviceMem, Driver, Function, Memory, Pinned, Stream};
 use fault::Faults;
-use memory::MemoryTable;
+use memory::{MemoryTable, PinnedTable};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,7 +67,11 @@ use stream::{StreamCore, DROP_DRAIN};
 pub(crate) struct Shared {
     devices: usize,
     memory: Arc<MemoryTable>,
+    /// Live page-locked memory, which kernels may be given.
+    pinned: Arc<PinnedTable>,
     faults: Faults,
+    /// Kernels looked up so far, by device and name.
+    functions: Mutex<HashMap<(usize, String), Arc<EmuFunction>>>,
     /// Created streams by handle, for `borrow_stream`.
     streams: Mutex<HashMap<u64, Weak<StreamCore>>>,
     /// Each device's legacy default stream, once borrowed.
@@ -88,7 +102,9 @@ impl EmuDriver {
             shared: Arc::new(Shared {
                 devices,
                 memory: Arc::new(MemoryTable::new(devices)),
+                pinned: Arc::default(),
                 faults: Faults::new(devices),
+                functions: Mutex::default(),
                 streams: Mutex::new(HashMap::new()),
                 defaults: Mutex::new(vec![None; devices]),
             }),
@@ -198,7 +214,7 @@ impl Driver for EmuDriver {
                 "pinned memory of 0 bytes requested: at least 1 (CUDA_ERROR_INVALID_VALUE)",
             ));
         }
-        Ok(Box::new(EmuPinned::new(len)?))
+        Ok(Box::new(EmuPinned::new(len, &self.shared.pinned)?))
     }
 
     fn alloc_device(&self, ordinal: usize, len: usize) -> Result<Box<dyn DeviceMem>> {
@@ -257,5 +273,31 @@ impl Driver for EmuDriver {
             )));
         }
         Ok(self.handle(core, false))
+    }
+
+    fn function(&self, ordinal: usize, name: &str) -> Result<Arc<dyn Function>> {
+        self.check_ordinal(ordinal)?;
+        let key = (ordinal, name.to_string());
+        let known = self
+            .shared
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let f = match known {
+            Some(f) => f,
+            None => {
+                // Looked up unlocked: the first use of a file builds it (seconds).
+                let f = Arc::new(library::function(ordinal, name)?);
+                self.shared
+                    .functions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, f.clone());
+                f
+            }
+        };
+        Ok(f)
     }
 }

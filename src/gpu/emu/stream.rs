@@ -1,5 +1,5 @@
-//! Emulated streams: a FIFO of operations (copies, event completions, waits on other
-//! streams' events) run in order by one worker thread per stream.
+//! Emulated streams: a FIFO of operations (copies, kernel launches, event completions, waits
+//! on other streams' events) run in order by one worker thread per stream.
 //!
 //! Checks that need no device happen at enqueue (see `EmuStream::copy`); the copy itself runs
 //! on the worker. The first operation that fails makes the stream sticky-failed, as CUDA's
@@ -8,10 +8,12 @@
 
 use super::event::{EmuEvent, EventState};
 use super::fault::CopyFault;
+use super::library::EmuFunction;
 use super::memory::{Allocation, Freed};
 use super::Shared;
 use crate::error::{Error, Result};
-use crate::gpu::driver::{Event, Stream};
+use crate::gpu::driver::{Arg, Event, Function, Stream};
+use crate::gpu::launch::{type_name, ArgBlock};
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,8 +48,23 @@ struct CopyOp {
 // `copy_to_host`/`copy_to_device` guaranteed until the copy is known done.
 unsafe impl Send for CopyOp {}
 
+/// One enqueued kernel launch; device-pointer arguments hold their allocations.
+struct LaunchOp {
+    func: EmuFunction,
+    grid: u32,
+    block: u32,
+    args: ArgBlock,
+    /// Pointer arguments into device memory: (argument index, allocation, offset in it).
+    device: Vec<(usize, Arc<Allocation>, usize)>,
+}
+
+// SAFETY: the argument values are plain bytes; the memory they point to is the launch's
+// caller's to keep valid until the launch is known done (`Stream::launch`'s contract).
+unsafe impl Send for LaunchOp {}
+
 enum Op {
     Copy(CopyOp),
+    Launch(LaunchOp),
     Record(Arc<EventState>),
     Wait(Arc<EventState>),
     /// `wait_word`: the word's address (page-locked, kept allocated by the caller) and value.
@@ -275,6 +292,7 @@ impl StreamCore {
                 ))),
             },
             Op::Copy(copy) => self.copy(copy),
+            Op::Launch(launch) => self.launch(launch),
             Op::WaitWord(word, value) => {
                 // SAFETY: `wait_word`'s contract: an aligned word of page-locked memory that
                 // stays allocated until this wait is done; read atomically, as the host
@@ -330,6 +348,64 @@ impl StreamCore {
                 c.alloc.describe()
             ))
         })
+    }
+
+    /// Runs a kernel on this worker thread, its device memory held mapped meanwhile.
+    fn launch(&self, mut l: LaunchOp) -> Result<()> {
+        let what = format!(
+            "{}: kernel {} (grid {}, block {})",
+            self.name,
+            l.func.name(),
+            l.grid,
+            l.block
+        );
+        // Each allocation once (a second read lock of one could wait behind a free), in a
+        // fixed order (two launches cannot wait for each other).
+        let mut allocs: Vec<&Arc<Allocation>> = l.device.iter().map(|(_, a, _)| a).collect();
+        allocs.sort_by_key(|a| a.id);
+        allocs.dedup_by_key(|a| a.id);
+        let mut views = Vec::with_capacity(allocs.len());
+        for a in allocs {
+            let view = a.host_view().map_err(|Freed| {
+                Error::System(format!(
+                    "{what} failed: {} was freed before the launch ran \
+                     (CUDA_ERROR_ILLEGAL_ADDRESS); the stream is failed (sticky)",
+                    a.describe()
+                ))
+            })?;
+            views.push((a.id, view));
+        }
+        for (i, alloc, offset) in &l.device {
+            let base = views
+                .iter()
+                .find(|(id, _)| *id == alloc.id)
+                .map_or(std::ptr::null_mut(), |(_, v)| v.base());
+            l.args.set_ptr(*i, base as u64 + *offset as u64);
+        }
+        let mut params = l.args.params();
+        let mut message = [0 as std::ffi::c_char; 1024];
+        // SAFETY: the entry is the kernel's packed launcher; `params` points at one slot per
+        // parameter, of the types the signature check at enqueue confirmed; device pointers
+        // are host aliases of allocations held mapped by `views` until after the call; other
+        // pointers are pinned memory the caller keeps valid; `message` has its length.
+        let failed = unsafe {
+            (l.func.entry)(
+                l.grid,
+                l.block,
+                params.as_mut_ptr(),
+                message.as_mut_ptr(),
+                message.len(),
+            )
+        };
+        drop(views);
+        if failed == 0 {
+            return Ok(());
+        }
+        // SAFETY: the entry wrote a NUL-terminated message into `message` (snprintf).
+        let why = unsafe { std::ffi::CStr::from_ptr(message.as_ptr()) }.to_string_lossy();
+        Err(Error::System(format!(
+            "{what} failed: {why}; the stream is failed (sticky)"
+        )))
     }
 
     /// Sleeps `delay`, or less if the stream is abandoned.
@@ -421,6 +497,91 @@ impl EmuStream {
     }
 }
 
+impl EmuStream {
+    /// The checks of `launch` (function, shape, arguments against the kernel's parameter
+    /// types, each pointer's memory), then the enqueue.
+    fn launch_checked(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
+        let name = &self.core.name;
+        let ordinal = self.core.ordinal;
+        let Some(func) = f.as_any().downcast_ref::<EmuFunction>() else {
+            return Err(Error::invalid(format!(
+                "{name}: kernel {} is not a function of the emulated driver",
+                f.name()
+            )));
+        };
+        let kernel = format!("kernel {} ({})", func.name(), func.file);
+        if func.ordinal() != ordinal {
+            return Err(Error::invalid(format!(
+                "{name}: {kernel} was loaded for device {}, not this stream's device \
+                 (CUDA_ERROR_INVALID_HANDLE)",
+                func.ordinal()
+            )));
+        }
+        if grid == 0 || block == 0 || block > 1024 {
+            return Err(Error::invalid(format!(
+                "{name}: {kernel} launched with {grid} block(s) of {block} thread(s): both \
+                 at least 1, at most 1024 threads a block (CUDA_ERROR_INVALID_VALUE)"
+            )));
+        }
+        let want: Vec<char> = func.signature.chars().collect();
+        if want.len() != args.len() {
+            return Err(Error::invalid(format!(
+                "{name}: {kernel} takes {} argument(s), {} given",
+                want.len(),
+                args.len()
+            )));
+        }
+        let mut device = Vec::new();
+        for (i, (arg, &w)) in args.iter().zip(&want).enumerate() {
+            if arg.code() != w {
+                return Err(Error::invalid(format!(
+                    "{name}: {kernel}: argument {i} is {arg:?}, the parameter is {}",
+                    type_name(w)
+                )));
+            }
+            let Arg::Ptr(addr) = *arg else { continue };
+            if addr == 0 || self.shared.pinned.contains(addr) {
+                continue;
+            }
+            // A pointer just past the end of an allocation is its own (a piece of 0 elements
+            // at the end of a buffer).
+            let alloc = self.shared.memory.find(addr).or_else(|| {
+                self.shared
+                    .memory
+                    .find(addr - 1)
+                    .filter(|a| addr == a.addr + a.len as u64)
+            });
+            match alloc {
+                Some(a) if a.ordinal == ordinal => {
+                    let offset = (addr - a.addr) as usize;
+                    device.push((i, a, offset));
+                }
+                Some(a) => {
+                    return Err(Error::invalid(format!(
+                        "{name}: {kernel}: argument {i} (0x{addr:x}) is in {}, not memory of \
+                         device {ordinal} (CUDA_ERROR_ILLEGAL_ADDRESS on a GPU)",
+                        a.describe()
+                    )))
+                }
+                None => {
+                    return Err(Error::invalid(format!(
+                        "{name}: {kernel}: argument {i} (0x{addr:x}) is neither memory of \
+                         emulated device {ordinal} nor page-locked memory from alloc_pinned \
+                         (CUDA_ERROR_ILLEGAL_ADDRESS on a GPU)"
+                    )))
+                }
+            }
+        }
+        self.core.enqueue(Op::Launch(LaunchOp {
+            func: func.clone(),
+            grid,
+            block,
+            args: ArgBlock::new(args),
+            device,
+        }))
+    }
+}
+
 impl Stream for EmuStream {
     fn ordinal(&self) -> usize {
         self.core.ordinal
@@ -462,6 +623,10 @@ impl Stream for EmuStream {
             )));
         };
         self.core.enqueue(Op::Wait(event.state.clone()))
+    }
+
+    unsafe fn launch(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
+        self.launch_checked(f, grid, block, args)
     }
 
     fn synchronize(&self, timeout: Duration) -> Result<()> {

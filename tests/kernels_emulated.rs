@@ -1,0 +1,415 @@
+//! Kernel launches through the driver contract (`Driver::function`, `Stream::launch`) under
+//! the emulated driver, which builds kernels/*.cu for the CPU with g++ and runs them through
+//! the shim on its streams: every reduction kernel (dtype x op, and the avg finish) on device
+//! memory, compared bit for bit with qccl's Rust reduction; and the launch errors.
+//!
+//! Without g++ the tests print why and pass, unless QCCL_REQUIRE_SHIM=1 (set by .ci/run). The
+//! first run builds reduce.cu (a few seconds; cached on disk after that, see
+//! kernels/README.md).
+
+mod shim;
+
+use qccl::gpu::driver::{Arg, DeviceMem, Driver, Function, Stream};
+use qccl::gpu::emu::EmuDriver;
+use qccl::internal::{finish_avg, kernels::dtype_suffix, reduce3};
+use qccl::{DType, Error, ReduceOp};
+use shim::{check, random, Gen};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The counts each kernel runs at: empty, one, a partial vector, a prime past a few blocks,
+/// and a large prime.
+const COUNTS: [usize; 5] = [0, 1, 7, 4099, 1_000_003];
+
+/// An emulated driver whose kernels load, or None (skip) where g++ is missing and not
+/// required.
+fn driver(devices: usize) -> Option<EmuDriver> {
+    let d = EmuDriver::new(devices);
+    let start = Instant::now();
+    match d.function(0, "qccl_reduce_sum_f32") {
+        Ok(_) => {
+            eprintln!("reduce.cu loaded in {:?}", start.elapsed());
+            Some(d)
+        }
+        Err(Error::Unsupported(why)) => {
+            assert_ne!(
+                std::env::var("QCCL_REQUIRE_SHIM").as_deref(),
+                Ok("1"),
+                "QCCL_REQUIRE_SHIM=1 but {why}"
+            );
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(e) => panic!("loading reduce.cu for the emulated GPU: {e}"),
+    }
+}
+
+/// Device memory holding `data` (at least 1 byte allocated).
+fn upload(d: &EmuDriver, s: &dyn Stream, data: &[u8]) -> Box<dyn DeviceMem> {
+    let mem = d.alloc_device(s.ordinal(), data.len().max(1)).unwrap();
+    // SAFETY: `data` outlives the copy: synchronised below.
+    unsafe { s.copy_to_device(mem.addr(), data.as_ptr(), data.len()) }.unwrap();
+    s.synchronize(WAIT).unwrap();
+    mem
+}
+
+fn download(s: &dyn Stream, addr: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: `out` outlives the copy: synchronised below.
+    unsafe { s.copy_to_host(out.as_mut_ptr(), addr, len) }.unwrap();
+    s.synchronize(WAIT).unwrap();
+    out
+}
+
+/// A grid-stride launch over `n` elements: 256 threads a block, at most 64 blocks.
+fn launch(s: &dyn Stream, f: &dyn Function, n: usize, args: &[Arg]) -> qccl::Result<()> {
+    let grid = n.div_ceil(256).clamp(1, 64) as u32;
+    // SAFETY: every test passes the kernel's own parameter list, pointing at device memory
+    // it keeps until after synchronising.
+    unsafe { s.launch(f, grid, 256, args) }
+}
+
+#[test]
+fn reductions_match_rust() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let mut g = Gen::new(11);
+    for dtype in DType::ALL {
+        let size = dtype.size();
+        for op in ReduceOp::ALL {
+            if op.check_dtype(dtype).is_err() {
+                continue;
+            }
+            let name = format!("qccl_reduce_{}_{}", op.name(), dtype_suffix(dtype));
+            let f = d.function(0, &name).unwrap();
+            assert_eq!(f.name(), name);
+            for (ci, n) in COUNTS.into_iter().enumerate() {
+                // In place or not; 16-byte aligned (the vector path) or one element off.
+                let (inplace, offset) = (ci % 2 == 1, ci / 2 % 2);
+                let a = random(&mut g, dtype, n);
+                let b = random(&mut g, dtype, n);
+                let mut want = vec![0u8; a.len()];
+                reduce3(dtype, op, &mut want, &a, &b);
+                let pad = vec![0u8; offset * size];
+                let da = upload(&d, &*s, &[&pad[..], &a].concat());
+                let db = upload(&d, &*s, &[&pad[..], &b].concat());
+                let out = d.alloc_device(0, (n + offset) * size + 1).unwrap();
+                let at = |m: &dyn DeviceMem| m.addr() + (offset * size) as u64;
+                let dst = if inplace { at(&*da) } else { at(&*out) };
+                let args = [
+                    Arg::Ptr(dst),
+                    Arg::Ptr(at(&*da)),
+                    Arg::Ptr(at(&*db)),
+                    Arg::U64(n as u64),
+                ];
+                launch(&*s, &*f, n, &args).unwrap();
+                let got = download(&*s, dst, n * size);
+                let any_nan = matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Avg);
+                let what = format!("{name} n={n} inplace={inplace} offset={offset}");
+                check(&what, dtype, &got, &want, any_nan);
+            }
+        }
+    }
+}
+
+#[test]
+fn finish_avg_matches_rust() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let mut g = Gen::new(12);
+    for dtype in DType::ALL.into_iter().filter(|d| d.is_float()) {
+        let name = format!("qccl_finish_avg_{}", dtype_suffix(dtype));
+        let f = d.function(0, &name).unwrap();
+        for (n, ranks) in COUNTS.into_iter().zip([1usize, 3, 7, 2, 16_777_217]) {
+            let x = random(&mut g, dtype, n);
+            let mut want = x.clone();
+            finish_avg(dtype, &mut want, ranks);
+            let dx = upload(&d, &*s, &x);
+            let args = [
+                Arg::Ptr(dx.addr()),
+                Arg::U64(n as u64),
+                Arg::U64(ranks as u64),
+            ];
+            launch(&*s, &*f, n, &args).unwrap();
+            let got = download(&*s, dx.addr(), x.len());
+            check(
+                &format!("{name} n={n} ranks={ranks}"),
+                dtype,
+                &got,
+                &want,
+                true,
+            );
+        }
+    }
+}
+
+/// Page-locked memory is passed to kernels as it is, and launches keep stream order with
+/// the copies around them.
+#[test]
+fn pinned_memory_and_stream_order() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let f = d.function(0, "qccl_reduce_sum_u32").unwrap();
+    let n = 1031usize;
+    let a: Vec<u8> = (0..n as u32).flat_map(|v| v.to_le_bytes()).collect();
+    let pinned = d.alloc_pinned(a.len()).unwrap();
+    let dev = d.alloc_device(0, a.len()).unwrap();
+    // SAFETY: `a` and `pinned` live until the synchronize below; nothing else touches them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(a.as_ptr(), pinned.ptr(), a.len());
+        s.copy_to_device(dev.addr(), a.as_ptr(), a.len()).unwrap();
+    }
+    // pinned = pinned + dev, twice: 3a, and the second launch sees the first's result.
+    let args = [
+        Arg::Ptr(pinned.ptr() as u64),
+        Arg::Ptr(pinned.ptr() as u64),
+        Arg::Ptr(dev.addr()),
+        Arg::U64(n as u64),
+    ];
+    launch(&*s, &*f, n, &args).unwrap();
+    launch(&*s, &*f, n, &args).unwrap();
+    s.synchronize(WAIT).unwrap();
+    // SAFETY: the launches are done (synchronised); `pinned` holds `a.len()` bytes.
+    let got = unsafe { std::slice::from_raw_parts(pinned.ptr(), a.len()) };
+    for (i, c) in got.chunks_exact(4).enumerate() {
+        assert_eq!(
+            u32::from_le_bytes(c.try_into().unwrap()),
+            3 * i as u32,
+            "{i}"
+        );
+    }
+}
+
+/// A launch on the legacy default stream, and another stream waiting for it through an
+/// event before copying the result out.
+#[test]
+fn launches_order_with_events_across_streams() {
+    let Some(d) = driver(1) else { return };
+    // SAFETY: null is the legacy default stream of device 0.
+    let s0 = unsafe { d.borrow_stream(0, std::ptr::null_mut()) }.unwrap();
+    let s1 = d.create_stream(0).unwrap();
+    let f = d.function(0, "qccl_reduce_prod_i64").unwrap();
+    let n = 4099usize;
+    let a: Vec<u8> = (0..n as i64).flat_map(|v| (v - 7).to_le_bytes()).collect();
+    let dev = upload(&d, &*s0, &a);
+    let p = Arg::Ptr(dev.addr());
+    // A word holds s0 back, so only the event can order s1's copy after the launch.
+    let gate = d.alloc_pinned(4).unwrap();
+    let w = gate.ptr().cast::<u32>();
+    // SAFETY: pinned, aligned, outlives the wait (synchronised below).
+    unsafe {
+        w.write(0);
+        s0.wait_word(w, 1).unwrap();
+    }
+    launch(&*s0, &*f, n, &[p, p, p, Arg::U64(n as u64)]).unwrap();
+    let done = s0.record().unwrap();
+    s1.wait_event(&*done).unwrap();
+    let mut out = vec![0u8; a.len()];
+    // SAFETY: `out` outlives the copy (s1 is synchronised below).
+    unsafe { s1.copy_to_host(out.as_mut_ptr(), dev.addr(), out.len()) }.unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !done.query().unwrap(),
+        "the launch ran before the gate opened"
+    );
+    // SAFETY: an aligned word of live pinned memory, stored atomically as the worker reads.
+    unsafe {
+        (*w.cast::<std::sync::atomic::AtomicU32>()).store(1, std::sync::atomic::Ordering::Release)
+    };
+    s1.synchronize(WAIT).unwrap();
+    let want: Vec<u8> = (0..n as i64)
+        .flat_map(|v| (v - 7).wrapping_mul(v - 7).to_le_bytes())
+        .collect();
+    assert_eq!(out, want);
+    s0.synchronize(WAIT).unwrap();
+}
+
+fn assert_invalid(r: qccl::Result<()>, needles: &[&str]) {
+    match r {
+        Err(Error::InvalidArgument(m)) => {
+            for n in needles {
+                assert!(m.contains(n), "{m:?} does not name {n:?}");
+            }
+        }
+        other => panic!("expected InvalidArgument naming {needles:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn unknown_kernels_are_refused() {
+    let Some(d) = driver(1) else { return };
+    for name in ["qccl_reduce_sum_f33", "qccl_nothing", "not a name", ""] {
+        assert_invalid(d.function(0, name).map(|_| ()), &[&format!("{name:?}")]);
+    }
+    assert_invalid(
+        d.function(1, "qccl_reduce_sum_f32").map(|_| ()),
+        &["ordinal 1"],
+    );
+}
+
+#[test]
+fn bad_launches_are_refused_naming_the_kernel() {
+    let Some(d) = driver(2) else { return };
+    let s = d.create_stream(0).unwrap();
+    let f = d.function(0, "qccl_reduce_max_i32").unwrap();
+    let mem = d.alloc_device(0, 64).unwrap();
+    let p = Arg::Ptr(mem.addr());
+    let ok = [p, p, p, Arg::U64(16)];
+    let k = "qccl_reduce_max_i32";
+    // SAFETY (every launch below): refused at enqueue, or running on `mem`, which lives
+    // until the synchronize at the end.
+    unsafe {
+        // A host pointer: neither device memory nor pinned.
+        let host = [0u32; 16];
+        let h = host.as_ptr() as u64;
+        assert_invalid(
+            s.launch(&*f, 1, 32, &[p, Arg::Ptr(h), p, Arg::U64(16)]),
+            &[k, "argument 1", &format!("0x{h:x}"), "neither"],
+        );
+        // Argument types and count come from the kernel's parameters.
+        assert_invalid(
+            s.launch(&*f, 1, 32, &[p, p, p, Arg::U32(16)]),
+            &[k, "argument 3", "uint64_t"],
+        );
+        assert_invalid(s.launch(&*f, 1, 32, &ok[..3]), &[k, "4 argument"]);
+        // Shapes.
+        assert_invalid(s.launch(&*f, 0, 32, &ok), &[k, "0 block"]);
+        assert_invalid(s.launch(&*f, 1, 2048, &ok), &[k, "2048 thread"]);
+        // Memory or a function of another device.
+        let other = d.alloc_device(1, 64).unwrap();
+        assert_invalid(
+            s.launch(&*f, 1, 32, &[p, Arg::Ptr(other.addr()), p, Arg::U64(16)]),
+            &[k, "argument 1", "device 1"],
+        );
+        let f1 = d.function(1, k).unwrap();
+        assert_invalid(s.launch(&*f1, 1, 32, &ok), &[k, "device 1"]);
+        // Refusals leave the stream usable.
+        s.launch(&*f, 1, 32, &ok).unwrap();
+    }
+    s.synchronize(WAIT).unwrap();
+}
+
+#[test]
+fn freed_memory_fails_the_launch() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let f = d.function(0, "qccl_reduce_sum_f64").unwrap();
+    let k = "qccl_reduce_sum_f64";
+    // Freed before the launch: refused at enqueue.
+    let gone = d.alloc_device(0, 64).unwrap().addr();
+    let args = [Arg::Ptr(gone), Arg::Ptr(gone), Arg::Ptr(gone), Arg::U64(8)];
+    // SAFETY: refused at enqueue; nothing runs.
+    let r = unsafe { s.launch(&*f, 1, 32, &args) };
+    assert_invalid(r, &[k, "argument 0", &format!("0x{gone:x}")]);
+
+    // Freed after the enqueue, before the stream reaches the launch: the launch fails when it
+    // runs, and the stream with it (sticky).
+    let word = d.alloc_pinned(4).unwrap();
+    let w = word.ptr().cast::<u32>();
+    // SAFETY: `word` is pinned, aligned and outlives the stream's wait (synchronised below).
+    unsafe {
+        w.write(0);
+        s.wait_word(w, 1).unwrap();
+    }
+    let mem = d.alloc_device(0, 64).unwrap();
+    let p = Arg::Ptr(mem.addr());
+    // SAFETY: `mem` is freed before the launch runs; the emulated driver refuses to run it.
+    unsafe { s.launch(&*f, 1, 32, &[p, p, p, Arg::U64(8)]) }.unwrap();
+    drop(mem);
+    // SAFETY: an aligned word of live pinned memory, stored atomically as the worker reads.
+    unsafe {
+        (*w.cast::<std::sync::atomic::AtomicU32>()).store(1, std::sync::atomic::Ordering::Release)
+    };
+    let e = s.synchronize(WAIT).unwrap_err();
+    assert!(matches!(e, Error::System(_)), "{e}");
+    let m = e.to_string();
+    assert!(m.contains(k) && m.contains("freed"), "{m}");
+}
+
+/// Every kernel file builds for the emulated GPU (about 15 s the first time on a small
+/// machine, then cached), and each plainly named entry point loads. reduce.cu and floats.cu
+/// name every kernel through a macro; the tests above load those.
+#[test]
+fn every_kernel_file_loads() {
+    let Some(d) = driver(1) else { return };
+    for source in qccl::internal::kernels::SOURCES {
+        let start = Instant::now();
+        let plain: Vec<String> = source
+            .entry_points()
+            .into_iter()
+            .filter(|n| !n.contains('*'))
+            .collect();
+        assert!(
+            !plain.is_empty() || ["reduce.cu", "floats.cu"].contains(&source.file),
+            "{}: no plainly named kernel to load it by: add a test that launches one",
+            source.file
+        );
+        for name in plain {
+            d.function(0, &name)
+                .unwrap_or_else(|e| panic!("{}: {name}: {e}", source.file));
+        }
+        eprintln!("{} loaded in {:?}", source.file, start.elapsed());
+    }
+}
+
+/// The float codecs' launch plan (`gpu::plans::FloatPlan`) on emulated device memory gives the
+/// Rust codec's payload and decodes, bit for bit, aligned and one element off.
+#[test]
+fn float_codec_plans_match_rust() {
+    use qccl::codec::CodecId;
+    use qccl::gpu::plans::FloatPlan;
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let mut g = Gen::new(13);
+    for id in [CodecId::Fp16, CodecId::Bf16, CodecId::None] {
+        let plan = FloatPlan::new(&d, 0, id).unwrap();
+        let codec = qccl::CodecSpec::parse(id.name()).unwrap().codec().clone();
+        for (ci, n) in COUNTS.into_iter().enumerate() {
+            let finite = ci % 2 == 0;
+            let offset = ci / 2 % 2;
+            let x = g.f32s(n, finite);
+            let mut want = vec![0u8; codec.payload_len(n)];
+            codec.encode_payload(&x, &mut qccl::codec::Rng::from_u64(1), &mut want);
+            assert_eq!(plan.payload_len(n), want.len());
+            let what = format!("{} n={n} finite={finite} offset={offset}", id.name());
+
+            let esize = plan.payload_len(1);
+            let pad = vec![0u8; 4 * offset];
+            let dx = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&x)].concat());
+            let payload = d.alloc_device(0, want.len() + esize * offset + 1).unwrap();
+            let (x_at, p_at) = (
+                dx.addr() + 4 * offset as u64,
+                payload.addr() + (esize * offset) as u64,
+            );
+            // SAFETY: n f32s at x_at and payload_len(n) bytes at p_at, device memory kept
+            // until the download synchronises.
+            unsafe { plan.encode(&*s, x_at, p_at, n) }.unwrap();
+            let got = download(&*s, p_at, want.len());
+            shim::assert_same(&format!("{what}: encode"), &got, &want, esize);
+
+            let acc = g.f32s(n, finite);
+            for add in [false, true] {
+                let mut out = acc.clone();
+                codec.decode_payload(&want, &mut out, add).unwrap();
+                let dacc = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&acc)].concat());
+                let acc_at = dacc.addr() + 4 * offset as u64;
+                // SAFETY: as above, n f32s at acc_at.
+                unsafe { plan.decode(&*s, p_at, acc_at, n, add) }.unwrap();
+                let got = download(&*s, acc_at, 4 * n);
+                let f32s: Vec<u8> = shim::f32_bytes(&out);
+                check(
+                    &format!("{what}: add={add}"),
+                    DType::Float32,
+                    &got,
+                    &f32s,
+                    add,
+                );
+            }
+        }
+    }
+    assert!(matches!(
+        FloatPlan::new(&d, 0, CodecId::Qsgd),
+        Err(Error::Unsupported(_))
+    ));
+}
