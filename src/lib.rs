@@ -74,6 +74,7 @@ pub use types::{DType, Element, ReduceOp};
 pub mod internal {
     pub use crate::bootstrap::env::{detect, EnvInit};
     pub use crate::bootstrap::unique_id::UNIQUE_ID_BYTES;
+    pub use crate::codec::ef::{compensate as ef_compensate, record as ef_record};
     pub use crate::codec::mstopk::mstopk_select;
     pub use crate::codec::randk::select_randk;
     pub use crate::codec::sparse::k_of;

@@ -353,18 +353,19 @@ fn every_kernel_file_loads() {
     }
 }
 
-/// The float codecs' launch plan (`gpu::plans::FloatPlan`) on emulated device memory gives the
-/// Rust codec's payload and decodes, bit for bit, aligned and one element off.
+/// The float codecs' launch plan (`gpu::plans::FloatPlan`, through `plan_for`) on emulated
+/// device memory gives the Rust codec's payload, decodes and error feedback (compensate,
+/// encode, record), bit for bit, aligned and one element off.
 #[test]
 fn float_codec_plans_match_rust() {
     use qccl::codec::CodecId;
-    use qccl::gpu::plans::FloatPlan;
+    use qccl::gpu::plans::{plan_for, FloatPlan};
     let Some(d) = driver(1) else { return };
     let s = d.create_stream(0).unwrap();
     let mut g = Gen::new(13);
     for id in [CodecId::Fp16, CodecId::Bf16, CodecId::None] {
-        let plan = FloatPlan::new(&d, 0, id).unwrap();
         let codec = qccl::CodecSpec::parse(id.name()).unwrap().codec().clone();
+        let plan = plan_for(&d, 0, &*codec).unwrap();
         for (ci, n) in COUNTS.into_iter().enumerate() {
             let finite = ci % 2 == 0;
             let offset = ci / 2 % 2;
@@ -384,7 +385,7 @@ fn float_codec_plans_match_rust() {
             );
             // SAFETY: n f32s at x_at and payload_len(n) bytes at p_at, device memory kept
             // until the download synchronises.
-            unsafe { plan.encode(&*s, x_at, p_at, n) }.unwrap();
+            unsafe { plan.encode(&*s, x_at, p_at, n, 1, 0) }.unwrap();
             let got = download(&*s, p_at, want.len());
             shim::assert_same(&format!("{what}: encode"), &got, &want, esize);
 
@@ -395,7 +396,7 @@ fn float_codec_plans_match_rust() {
                 let dacc = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&acc)].concat());
                 let acc_at = dacc.addr() + 4 * offset as u64;
                 // SAFETY: as above, n f32s at acc_at.
-                unsafe { plan.decode(&*s, p_at, acc_at, n, add) }.unwrap();
+                unsafe { plan.decode(&*s, p_at, acc_at, n, add, 0, 0) }.unwrap();
                 let got = download(&*s, acc_at, 4 * n);
                 let f32s: Vec<u8> = shim::f32_bytes(&out);
                 check(
@@ -406,6 +407,42 @@ fn float_codec_plans_match_rust() {
                     add,
                 );
             }
+
+            // Error feedback: the CPU's compensate, encode, record.
+            let res = g.f32s(n, finite);
+            let mut w = x.clone();
+            let mut res_want = res.clone();
+            qccl::internal::ef_compensate(&mut w, &mut res_want);
+            let mut want_ef = vec![0u8; want.len()];
+            codec.encode_payload(&w, &mut qccl::codec::Rng::from_u64(1), &mut want_ef);
+            let mut decoded = vec![0f32; n];
+            codec.decode_payload(&want_ef, &mut decoded, false).unwrap();
+            qccl::internal::ef_record(&mut res_want, &w, &decoded);
+            let dres = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&res)].concat());
+            let dw = d.alloc_device(0, 4 * (n + offset) + 1).unwrap();
+            let (res_at, w_at) = (
+                dres.addr() + 4 * offset as u64,
+                dw.addr() + 4 * offset as u64,
+            );
+            // SAFETY: n f32s at x_at, res_at, w_at and payload_len(n) bytes at p_at, device
+            // memory kept until the downloads synchronise.
+            unsafe { plan.encode_ef(&*s, x_at, res_at, w_at, p_at, n, 1, 0) }.unwrap();
+            let got = download(&*s, p_at, want.len());
+            shim::assert_same(&format!("{what}: encode_ef"), &got, &want_ef, esize);
+            let got = download(&*s, res_at, 4 * n);
+            shim::assert_same(
+                &format!("{what}: encode_ef residual"),
+                &got,
+                &shim::f32_bytes(&res_want),
+                4,
+            );
+            let got = download(&*s, w_at, 4 * n);
+            shim::assert_same(
+                &format!("{what}: encode_ef w"),
+                &got,
+                &shim::f32_bytes(&w),
+                4,
+            );
         }
     }
     assert!(matches!(

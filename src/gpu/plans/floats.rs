@@ -3,7 +3,7 @@
 //! 16-byte vector path. Payloads only (the 32-byte chunk header is the host's), the bytes of
 //! the Rust codec's `encode_payload` / `decode_payload`.
 
-use super::{grid_for, BLOCK};
+use super::{grid_for, CodecPlan, BLOCK};
 use crate::codec::CodecId;
 use crate::error::{Error, Result};
 use crate::gpu::driver::{Arg, Driver, Function, Stream};
@@ -16,6 +16,7 @@ const PER_THREAD: usize = 8;
 pub struct FloatPlan {
     codec: CodecId,
     encode: Arc<dyn Function>,
+    encode_ef: Arc<dyn Function>,
     decode: Arc<dyn Function>,
     decode_add: Arc<dyn Function>,
 }
@@ -34,48 +35,69 @@ impl FloatPlan {
         Ok(FloatPlan {
             codec,
             encode: f("encode")?,
+            encode_ef: f("encode_ef")?,
             decode: f("decode")?,
             decode_add: f("decode_add")?,
         })
     }
+}
 
-    /// The codec.
-    pub fn codec(&self) -> CodecId {
+impl CodecPlan for FloatPlan {
+    fn codec(&self) -> CodecId {
         self.codec
     }
 
-    /// Payload bytes of `count` elements (the codec's `payload_len`).
-    pub fn payload_len(&self, count: usize) -> usize {
+    fn payload_len(&self, count: usize) -> usize {
         count * if self.codec == CodecId::None { 4 } else { 2 }
     }
 
-    /// Enqueues `payload = encode(x)` for `count` f32s at device address `x` into
-    /// `payload_len(count)` bytes at `payload` (each aligned to its element; 16 bytes for the
-    /// vector path).
-    ///
-    /// # Safety
-    /// Both ranges must be memory of the stream's device (or page-locked), valid and not
-    /// touched by anything else until the work is known done.
-    pub unsafe fn encode(&self, s: &dyn Stream, x: u64, payload: u64, count: usize) -> Result<()> {
+    unsafe fn encode(
+        &self,
+        s: &dyn Stream,
+        x: u64,
+        payload: u64,
+        count: usize,
+        _key: u64,
+        _scratch: u64,
+    ) -> Result<()> {
         let args = [Arg::Ptr(x), Arg::Ptr(payload), Arg::U64(count as u64)];
         // SAFETY: floats.cu's (const float* x, T* payload, uint64_t count); the ranges are
-        // the caller's to keep valid (this function's contract).
+        // the caller's to keep valid (the trait's contract).
         unsafe { launch(s, &*self.encode, count, &args) }
     }
 
-    /// Enqueues the decode of `count` elements of `payload` into the f32s at `out`:
-    /// `out[i] = value`, or `out[i] += value` with `add` (the reduction step of a
-    /// compressed all-reduce).
-    ///
-    /// # Safety
-    /// As for [`FloatPlan::encode`].
-    pub unsafe fn decode(
+    unsafe fn encode_ef(
+        &self,
+        s: &dyn Stream,
+        x: u64,
+        res: u64,
+        w_out: u64,
+        payload: u64,
+        count: usize,
+        _key: u64,
+        _scratch: u64,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(res),
+            Arg::Ptr(w_out),
+            Arg::Ptr(payload),
+            Arg::U64(count as u64),
+        ];
+        // SAFETY: floats.cu's (const float* x, float* res, float* w_out, T* payload,
+        // uint64_t count), w_out may be null; as above.
+        unsafe { launch(s, &*self.encode_ef, count, &args) }
+    }
+
+    unsafe fn decode(
         &self,
         s: &dyn Stream,
         payload: u64,
         out: u64,
         count: usize,
         add: bool,
+        _bad: u64,
+        _scratch: u64,
     ) -> Result<()> {
         let f = if add { &self.decode_add } else { &self.decode };
         let args = [Arg::Ptr(payload), Arg::Ptr(out), Arg::U64(count as u64)];

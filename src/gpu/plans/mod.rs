@@ -3,8 +3,10 @@
 //! contract, so the device path can encode, decode and reduce on the GPU. Each plan looks its
 //! functions up once per device and only enqueues. Today: the float codecs (`floats.rs`).
 
+mod codec;
 mod floats;
 
+pub use codec::{plan_for, CodecPlan};
 pub use floats::FloatPlan;
 
 /// Threads a block for grid-stride kernels.
