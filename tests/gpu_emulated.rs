@@ -5,7 +5,8 @@
 //! dtype at awkward counts, in place and out of place, the caller's stream ordering (a copy
 //! enqueued before the call is seen by it; one enqueued after sees the result), mixed host
 //! and device buffers, and the errors (a buffer running past its allocation, buffers on a
-//! second device).
+//! second device), and compressed SRA all-reduces with the codecs on the GPU, device ranks
+//! mixed with host ranks in one job, every rank's result bit-identical.
 //!
 //! The same scenarios run on a real GPU with `--ignored` (QCCL_REQUIRE_GPU=1 makes a missing
 //! GPU a failure).
@@ -19,7 +20,7 @@ use common::job::{text, Job, CHILD};
 use common::{check_reduce, input};
 use qccl::internal::gpu_driver::{DeviceMem, Driver, Stream};
 use qccl::internal::CallBuf;
-use qccl::{Comm, DType, ReduceOp};
+use qccl::{Algo, Comm, Compression, DType, Layout, ReduceOp};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +45,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "stream" => stream_ordering(&comm, &dev),
         "enqueue" => enqueue_and_return(&comm, &dev),
         "errors" => errors(&comm, &dev),
+        "coded" => coded(&comm, &dev),
         other => Err(format!("unknown scenario {other}")),
     }
 }
@@ -362,6 +364,327 @@ fn errors(comm: &Comm, dev: &Dev) -> Result<(), String> {
     )
 }
 
+/// One compressed all-reduce case of the `coded` scenario.
+struct CodedCase {
+    spec: &'static str,
+    /// Error feedback keyed by this name (with the layout, if any).
+    key: Option<&'static str>,
+    layout: Option<Layout>,
+    op: ReduceOp,
+    counts: Vec<usize>,
+    /// Calls per count (error feedback carries over between them).
+    calls: usize,
+    /// Largest error, relative to the sum of the inputs' magnitudes, per element; None: the
+    /// relative L2 error of the whole result is checked against 0.5 instead.
+    tolerance: Option<f64>,
+    /// The GPU path must run (a float codec); otherwise it runs when the codec has a launch
+    /// plan, and the call is staged when not.
+    must_gpu: bool,
+}
+
+/// Input `i` of rank `p` in call `call` of case `case`: deterministic, in [-1, 1).
+fn coded_input(case: usize, call: usize, p: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| {
+            let k = (p * 7919 + i * 104_729 + call * 31 + case * 17) % 2003;
+            k as f32 / 1001.5 - 1.0
+        })
+        .collect()
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Compressed SRA all-reduces: ranks named in QCCL_TEST_DEVICE_RANKS use device buffers (the
+/// codecs on the GPU: checked through `device_stats`), the others host buffers. Every result
+/// is compared with the float64 sum of the inputs within the codec's tolerance, and its hash
+/// printed (`QCCL-HASH case call hash`) for the parent to compare across ranks.
+fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let on_device = std::env::var("QCCL_TEST_DEVICE_RANKS")
+        .unwrap_or_default()
+        .split(',')
+        .any(|x| x == r.to_string());
+    let e = |e: qccl::Error| e.to_string();
+    let layered = Layout::new([
+        ("conv.weight", 37),
+        ("conv.bias", 5),
+        ("fc", 1001),
+        ("fc2.norm", 17),
+        ("head", 4099),
+    ]);
+    let layered_count = layered.count();
+    let cases = [
+        CodedCase {
+            spec: "fp16",
+            key: None,
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![0, 1, 7, 4099, 131_075],
+            calls: 1,
+            tolerance: Some(1.0 / 512.0),
+            must_gpu: true,
+        },
+        CodedCase {
+            spec: "bf16:ef=1",
+            key: Some("bf16.grad"),
+            layout: None,
+            op: ReduceOp::Avg,
+            counts: vec![4099],
+            calls: 4,
+            tolerance: Some(1.0 / 32.0),
+            must_gpu: true,
+        },
+        CodedCase {
+            spec: "fp16:ef=1",
+            key: Some("fused"),
+            layout: Some(layered),
+            op: ReduceOp::Sum,
+            counts: vec![layered_count],
+            calls: 4,
+            tolerance: Some(1.0 / 256.0),
+            must_gpu: true,
+        },
+        CodedCase {
+            spec: "qsgd:bits=4,bucket=128",
+            key: None,
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![4099],
+            calls: 2,
+            tolerance: None,
+            must_gpu: false,
+        },
+    ];
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    for (ci, case) in cases.iter().enumerate() {
+        let mut c = Compression::parse(case.spec).map_err(e)?.algo(Algo::Sra);
+        if let Some(k) = case.key {
+            c = c.key(k);
+        }
+        if let (Some(k), Some(l)) = (case.key, &case.layout) {
+            comm.set_layout(k, l.clone()).map_err(e)?;
+        }
+        for &count in &case.counts {
+            for call in 0..case.calls {
+                let what = format!("{} count {count} call {call}", case.spec);
+                let ins: Vec<Vec<f32>> = (0..n).map(|p| coded_input(ci, call, p, count)).collect();
+                let in_place = call % 2 == 1;
+                let got = if on_device {
+                    // Odd calls on a stream of the caller's, even ones on NULL.
+                    let stream = if call % 2 == 1 {
+                        user.raw()
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    let before = comm.device_stats().map_err(e)?;
+                    let (got, gpu) =
+                        coded_on_device(comm, dev, &c, case.op, &ins[r], in_place, stream)?;
+                    if stream == user.raw() {
+                        user.synchronize(WAIT).map_err(e)?;
+                    }
+                    if let Some(err) = comm.async_error() {
+                        return Err(format!("{what}: async error: {err}"));
+                    }
+                    let got = match got {
+                        Some(g) => g,
+                        None => {
+                            let d = gpu.as_ref().ok_or("no buffer")?;
+                            floats(&dev.download(&**d, 4 * count)?)
+                        }
+                    };
+                    let after = comm.device_stats().map_err(e)?;
+                    let ran = after.calls - before.calls;
+                    let gpu_ran = ran == 1;
+                    if count > 0 && case.must_gpu && !gpu_ran {
+                        return Err(format!("{what}: the GPU path did not run ({ran} calls)"));
+                    }
+                    if gpu_ran
+                        && n > 1
+                        && case.layout.is_none()
+                        && case.spec.starts_with("fp16")
+                        && count >= 16
+                    {
+                        // Only encoded bytes cross PCIe: every element is encoded once by
+                        // this rank, 2 bytes each.
+                        let moved = after.to_host - before.to_host;
+                        if moved != 2 * count as u64 {
+                            return Err(format!(
+                                "{what}: {moved} bytes to the host, want {}",
+                                2 * count
+                            ));
+                        }
+                    }
+                    got
+                } else {
+                    let mut recv = ins[r].clone();
+                    if in_place {
+                        comm.all_reduce_compressed(&mut recv, case.op, &c)
+                            .map_err(e)?;
+                    } else {
+                        let mut out = vec![0f32; count];
+                        comm.all_reduce_compressed_out_of_place(&ins[r], &mut out, case.op, &c)
+                            .map_err(e)?;
+                        recv = out;
+                    }
+                    recv
+                };
+                println!(
+                    "QCCL-HASH {ci} {count} {call} {:016x}",
+                    fnv(bytemuck::cast_slice(&got))
+                );
+                check_coded(case, &ins, &got, n).map_err(|m| format!("{what}: {m}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `got` against the float64 sum (or average) of `ins` within the case's tolerance.
+fn check_coded(case: &CodedCase, ins: &[Vec<f32>], got: &[f32], n: usize) -> Result<(), String> {
+    let div = if case.op == ReduceOp::Avg {
+        n as f64
+    } else {
+        1.0
+    };
+    let (mut err2, mut norm2) = (0f64, 0f64);
+    for (i, &g) in got.iter().enumerate() {
+        let want: f64 = ins.iter().map(|x| x[i] as f64).sum::<f64>() / div;
+        let mag: f64 = ins.iter().map(|x| (x[i] as f64).abs()).sum::<f64>() / div;
+        let d = (g as f64 - want).abs();
+        if let Some(t) = case.tolerance {
+            if d.is_nan() || d > t * mag + 1e-6 {
+                return Err(format!(
+                    "element {i} is {g}, want {want} (within {})",
+                    t * mag
+                ));
+            }
+        }
+        err2 += d * d;
+        norm2 += want * want;
+    }
+    if case.tolerance.is_none() && err2 > 0.25 * norm2 {
+        return Err(format!("relative L2 error {}", (err2 / norm2).sqrt()));
+    }
+    Ok(())
+}
+
+/// One compressed all-reduce of `mine` on device buffers, ordered on `stream`: with the
+/// codecs on the GPU when the call has that path, else staged. Returns the result when it
+/// was read already, else the device buffer holding it (read after the stream).
+#[allow(clippy::type_complexity)]
+fn coded_on_device(
+    comm: &Comm,
+    dev: &Dev,
+    c: &Compression,
+    op: ReduceOp,
+    mine: &[f32],
+    in_place: bool,
+    stream: *mut std::ffi::c_void,
+) -> Result<(Option<Vec<f32>>, Option<Box<dyn DeviceMem>>), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let count = mine.len();
+    let len = 4 * count;
+    let send = dev.upload(bytemuck::cast_slice(mine))?;
+    let recv = if in_place {
+        None
+    } else {
+        Some(dev.upload(&vec![0u8; len])?)
+    };
+    let p = comm
+        .prepare_all_reduce_compressed(count, DType::Float32, op, c)
+        .map_err(e)?;
+    let call = comm.compressed_call(p);
+    let (s, rv) = match &recv {
+        Some(rm) => (Some(send.addr()), rm.addr()),
+        None => (None, send.addr()),
+    };
+    let result = |m: Box<dyn DeviceMem>, rm: Option<Box<dyn DeviceMem>>| rm.unwrap_or(m);
+    match comm.gpu_all_reduce(&call, s, rv).map_err(e)? {
+        Some(g) => {
+            // SAFETY: both buffers live until the stream passed the call (the caller
+            // synchronises it before they are dropped, with the result read).
+            unsafe { comm.run_gpu_all_reduce(g, stream) }.map_err(e)?;
+            Ok((None, Some(result(send, recv))))
+        }
+        None => {
+            let mut bufs: Vec<CallBuf> = s.iter().map(|&a| buf(a, len, true, false)).collect();
+            bufs.push(buf(rv, len, in_place, true));
+            // SAFETY: device buffers of `len` bytes alive for the call; the staged
+            // addresses hold `len` bytes each.
+            unsafe {
+                comm.on_buffers(&bufs, std::ptr::null_mut(), |h| {
+                    let (si, ri) = if in_place {
+                        (None, bytes(h[0], len))
+                    } else {
+                        (Some(&*bytes(h[0], len)), bytes(h[1], len))
+                    };
+                    comm.execute(|eng| call.run(eng, si, ri)).map(drop)
+                })
+            }
+            .map_err(e)?;
+            let m = result(send, recv);
+            let got = floats(&dev.download(&*m, len)?);
+            Ok((Some(got), Some(m)))
+        }
+    }
+}
+
+/// Runs the `coded` scenario on `n` ranks, those in `device_ranks` on device buffers, checks
+/// that every rank printed the same hashes and returns them.
+fn run_coded(n: usize, device_ranks: &str) -> Vec<String> {
+    let job = Job::new(n);
+    let outs = job.run(
+        "coded",
+        &[
+            ("QCCL_GPU_EMULATE", "1"),
+            ("QCCL_TEST_DEVICE_RANKS", device_ranks),
+        ],
+        Duration::from_secs(300),
+    );
+    let mut hashes: Vec<Vec<String>> = Vec::new();
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+        hashes.push(
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with("QCCL-HASH "))
+                .map(String::from)
+                .collect(),
+        );
+    }
+    assert!(
+        !hashes[0].is_empty(),
+        "no results printed:\n{}",
+        text(&outs[0])
+    );
+    for (r, h) in hashes.iter().enumerate() {
+        assert_eq!(
+            h, &hashes[0],
+            "rank {r} of {n} ends with other bytes than rank 0"
+        );
+    }
+    hashes.swap_remove(0)
+}
+
+/// Device ranks mixed with host ranks end bit-identical, and with the bytes of the same job
+/// on host buffers only: the device arithmetic (error feedback included, which only changes
+/// the encoding rank's own contribution) is the CPU's.
+#[test]
+fn compressed_sra_with_the_codecs_on_the_gpu_matches_host_ranks_bit_for_bit() {
+    for (n, device) in [(3, "0,2"), (5, "1,2,4"), (1, "0")] {
+        let host = run_coded(n, "");
+        assert_eq!(
+            run_coded(n, device),
+            host,
+            "{n} ranks, {device} on device buffers"
+        );
+    }
+}
+
 fn run_job(n: usize, scenario: &str, devices: &str) {
     let job = Job::new(n);
     let outs = job.run(
@@ -428,4 +751,11 @@ fn a_call_on_a_stream_returns_once_enqueued_and_queued_calls_stage_in_turn() {
 #[test]
 fn bad_device_buffers_are_refused_by_name() {
     run_job(2, "errors", "2");
+}
+
+/// f32s from native-endian bytes (any alignment).
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().expect("4 bytes")))
+        .collect()
 }

@@ -3,7 +3,9 @@
 //! memory on the comm's device. On a stream the call is enqueued and returns at once, the
 //! stream waiting for it (`Comm::on_stream`); with NULL (the legacy default stream) it returns
 //! once the result is on the device (`Comm::on_buffers`). Host buffers with a NULL stream
-//! take the host path unchanged. Grouped calls are staged together at `qcclGroupEnd`
+//! take the host path unchanged. A compressed SRA all-reduce on float32 device buffers whose
+//! codecs have launch plans runs them on the GPU instead of staging (`Comm::gpu_all_reduce`),
+//! on NULL and on a stream alike. Grouped calls are staged together at `qcclGroupEnd`
 //! (group.rs, spans.rs); non-blocking calls are staged in the comm's turn
 //! (`Comm::submit_on_buffers`).
 
@@ -26,8 +28,18 @@ pub(crate) fn launch_on(
         // Staged at qcclGroupEnd, with the group's other calls on this comm.
         return queue(token, h, op, stream);
     }
-    let bufs = op.call_bufs();
     let comm = h.clone();
+    if let Op::AllReduce { send, recv, call } = &op {
+        // A compressed SRA on f32 device buffers runs its codecs on the GPU (gpu::sra).
+        let send = send.as_ref().map(|s| s.start() as u64);
+        if let Some(g) = comm.comm.gpu_all_reduce(call, send, recv.start() as u64)? {
+            // SAFETY: the C caller's contract (qccl.h): the buffers stay valid until the call
+            // returns (NULL) or the stream passes it, and `stream` is NULL or a live stream
+            // of their device.
+            return unsafe { comm.comm.run_gpu_all_reduce(g, stream) };
+        }
+    }
+    let bufs = op.call_bufs();
     if !stream.is_null() {
         // NCCL's semantics: enqueued on the stream, returning at once (device buffers).
         // SAFETY: as below; the buffers stay valid until the stream passes the call.

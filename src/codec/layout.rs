@@ -188,8 +188,17 @@ impl CodecMap {
         h | 1
     }
 
-    /// The pieces of element range `r`: (piece range, codec).
-    fn pieces(&self, r: Range<usize>) -> impl Iterator<Item = (Range<usize>, &Arc<dyn Codec>)> {
+    /// The codec of each segment, in order (a codec may repeat).
+    pub(crate) fn codecs(&self) -> impl Iterator<Item = &Arc<dyn Codec>> {
+        self.segments.iter().map(|s| &s.codec)
+    }
+
+    /// The pieces of element range `r`: (piece range, codec). Each is one chunk of the
+    /// encoding, whose random draws use the site of its start (`encode`).
+    pub(crate) fn pieces(
+        &self,
+        r: Range<usize>,
+    ) -> impl Iterator<Item = (Range<usize>, &Arc<dyn Codec>)> {
         let first = self.segments.partition_point(|s| s.end <= r.start);
         self.segments[first..]
             .iter()

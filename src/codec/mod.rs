@@ -91,13 +91,7 @@ pub trait Codec: Send + Sync + std::fmt::Debug {
                 out.len()
             )));
         }
-        Header {
-            codec: self.id(),
-            params: self.params(),
-            count: n as u64,
-            payload: (len - HEADER_LEN) as u64,
-        }
-        .write(out);
+        write_header(self, n, out);
         self.encode_payload(input, rng, &mut out[HEADER_LEN..len]);
         Ok(len)
     }
@@ -125,6 +119,18 @@ pub trait Codec: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+}
+
+/// Writes the header of `codec`'s chunk of `n` elements into the first [`HEADER_LEN`] bytes
+/// of `out` (the device path writes headers on the host, payloads on the GPU).
+pub(crate) fn write_header<C: Codec + ?Sized>(codec: &C, n: usize, out: &mut [u8]) {
+    Header {
+        codec: codec.id(),
+        params: codec.params(),
+        count: n as u64,
+        payload: codec.payload_len(n) as u64,
+    }
+    .write(out);
 }
 
 /// The payload of `bytes` after checking its header against `codec` and `n` elements.

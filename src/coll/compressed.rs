@@ -66,7 +66,14 @@ fn fill(work: &mut [f32], input: Option<&[f32]>) {
 }
 
 impl Engine {
-    fn coded_ctx(&mut self, coll: CollKind, count: usize, c: &Coded<'_>, algo: Algo) -> Ctx<'_> {
+    /// The context of a compressed call: its frames carry the plan's fingerprint.
+    pub(crate) fn coded_ctx(
+        &mut self,
+        coll: CollKind,
+        count: usize,
+        c: &Coded<'_>,
+        algo: Algo,
+    ) -> Ctx<'_> {
         let mut ctx = self.ctx(coll, count, c.dtype, ReduceOp::Sum, 0, algo as u8);
         ctx.desc.root = c.plan.fingerprint();
         ctx

@@ -38,6 +38,9 @@ pub struct Engine {
     pub(crate) residuals: Residuals,
     /// Compressed calls executed so far: the `step` of their random streams.
     pub(crate) coded_calls: u64,
+    /// Compressed all-reduces on device buffers with the codecs on the GPU: their stream,
+    /// buffers and residuals (made by the first such call).
+    pub(crate) gpu: Option<crate::gpu::sra::DeviceState>,
 }
 
 impl Engine {

@@ -149,7 +149,10 @@ impl Comm {
     /// Forgets the error-feedback residual of `key` (a collective-free local call, ordered
     /// after every call submitted before it); true if there was one.
     pub fn forget_residual(&self, key: &TensorKey) -> Result<bool> {
-        self.queue.run(|e| Ok(e.residuals.remove(key)))
+        self.queue.run(|e| {
+            let device = e.gpu.as_mut().is_some_and(|g| g.forget(key));
+            Ok(e.residuals.remove(key) | device)
+        })
     }
 
     /// Payload bytes this comm has sent and received so far, over all collectives.
@@ -392,6 +395,10 @@ fn coded_turn<R>(
     let step = e.coded_calls;
     e.coded_calls += 1;
     let key = key.filter(|_| plan.error_feedback());
+    if let (Some(k), Some(g)) = (key, e.gpu.as_mut()) {
+        // A key used on device buffers before starts again from zero on the host.
+        g.forget(k);
+    }
     let mut residual = key.map(|k| std::mem::take(e.residuals.get(k, work.len())));
     let input = match residual.as_deref_mut() {
         Some(r) => {
@@ -442,6 +449,23 @@ impl PreparedAllReduce {
     /// (count, dtype, op) the call was prepared for.
     pub(super) fn shape(&self) -> (usize, DType, ReduceOp) {
         (self.count, self.dtype, self.op)
+    }
+
+    /// The call as the device path runs it: (plan, tensor key, op, count, seed), when it is
+    /// a flat SRA on float32 (what `gpu::sra` implements); None otherwise.
+    pub(super) fn flat_sra_f32(
+        &self,
+    ) -> Option<(&CodecMap, Option<&TensorKey>, ReduceOp, usize, u64)> {
+        match self.schedule {
+            Schedule::Flat(Flat::Sra) if self.dtype == DType::Float32 => Some((
+                &self.plan,
+                self.key.as_ref(),
+                self.op,
+                self.count,
+                self.seed,
+            )),
+            _ => None,
+        }
     }
 
     /// True when the call runs the hierarchical schedule.

@@ -62,7 +62,7 @@ impl Comm {
     }
 
     /// An error unless `ordinal` is the comm's device (set here by its first device call).
-    fn check_device(&self, ordinal: usize) -> Result<()> {
+    pub(super) fn check_device(&self, ordinal: usize) -> Result<()> {
         let mine = *self.device.get_or_init(|| ordinal);
         if mine != ordinal {
             return Err(Error::invalid(format!(
@@ -75,7 +75,7 @@ impl Comm {
 
     /// The comm's staging in `guard` on device `ordinal`, made on first use; an error when
     /// the comm's device is another.
-    fn staging_on<'a>(
+    pub(super) fn staging_on<'a>(
         &self,
         guard: &'a mut Option<Staging>,
         driver: std::sync::Arc<dyn crate::gpu::driver::Driver>,

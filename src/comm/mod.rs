@@ -5,6 +5,7 @@ mod compress;
 #[cfg(feature = "cuda")]
 mod cuda_slices;
 mod device;
+mod gpu_sra;
 mod hier;
 mod hitopk;
 mod pipeline;
@@ -394,6 +395,7 @@ impl Comm {
             wire: Default::default(),
             residuals: Default::default(),
             coded_calls: 0,
+            gpu: None,
         };
         let (queue, jobs) = Queue::new(engine, abort);
         let q = queue.clone();

@@ -174,6 +174,14 @@ impl AllReduceCall {
         }
     }
 
+    /// The compressed call inside, if the route is compressed.
+    pub(super) fn compressed(&self) -> Option<&PreparedAllReduce> {
+        match &self.route {
+            Route::Compressed(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// Number of elements the call was prepared for.
     pub fn count(&self) -> usize {
         self.count

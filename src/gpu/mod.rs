@@ -38,6 +38,10 @@ pub mod nvrtc;
 #[doc(hidden)]
 pub mod kernels;
 
+// Compressed SRA all-reduce on device buffers, the codecs run on the GPU (not API yet).
+#[doc(hidden)]
+pub mod sra;
+
 // Codecs' and reductions' kernel launch sequences over the driver contract.
 #[doc(hidden)]
 pub mod plans;

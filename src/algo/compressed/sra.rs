@@ -2,12 +2,60 @@
 //! owner j; the owner adds the decoded contributions to its own exact data in rank order,
 //! encodes the sum once, keeps the decoded copy and all-gathers the encoding. Two quantizations
 //! per element whatever the world size, so the error does not grow with the ring length.
+//!
+//! The schedule (`run`) is written once over a [`Side`]: where a rank's data lives and how it
+//! encodes and decodes. The host's side is the [`Coder`] over an f32 buffer; the device's
+//! (`gpu::sra`) runs the codecs' kernels over device memory. Both keep the same chunks,
+//! slices, pieces and order of additions, so host and device ranks of one job end
+//! bit-identical.
 
 use super::{chunk, nslices, slice, Coder};
 use crate::algo::wire::WireBuf;
 use crate::algo::Ctx;
 use crate::transport::{RecvReq, SendReq};
 use crate::Result;
+use std::ops::Range;
+
+/// Which exchange of a slice a [`Side::swap`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Each peer's encoded slice to its owner (`Side::encode_for` filled them).
+    Scatter,
+    /// The owner's encoded sum to every peer (`Side::encode_own` filled it).
+    Gather,
+}
+
+/// One rank's data and codec in the SRA schedule. Element ranges are positions in the call's
+/// buffer; `p` is a peer's rank. Methods may only enqueue work (a device), as long as
+/// `swap` sends what the encodes wrote and `finish` leaves the result in place.
+pub trait Side {
+    /// Bytes of the encoding of elements `r`.
+    fn len(&self, r: &Range<usize>) -> usize;
+    /// Encodes elements `r` of the input (of the work buffer when in place) into the bytes
+    /// sent to peer `p`, recording the loss for error feedback.
+    fn encode_for(&mut self, p: usize, r: Range<usize>) -> Result<()>;
+    /// Out of place: copies the input's elements `r` (this rank's own slice) into the work
+    /// buffer, exact. In place: nothing.
+    fn keep_own(&mut self, r: Range<usize>) -> Result<()>;
+    /// Adds the decoded bytes received from `p` (the encoding of elements `r`) to the work
+    /// buffer.
+    fn add_from(&mut self, p: usize, r: Range<usize>) -> Result<()>;
+    /// Encodes elements `r` of the work buffer (this rank's sum) into the bytes sent to every
+    /// peer, and replaces them with their decoded value.
+    fn encode_own(&mut self, r: Range<usize>) -> Result<()>;
+    /// Decodes the bytes received from `p` (the encoding of elements `r`) into the work
+    /// buffer.
+    fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()>;
+    /// One exchange with every peer in `peers`: this phase's bytes sent, and `land(p)` bytes
+    /// received from each.
+    fn swap(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        peers: &[usize],
+        phase: Phase,
+        land: &dyn Fn(usize) -> usize,
+    ) -> Result<()>;
+}
 
 /// Compressed SRA all-reduce (sum) of `work`: in place, or out of place from `input` (read
 /// where it is encoded; only this rank's own chunk is copied into `work`).
@@ -17,7 +65,7 @@ pub fn all_reduce(
     input: Option<&[f32]>,
     work: &mut [f32],
 ) -> Result<()> {
-    scatter_reduce(ctx, cd, input, work, true)
+    host(ctx, cd, input, work, true)
 }
 
 /// Compressed reduce-scatter (sum): afterwards chunk `rank` of `work` (`chunk(count, n, rank)`)
@@ -29,71 +77,151 @@ pub fn reduce_scatter(
     input: Option<&[f32]>,
     work: &mut [f32],
 ) -> Result<()> {
-    scatter_reduce(ctx, cd, input, work, false)
+    host(ctx, cd, input, work, false)
 }
 
-fn scatter_reduce(
+fn host(
     ctx: &mut Ctx<'_>,
     cd: &mut Coder<'_>,
     input: Option<&[f32]>,
     work: &mut [f32],
     gather: bool,
 ) -> Result<()> {
-    let (n, r, count) = (ctx.size, ctx.rank, work.len());
-    if n == 1 {
+    let count = work.len();
+    if ctx.size == 1 {
         if let Some(i) = input {
             work.copy_from_slice(i);
         }
         return Ok(());
     }
+    let n = ctx.size;
+    // Encoded into registered memory: an RDMA link sends them without a copy.
+    let mut side = HostSide {
+        cd,
+        input,
+        work,
+        out: (0..n).map(|_| ctx.wire_buf()).collect(),
+        result: ctx.wire_buf(),
+        land: vec![Vec::new(); n],
+    };
+    let done = run(ctx, &mut side, count, gather);
+    ctx.give_wire(side.out.into_iter().chain([side.result]));
+    done
+}
+
+/// The schedule over `count` elements, for `ctx.size` > 1 ranks; with `gather` false it stops
+/// after the scatter-reduce (a reduce-scatter).
+pub fn run(ctx: &mut Ctx<'_>, side: &mut dyn Side, count: usize, gather: bool) -> Result<()> {
+    let (n, r) = (ctx.size, ctx.rank);
     let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
     let nsl = nslices(ctx, chunks[n - 1].len());
     let peers: Vec<usize> = (0..n).filter(|&p| p != r).collect();
-    // Encoded into registered memory: an RDMA link sends them without a copy.
-    let mut out: Vec<WireBuf> = (0..n).map(|_| ctx.wire_buf()).collect();
-    let mut land: Vec<Vec<u8>> = vec![Vec::new(); n];
-    let mut result = ctx.wire_buf();
     for j in 0..nsl {
         let s = |c: usize| slice(&chunks[c], nsl, j);
         // Scatter: every peer's slice, encoded once, to its owner.
         for &p in &peers {
-            let len = cd.len(&s(p));
-            cd.encode(input.unwrap_or(work), s(p), out[p].fit(len))?;
-            land[p].resize(cd.len(&s(r)), 0);
+            side.encode_for(p, s(p))?;
         }
-        swap(ctx, &peers, |p| out[p].bytes(), &mut land)?;
+        let own = side.len(&s(r));
+        side.swap(ctx, &peers, Phase::Scatter, &|_| own)?;
         // Own data exact, then the peers in rank order: the same arithmetic on every run.
-        if let Some(i) = input {
-            work[s(r)].copy_from_slice(&i[s(r)]);
-        }
+        side.keep_own(s(r))?;
         for &p in &peers {
-            cd.decode(&land[p], work, s(r), true)?;
+            side.add_from(p, s(r))?;
         }
         if !gather {
             continue;
         }
         // All-gather: the owner's sum, encoded once, to everyone.
-        let len = cd.len(&s(r));
-        cd.encode_own(work, s(r), result.fit(len))?;
+        side.encode_own(s(r))?;
+        let lens: Vec<usize> = (0..n).map(|c| side.len(&s(c))).collect();
+        side.swap(ctx, &peers, Phase::Gather, &|p| lens[p])?;
         for &p in &peers {
-            land[p].resize(cd.len(&s(p)), 0);
-        }
-        swap(ctx, &peers, |_| result.bytes(), &mut land)?;
-        for &p in &peers {
-            cd.decode(&land[p], work, s(p), false)?;
+            side.take_from(p, s(p))?;
         }
     }
-    ctx.give_wire(out.into_iter().chain([result]));
     Ok(())
 }
 
-/// One exchange with every peer: `send(p)` goes to peer p while `land[p]` (sized by the
-/// caller) receives from it.
-fn swap<'a>(
+/// The host's side: the CPU codecs over an f32 work buffer.
+struct HostSide<'a, 'c> {
+    cd: &'a mut Coder<'c>,
+    input: Option<&'a [f32]>,
+    work: &'a mut [f32],
+    /// The encoding sent to each peer (scatter).
+    out: Vec<WireBuf>,
+    /// This rank's encoded sum (gather).
+    result: WireBuf,
+    land: Vec<Vec<u8>>,
+}
+
+impl Side for HostSide<'_, '_> {
+    fn len(&self, r: &Range<usize>) -> usize {
+        self.cd.len(r)
+    }
+
+    fn encode_for(&mut self, p: usize, r: Range<usize>) -> Result<()> {
+        let len = self.cd.len(&r);
+        let src = self.input.unwrap_or(self.work);
+        self.cd.encode(src, r, self.out[p].fit(len))
+    }
+
+    fn keep_own(&mut self, r: Range<usize>) -> Result<()> {
+        if let Some(i) = self.input {
+            self.work[r.clone()].copy_from_slice(&i[r]);
+        }
+        Ok(())
+    }
+
+    fn add_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
+        self.cd.decode(&self.land[p], self.work, r, true)
+    }
+
+    fn encode_own(&mut self, r: Range<usize>) -> Result<()> {
+        let len = self.cd.len(&r);
+        self.cd.encode_own(self.work, r, self.result.fit(len))
+    }
+
+    fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
+        self.cd.decode(&self.land[p], self.work, r, false)
+    }
+
+    fn swap(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        peers: &[usize],
+        phase: Phase,
+        land: &dyn Fn(usize) -> usize,
+    ) -> Result<()> {
+        for &p in peers {
+            self.land[p].resize(land(p), 0);
+        }
+        let (out, result, me) = (&self.out, &self.result, ctx.rank);
+        let lands = self
+            .land
+            .iter_mut()
+            .enumerate()
+            .filter(|(p, _)| *p != me)
+            .map(|(p, l)| (p, l.as_mut_slice()));
+        swap(
+            ctx,
+            peers,
+            |p| match phase {
+                Phase::Scatter => out[p].bytes(),
+                Phase::Gather => result.bytes(),
+            },
+            lands,
+        )
+    }
+}
+
+/// One exchange with every peer: `send(p)` goes to peer p while each `(p, land)` receives
+/// from p.
+pub fn swap<'a, 'b>(
     ctx: &mut Ctx<'_>,
     peers: &[usize],
     send: impl Fn(usize) -> &'a [u8],
-    land: &mut [Vec<u8>],
+    land: impl IntoIterator<Item = (usize, &'b mut [u8])>,
 ) -> Result<()> {
     let sends: Vec<SendReq<'_>> = peers
         .iter()
@@ -102,12 +230,6 @@ fn swap<'a>(
             data: send(p),
         })
         .collect();
-    let r = ctx.rank;
-    let mut recvs: Vec<RecvReq<'_>> = land
-        .iter_mut()
-        .enumerate()
-        .filter(|(p, _)| *p != r)
-        .map(|(p, l)| RecvReq::new(p, l))
-        .collect();
+    let mut recvs: Vec<RecvReq<'_>> = land.into_iter().map(|(p, l)| RecvReq::new(p, l)).collect();
     ctx.exchange(&sends, &mut recvs)
 }

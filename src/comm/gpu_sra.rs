@@ -1,0 +1,111 @@
+//! Compressed all-reduce on device buffers with the codecs on the GPU (`gpu::sra`): which
+//! calls take that path (the rest are staged, `device.rs`), and how they are ordered on the
+//! caller's stream (as staged calls are: `Staging::run` and `Staging::start` with no buffer
+//! to copy).
+
+use super::{AllReduceCall, Comm};
+use crate::error::Result;
+use crate::gpu::sra::{DeviceStats, GpuAllReduce};
+use crate::gpu::staging::{self, CallBuf, Placement};
+use std::ffi::c_void;
+
+impl Comm {
+    /// The GPU path of all-reduce `call` on `send` (None: in place) and `recv`, if it has one:
+    /// a compressed flat SRA on float32, more than 0 elements, every buffer 4-byte aligned
+    /// device memory of the comm's device, a launch plan for each of its codecs. None: stage
+    /// the call (`on_buffers` / `on_stream`) as any other. Buffers on another device than the
+    /// comm's are an error, as for staged calls.
+    #[doc(hidden)]
+    pub fn gpu_all_reduce(
+        &self,
+        call: &AllReduceCall,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<GpuAllReduce>> {
+        let Some(shape) = call.compressed().and_then(|c| c.flat_sra_f32()) else {
+            return Ok(None);
+        };
+        let Ok(driver) = crate::gpu::select::driver() else {
+            return Ok(None);
+        };
+        let len = shape.3 * 4;
+        if len == 0 {
+            return Ok(None);
+        }
+        let bufs: Vec<CallBuf> = send
+            .iter()
+            .map(|&addr| CallBuf {
+                addr,
+                len,
+                reads: true,
+                writes: false,
+            })
+            .chain([CallBuf {
+                addr: recv,
+                len,
+                reads: send.is_none(),
+                writes: true,
+            }])
+            .collect();
+        let place = staging::locate(&*driver, &bufs)?;
+        let ordinal = match place.ordinal()? {
+            Some(o) if place.device.iter().all(Option::is_some) => o,
+            _ => return Ok(None),
+        };
+        if bufs.iter().any(|b| b.addr % 4 != 0) {
+            return Ok(None);
+        }
+        self.check_device(ordinal)?;
+        match GpuAllReduce::new(driver, ordinal, shape, send, recv, self.config.timeout) {
+            Ok(g) => Ok(Some(g)),
+            Err(e) => {
+                crate::qlog!(
+                    Info,
+                    "rank {}: compressed all-reduce on device buffers staged, the CPU codecs \
+                     encode: {e}",
+                    self.rank
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs `g` ordered on the caller's `stream` (after its earlier work): with null it
+    /// returns once the result is on the device; otherwise once it is enqueued (NCCL's
+    /// semantics), the comm's worker runs it and then releases the stream, which waits for
+    /// it; a failure fails the comm (`async_error`) and still releases the stream.
+    ///
+    /// # Safety
+    /// `g`'s buffers must stay valid until the call is done (its return with null; the
+    /// stream passing the call otherwise), and `stream` be null or a live stream of their
+    /// device.
+    #[doc(hidden)]
+    pub unsafe fn run_gpu_all_reduce(&self, g: GpuAllReduce, stream: *mut c_void) -> Result<()> {
+        let nothing = Placement { device: Vec::new() };
+        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.staging_on(&mut guard, g.driver(), g.ordinal())?;
+        if stream.is_null() {
+            // SAFETY: nothing is staged; the caller's promise about the stream.
+            return unsafe {
+                st.run(&[], &nothing, stream, |_| {
+                    self.execute(|e| g.run(e)).map(drop)
+                })
+            };
+        }
+        // SAFETY: as above.
+        let finish = unsafe { st.start(&[], &nothing, stream)? };
+        drop(guard);
+        // The request is not kept: the stream and `async_error` report the outcome.
+        let _ = self
+            .queue
+            .submit_holding(finish, move |e, f| f.run(|_| g.run(e).map(drop)))?;
+        Ok(())
+    }
+
+    /// What compressed all-reduces with the codecs on the GPU did on this comm so far.
+    #[doc(hidden)]
+    pub fn device_stats(&self) -> Result<DeviceStats> {
+        self.queue
+            .run(|e| Ok(e.gpu.as_ref().map(|g| g.stats()).unwrap_or_default()))
+    }
+}
