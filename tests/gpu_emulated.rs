@@ -635,12 +635,12 @@ fn coded_on_device(
 
 /// Runs the `coded` scenario on `n` ranks, those in `device_ranks` on device buffers, checks
 /// that every rank printed the same hashes and returns them.
-fn run_coded(n: usize, device_ranks: &str) -> Vec<String> {
+fn run_coded(n: usize, device_ranks: &str, devices: &str) -> Vec<String> {
     let job = Job::new(n);
     let outs = job.run(
         "coded",
         &[
-            ("QCCL_GPU_EMULATE", "1"),
+            ("QCCL_GPU_EMULATE", devices),
             ("QCCL_TEST_DEVICE_RANKS", device_ranks),
         ],
         Duration::from_secs(300),
@@ -676,12 +676,23 @@ fn run_coded(n: usize, device_ranks: &str) -> Vec<String> {
 #[test]
 fn compressed_sra_with_the_codecs_on_the_gpu_matches_host_ranks_bit_for_bit() {
     for (n, device) in [(3, "0,2"), (5, "1,2,4"), (1, "0")] {
-        let host = run_coded(n, "");
+        let host = run_coded(n, "", "1");
         assert_eq!(
-            run_coded(n, device),
+            run_coded(n, device, "1"),
             host,
             "{n} ranks, {device} on device buffers"
         );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn compressed_sra_with_the_codecs_on_a_real_gpu_matches_host_ranks_bit_for_bit() {
+    if real_gpu() {
+        for (n, device) in [(2, "0"), (3, "0,1,2")] {
+            let host = run_coded(n, "", "0");
+            assert_eq!(run_coded(n, device, "0"), host, "{n} ranks, {device} on the GPU");
+        }
     }
 }
 

@@ -101,6 +101,119 @@ mod tests {
             .into_owned()
     }
 
+    /// Compressed all-reduces through the C call, two ranks on device buffers (the codec on
+    /// the GPU, NULL and a stream) and one on host buffers: every rank ends with the same
+    /// bits, close to the float64 sum, error feedback carried over three calls.
+    #[test]
+    fn compressed_calls_run_their_codecs_on_the_device() {
+        let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
+        let n = 3;
+        let mut comms = vec![null_mut(); n];
+        // SAFETY: room for `n` comms; no device list.
+        assert_eq!(
+            unsafe { qcclCommInitAll(comms.as_mut_ptr(), n as i32, std::ptr::null()) },
+            qcclSuccess
+        );
+        let mut codec = null_mut();
+        // SAFETY: a NUL-terminated spec and room for the handle.
+        assert_eq!(
+            unsafe { qcclCodecCreate(c"fp16:ef=1".as_ptr(), &mut codec) },
+            qcclSuccess
+        );
+        let count = 10_007;
+        let input = |r: usize, call: usize| -> Vec<f32> {
+            (0..count)
+                .map(|i| ((r * 31 + i * 7 + call) % 101) as f32 / 50.0 - 1.0)
+                .collect()
+        };
+        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+            let ranks: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, &comm)| {
+                    let (gpu, comm, codec) = (gpu.clone(), comm as usize, codec as usize);
+                    s.spawn(move || {
+                        let (comm, codec) = (comm as qcclComm_t, codec as qcclCodec_t);
+                        let user = gpu.create_stream(0).unwrap();
+                        let mut outs = Vec::new();
+                        for call in 0..3 {
+                            let mine = input(r, call);
+                            let got = if r == 2 {
+                                let mut out = vec![0f32; count];
+                                // SAFETY: host buffers of `count` floats, NULL stream.
+                                let rc = unsafe {
+                                    qcclAllReduceCompressed(
+                                        mine.as_ptr().cast(),
+                                        out.as_mut_ptr().cast(),
+                                        count,
+                                        qcclFloat32,
+                                        qcclSum,
+                                        codec,
+                                        5,
+                                        comm,
+                                        null_mut(),
+                                    )
+                                };
+                                assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                                out
+                            } else {
+                                let send = upload(&*gpu, &mine);
+                                let recv = upload(&*gpu, &vec![0.0; count]);
+                                let stream = if call == 1 { user.raw() } else { null_mut() };
+                                // SAFETY: device buffers of `count` floats, alive until the
+                                // stream passed the call (synchronised below).
+                                let rc = unsafe {
+                                    qcclAllReduceCompressed(
+                                        send.addr() as *const c_void,
+                                        recv.addr() as *mut c_void,
+                                        count,
+                                        qcclFloat32,
+                                        qcclSum,
+                                        codec,
+                                        5,
+                                        comm,
+                                        stream,
+                                    )
+                                };
+                                assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                                user.synchronize(WAIT).unwrap();
+                                download(&*gpu, &*recv, count)
+                            };
+                            outs.push(got);
+                        }
+                        if r != 2 {
+                            let c = crate::handle::comm(comm).unwrap();
+                            assert_eq!(c.comm.device_stats().unwrap().calls, 3, "rank {r}");
+                        }
+                        outs
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let bits = |v: &Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+            v.iter().map(|c| c.iter().map(|x| x.to_bits()).collect()).collect()
+        };
+        for r in 1..n {
+            assert!(bits(&results[r]) == bits(&results[0]), "rank {r} differs from rank 0");
+        }
+        for (call, got) in results[0].iter().enumerate() {
+            let ins: Vec<Vec<f32>> = (0..n).map(|p| input(p, call)).collect();
+            for (i, &g) in got.iter().enumerate() {
+                let want: f64 = ins.iter().map(|x| x[i] as f64).sum();
+                let mag: f64 = ins.iter().map(|x| (x[i] as f64).abs()).sum();
+                assert!(
+                    (g as f64 - want).abs() <= mag / 256.0 + 1e-6,
+                    "call {call} element {i}: {g}, want {want}"
+                );
+            }
+        }
+        assert_eq!(qcclCodecDestroy(codec), qcclSuccess);
+        for c in comms {
+            assert_eq!(qcclCommDestroy(c), qcclSuccess);
+        }
+    }
+
     /// Three ranks as threads: device buffers through the blocking C calls (NULL stream and
     /// a stream of the emulated driver), in groups (collectives and sends sharing a buffer)
     /// and in non-blocking calls.

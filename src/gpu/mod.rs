@@ -4,7 +4,8 @@
 //! What exists: the driver probe ([`available`], [`device_count`]) and, inside the crate, the
 //! embedded kernel sources and their NVRTC compilation (CUBIN for a device's exact `sm_XY`,
 //! PTX as a fallback), and kernel launches in the driver contract (`driver.rs`). What does not
-//! exist yet: device buffers in collectives, streams.
+//! exist yet: pipelined copies, codecs on the GPU outside compressed SRA all-reduces
+//! (`sra.rs`).
 //!
 //! With the cargo feature `cuda` (on by default) qccl links no CUDA library: `libcuda.so.1`
 //! and `libnvrtc.so.13`/`.so.12` are opened at run time, so the same build runs on a machine

@@ -12,8 +12,11 @@
 //! next call may already wait in the first), then stores the word, releasing the caller's
 //! stream, whatever happened: an error fails the comm (`async_error`), never hangs the stream.
 //!
+//! A call with no buffer to copy (`run`/`start` with none) only orders work on the caller's
+//! stream: the compressed SRA with its codecs on the GPU (`gpu::sra`) is run so.
+//!
 //! What is not here yet (issue #22): chunked pipelining of the copies with the transfers,
-//! codecs and reductions on the GPU before the copy, CUDA IPC between ranks on one device.
+//! CUDA IPC between ranks on one device.
 
 use super::driver::{Driver, Memory, Pinned, Stream};
 use crate::error::{Error, Result};
