@@ -691,7 +691,11 @@ fn compressed_sra_with_the_codecs_on_a_real_gpu_matches_host_ranks_bit_for_bit()
     if real_gpu() {
         for (n, device) in [(2, "0"), (3, "0,1,2")] {
             let host = run_coded(n, "", "0");
-            assert_eq!(run_coded(n, device, "0"), host, "{n} ranks, {device} on the GPU");
+            assert_eq!(
+                run_coded(n, device, "0"),
+                host,
+                "{n} ranks, {device} on the GPU"
+            );
         }
     }
 }

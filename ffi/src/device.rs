@@ -192,10 +192,15 @@ mod tests {
             ranks.into_iter().map(|h| h.join().unwrap()).collect()
         });
         let bits = |v: &Vec<Vec<f32>>| -> Vec<Vec<u32>> {
-            v.iter().map(|c| c.iter().map(|x| x.to_bits()).collect()).collect()
+            v.iter()
+                .map(|c| c.iter().map(|x| x.to_bits()).collect())
+                .collect()
         };
         for r in 1..n {
-            assert!(bits(&results[r]) == bits(&results[0]), "rank {r} differs from rank 0");
+            assert!(
+                bits(&results[r]) == bits(&results[0]),
+                "rank {r} differs from rank 0"
+            );
         }
         for (call, got) in results[0].iter().enumerate() {
             let ins: Vec<Vec<f32>> = (0..n).map(|p| input(p, call)).collect();

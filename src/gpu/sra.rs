@@ -83,10 +83,8 @@ impl GpuAllReduce {
     ) -> Result<GpuAllReduce> {
         let mut plans = HashMap::new();
         for c in plan.codecs() {
-            let spec = c.spec();
-            if !plans.contains_key(&spec) {
-                let p: Arc<dyn CodecPlan> = plan_for(&*driver, ordinal, &**c)?.into();
-                plans.insert(spec, p);
+            if let std::collections::hash_map::Entry::Vacant(v) = plans.entry(c.spec()) {
+                v.insert(Arc::from(plan_for(&*driver, ordinal, &**c)?));
             }
         }
         // Loaded now, outside the comm's turn: a first load may build the kernel file.
