@@ -3,7 +3,7 @@
 //! the Rust codec's `encode_payload` / `decode_payload`, bit for bit, and error feedback fused
 //! into encode with the CPU's arithmetic.
 
-use super::FloatPlan;
+use super::{FloatPlan, QsgdPlan, SignPlan};
 use crate::codec::{Codec, CodecId};
 use crate::error::{Error, Result};
 use crate::gpu::driver::{Driver, Stream};
@@ -95,6 +95,8 @@ pub fn plan_for(
         CodecId::None | CodecId::Fp16 | CodecId::Bf16 => {
             Ok(Box::new(FloatPlan::new(driver, ordinal, codec.id())?))
         }
+        CodecId::Qsgd => Ok(Box::new(QsgdPlan::new(driver, ordinal, codec)?)),
+        CodecId::EfSign | CodecId::OneBit => Ok(Box::new(SignPlan::new(driver, ordinal, codec)?)),
         _ => Err(Error::Unsupported(format!(
             "no device launch plan for codec {} yet",
             codec.spec()
