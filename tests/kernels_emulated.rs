@@ -635,13 +635,17 @@ fn qsgd_codec_plans_match_rust() {
         for maxabs in [false, true] {
             for nearest in [false, true] {
                 let i = (bits as usize) + 2 * maxabs as usize + nearest as usize;
+                // Three counts (one of 0, 1, 7; a prime; one past a whole block) and three of the
+                // four buckets, rotating with i so each width meets every pair.
                 for (n, bucket) in [
                     ([0, 1, 7][i % 3], buckets[i % 4]),
-                    (4099, buckets[(i + 1) % 4]),
+                    (263, buckets[(i + 1) % 4]),
+                    (4099, buckets[(i + 2) % 4]),
                 ] {
                     case += 1;
                     let c = spec(bits, bucket, maxabs, nearest);
-                    let x = plan_input(&mut g, case % 3, n);
+                    // Every count meets every kind of input over the widths.
+                    let x = plan_input(&mut g, (case + i) % 3, n);
                     let key = g.u64();
                     plan_case(
                         &d,
