@@ -125,38 +125,34 @@ impl QsgdPlan {
     ) -> Result<()> {
         let [n, bucket, maxabs] = self.shape(count);
         let nb = grid_for(self.fields.buckets(count));
-        if !self.fields.by_runs() {
-            let (f, args) = match res {
-                Some(res) => (
-                    &self.bounds_ef,
-                    vec![Arg::Ptr(x), Arg::Ptr(res), Arg::Ptr(payload)],
-                ),
-                None => (&self.bounds, vec![Arg::Ptr(x), Arg::Ptr(payload)]),
-            };
-            let args = [&args[..], &[n, bucket, maxabs]].concat();
-            // SAFETY: qccl_qsgd_bounds[_ef](x, [res,] payload, n, bucket, maxabs); the ranges
-            // are the caller's to keep valid (the trait's contract).
-            return unsafe { s.launch(&**f, nb, BLOCK, &args) };
-        }
-        if scratch == 0 {
+        let by_runs = self.fields.by_runs();
+        if by_runs && scratch == 0 {
             return Err(Error::invalid(format!(
                 "qsgd launch plan: buckets of {} elements need {} bytes of scratch (got null)",
                 self.fields.bucket,
                 self.scratch_len(count)
             )));
         }
-        let (f, args) = match res {
-            Some(res) => (
-                &self.runs_ef,
-                vec![Arg::Ptr(x), Arg::Ptr(res), Arg::Ptr(scratch)],
-            ),
-            None => (&self.runs, vec![Arg::Ptr(x), Arg::Ptr(scratch)]),
+        // The first kernel writes the scales, or the runs' lanes into scratch.
+        let (plain, ef, out, grid) = if by_runs {
+            let grid = grid_for(self.fields.runs(count));
+            (&self.runs, &self.runs_ef, scratch, grid)
+        } else {
+            (&self.bounds, &self.bounds_ef, payload, nb)
         };
-        let args = [&args[..], &[n, bucket, maxabs]].concat();
-        let runs = grid_for(self.fields.runs(count));
-        // SAFETY: qccl_qsgd_runs[_ef](x, [res,] runs, n, bucket, maxabs), `runs` the
-        // scratch_len(count) bytes at `scratch`; as above.
-        unsafe { s.launch(&**f, runs, BLOCK, &args) }?;
+        let (f, inputs) = match res {
+            Some(res) => (ef, vec![Arg::Ptr(x), Arg::Ptr(res)]),
+            None => (plain, vec![Arg::Ptr(x)]),
+        };
+        let args = [&inputs[..], &[Arg::Ptr(out), n, bucket, maxabs]].concat();
+        // SAFETY: qccl_qsgd_bounds[_ef](x, [res,] payload, n, bucket, maxabs) or
+        // qccl_qsgd_runs[_ef](x, [res,] runs, n, bucket, maxabs), the runs in the
+        // scratch_len(count) bytes at `scratch`; the ranges are the caller's to keep valid (the
+        // trait's contract).
+        unsafe { s.launch(&**f, grid, BLOCK, &args) }?;
+        if !by_runs {
+            return Ok(());
+        }
         let args = [Arg::Ptr(scratch), Arg::Ptr(payload), n, bucket, maxabs];
         // SAFETY: qccl_qsgd_merge(runs, payload, n, bucket, maxabs), after the runs on `s`.
         unsafe { s.launch(&*self.merge, nb, BLOCK, &args) }

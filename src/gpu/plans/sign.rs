@@ -127,20 +127,18 @@ impl SignPlan {
         }
         let tail = self.tail(count);
         if count > 0 {
-            let (f, ptrs) = match res {
-                Some(res) => (
-                    &self.sums_ef,
-                    vec![Arg::Ptr(x), Arg::Ptr(res), Arg::Ptr(scratch)],
-                ),
-                None => (&self.sums, vec![Arg::Ptr(x), Arg::Ptr(scratch)]),
+            let (f, inputs) = match res {
+                Some(res) => (&self.sums_ef, vec![Arg::Ptr(x), Arg::Ptr(res)]),
+                None => (&self.sums, vec![Arg::Ptr(x)]),
             };
             // 8 threads a tile; the block a multiple of 32 (the fold's shuffles).
             let grid = grid_for(count.div_ceil(TILE) * 8);
+            let args = [&inputs[..], &[Arg::Ptr(scratch)], &tail].concat();
             // SAFETY: qccl_efsign_tile_sums[_ef](x, [res,] tile_sums, count) or
             // qccl_onebit_segment_sums[_ef](x, [res,] seg, count, bucket), the sums in the
             // scratch_len(count) bytes at `scratch`; the ranges are the caller's to keep valid
             // (the trait's contract).
-            unsafe { s.launch(&**f, grid, BLOCK, &[&ptrs[..], &tail].concat()) }?;
+            unsafe { s.launch(&**f, grid, BLOCK, &args) }?;
         }
         let args = [&[Arg::Ptr(scratch), Arg::Ptr(payload)][..], &tail].concat();
         match self.kind {
