@@ -258,13 +258,13 @@ impl CodecPlan for QsgdPlan {
         bad: u64,
         _scratch: u64,
     ) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
         if bad == 0 {
             return Err(Error::invalid(
                 "qsgd launch plan: decode needs a flag word at `bad` (got null)",
             ));
+        }
+        if count == 0 {
+            return Ok(());
         }
         let [n, bucket, maxabs] = self.shape(count);
         let args = [Arg::Ptr(payload), Arg::Ptr(bad), n, bucket, maxabs];
