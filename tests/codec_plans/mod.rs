@@ -32,7 +32,7 @@ fn download(s: &dyn Stream, addr: u64, len: usize) -> Vec<u8> {
 /// Test values for the codec plans: kind 0 finite (signed zeros included), 1 with NaN,
 /// infinities and subnormals mixed in, 2 a few distinct values (ties, signed zeros, constant
 /// runs).
-fn plan_input(g: &mut Gen, kind: usize, n: usize) -> Vec<f32> {
+pub fn plan_input(g: &mut Gen, kind: usize, n: usize) -> Vec<f32> {
     match kind {
         0 | 1 => g.f32s(n, kind == 0),
         _ => (0..n)
@@ -46,7 +46,7 @@ fn plan_input(g: &mut Gen, kind: usize, n: usize) -> Vec<f32> {
 /// decode_add with `bad` left 0, the `bad` flag on the payload `corrupt` spoils (which the Rust
 /// decoder refuses), and encode_ef's payload, residual and w. `offset`: the f32 buffers start
 /// one element and the payload one byte into their allocations (off the vector paths).
-fn plan_case(
+pub fn plan_case(
     d: &dyn Driver,
     s: &dyn Stream,
     codec: &dyn Codec,
