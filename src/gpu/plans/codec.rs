@@ -3,7 +3,7 @@
 //! the Rust codec's `encode_payload` / `decode_payload`, bit for bit, and error feedback fused
 //! into encode with the CPU's arithmetic.
 
-use super::FloatPlan;
+use super::{FloatPlan, SparsePlan};
 use crate::codec::{Codec, CodecId};
 use crate::error::{Error, Result};
 use crate::gpu::driver::{Driver, Stream};
@@ -94,6 +94,9 @@ pub fn plan_for(
     match codec.id() {
         CodecId::None | CodecId::Fp16 | CodecId::Bf16 => {
             Ok(Box::new(FloatPlan::new(driver, ordinal, codec.id())?))
+        }
+        CodecId::TopK | CodecId::MsTopK | CodecId::RandK => {
+            Ok(Box::new(SparsePlan::new(driver, ordinal, codec)?))
         }
         _ => Err(Error::Unsupported(format!(
             "no device launch plan for codec {} yet",
