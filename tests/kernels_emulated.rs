@@ -471,7 +471,9 @@ fn filled(d: &EmuDriver, s: &dyn Stream, len: usize, byte: u8) -> Box<dyn Device
 /// of `spec`, bit for bit: the payload (no byte past it written), decode and decode_add, the
 /// `bad` flag on corrupted payloads (an index out of range, a repeated and a decreasing one)
 /// without a write outside `out`, and error feedback with and without `w_out` (residual and
-/// w). The scratch starts as garbage: the plan's first kernels must set what they read.
+/// w). The scratch starts as garbage: the plan's first kernels must set what they read. At a
+/// large count (slow in fiber mode) the corrupted payloads and EF without `w_out` are left to
+/// the smaller ones.
 fn sparse_plan_case(d: &EmuDriver, s: &dyn Stream, spec: &str, x: &[f32], key: u64) {
     use qccl::codec::Rng;
     let codec = qccl::CodecSpec::parse(spec).unwrap().codec().clone();
@@ -482,6 +484,7 @@ fn sparse_plan_case(d: &EmuDriver, s: &dyn Stream, spec: &str, x: &[f32], key: u
     assert_eq!(plan.payload_len(n), len);
     let k = len / 8;
     let what = format!("{spec} n={n} k={k}");
+    let thorough = n < 100_000;
     const GUARD: usize = 16;
     let scratch = filled(d, s, plan.scratch_len(n), 0xa5);
     let sc = scratch.addr();
@@ -532,7 +535,7 @@ fn sparse_plan_case(d: &EmuDriver, s: &dyn Stream, spec: &str, x: &[f32], key: u
         |p: &mut [u8], j: usize, i: u32| p[4 * j..4 * j + 4].copy_from_slice(&i.to_le_bytes());
     let first = |p: &[u8], j: usize| u32::from_le_bytes(p[4 * j..4 * j + 4].try_into().unwrap());
     let mut corrupt: Vec<(&str, Vec<u8>)> = vec![];
-    if k >= 1 {
+    if thorough && k >= 1 {
         let mut p = want.clone();
         idx(&mut p, k - 1, n as u32);
         corrupt.push(("index n", p));
@@ -540,7 +543,7 @@ fn sparse_plan_case(d: &EmuDriver, s: &dyn Stream, spec: &str, x: &[f32], key: u
         idx(&mut p, 0, u32::MAX);
         corrupt.push(("index 2^32-1", p));
     }
-    if k >= 2 {
+    if thorough && k >= 2 {
         let mut p = want.clone();
         idx(&mut p, 1, first(&want, 0));
         corrupt.push(("repeated index", p));
@@ -576,7 +579,7 @@ fn sparse_plan_case(d: &EmuDriver, s: &dyn Stream, spec: &str, x: &[f32], key: u
         let v = f32::from_le_bytes(want[4 * k + 4 * j..4 * k + 4 * j + 4].try_into().unwrap());
         res_want[first(&want, j) as usize] -= v;
     }
-    for keep_w in [true, false] {
+    for keep_w in [true, false].into_iter().filter(|&keep| keep || thorough) {
         let dres = upload(d, s, &shim::f32_bytes(&res));
         let dw = filled(d, s, 4 * n, 0x33);
         let w_at = if keep_w { dw.addr() } else { 0 };

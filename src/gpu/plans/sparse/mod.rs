@@ -186,8 +186,10 @@ impl CodecPlan for SparsePlan {
             return Ok(());
         }
         match &self.select {
-            // SAFETY: the caller's promise (the trait's contract).
+            // SAFETY: the caller's promise (the trait's contract): n f32s at x, 8 k bytes at
+            // payload.
             Selection::Strata(r) => unsafe { r.encode(s, x, payload, count, k, key) },
+            // SAFETY: as above, and `at` is this plan's scratch for count elements.
             Selection::Thresholds(t) => unsafe {
                 self.select_and_write(&**t, s, x, payload, count, k, key, &at)
             },
@@ -211,7 +213,8 @@ impl CodecPlan for SparsePlan {
             return Ok(());
         }
         let t = match &self.select {
-            // SAFETY: the caller's promise (the trait's contract).
+            // SAFETY: the caller's promise (the trait's contract): n f32s at x, res and
+            // w_out (unless 0), 8 k bytes at payload.
             Selection::Strata(r) => {
                 return unsafe { r.encode_ef(s, x, res, w_out, payload, count, k, key) }
             }
@@ -221,8 +224,9 @@ impl CodecPlan for SparsePlan {
         // w lives in w_out, or else in the residual until the payload is written.
         let w = if w_out != 0 { w_out } else { res };
         // SAFETY: sparse.cu's qccl_sparse_compensate(const float* x, float* res, float* w,
-        // sp_u64 n) and qccl_sparse_fold(const float* x, float* res, sp_u64 n); the ranges
-        // are the caller's (the trait's contract).
+        // sp_u64 n) and qccl_sparse_fold(const float* x, float* res, sp_u64 n), then the
+        // selection on w; the ranges are the caller's (the trait's contract), `at` this
+        // plan's scratch for count elements.
         unsafe {
             if w_out != 0 {
                 let args = [Arg::Ptr(x), Arg::Ptr(res), Arg::Ptr(w_out), n64];
