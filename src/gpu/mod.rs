@@ -1,10 +1,13 @@
 //! NVIDIA GPUs: whether a CUDA driver and device are usable, and the CUDA kernels of `kernels/`
 //! compiled at run time by NVRTC.
 //!
-//! What exists: the driver probe ([`available`], [`device_count`]) and, inside the crate, the
-//! embedded kernel sources and their NVRTC compilation (CUBIN for a device's exact `sm_XY`,
-//! PTX as a fallback), and kernel launches in the driver contract (`driver.rs`). What does not
-//! exist yet: device buffers in collectives, streams.
+//! What exists: the driver probe ([`available`], [`device_count`]) and, inside the crate, a
+//! driver contract (`driver.rs`) with a real and an emulated implementation, device buffers in
+//! every collective staged through page-locked memory with NCCL's stream semantics
+//! (`staging.rs`, `comm/device.rs`), the embedded kernel sources, their NVRTC compilation
+//! (CUBIN for a device's exact `sm_XY`, PTX as a fallback), kernel launches and launch plans
+//! (`plans/`). What does not exist yet: the codecs run on the GPU inside the collectives, CUDA
+//! IPC. docs/ARCHITECTURE.md has the whole picture.
 //!
 //! With the cargo feature `cuda` (on by default) qccl links no CUDA library: `libcuda.so.1`
 //! and `libnvrtc.so.13`/`.so.12` are opened at run time, so the same build runs on a machine
