@@ -448,7 +448,7 @@ fn float_codec_plans_match_rust() {
     }
     assert!(matches!(
         FloatPlan::new(&d, 0, CodecId::Qsgd),
-        Err(Error::Unsupported(_))
+        Err(Error::InvalidArgument(_))
     ));
 }
 
