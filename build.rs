@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    // Read when the script runs, not when it was compiled: a build folder copied to another
+    // checkout reuses the compiled script, which must still embed that checkout's kernels.
+    let root = std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR");
+    let dir = Path::new(&root).join("kernels");
     // Cargo scans a folder given here for any change: a file added, removed or edited.
     println!("cargo:rerun-if-changed=kernels");
     let mut files: Vec<String> = std::fs::read_dir(&dir)

@@ -1,5 +1,5 @@
-// The one-bit codecs of src/codec/sign.rs, payloads bit for bit (the host writes the header,
-// and checks a received payload's scales as decode_payload does before decoding it):
+// The one-bit codecs of src/codec/sign.rs, payloads bit for bit (the host writes the header;
+// the check kernels refuse a received payload's scales as decode_payload does):
 //
 //   efsign: [f32 scale s = sum|x| / n][sign bits]        decodes to +s / -s
 //   onebit: [per bucket: f32 mean of x >= 0, f32 mean of x < 0][sign bits]
@@ -37,6 +37,12 @@
 // grid-stride, shim sequential:
 //   qccl_efsign_decode[_add](const uint8_t* payload, float* out, uint64_t count)
 //   qccl_onebit_decode[_add](const uint8_t* payload, float* out, uint64_t count, uint32_t bucket)
+// Checks, before the decoder on the same stream (which is safe on any payload: it only reads
+// the payload's own bytes), set *bad (zeroed by the host) to 1 for scales the encoder cannot
+// write (decode_payload's refusal), shim sequential:
+//   qccl_efsign_check(const uint8_t* payload, int* bad)   the scale; launch 1 x 1
+//   qccl_onebit_check(const uint8_t* payload, int* bad, uint64_t count, uint32_t bucket)
+//       a thread a bucket, grid-stride
 #include "common.cuh"
 
 #define QCCL_SIGN_TILE 2048ull
@@ -299,4 +305,23 @@ extern "C" __global__ void qccl_onebit_pack_ef(const float* x, float* res, float
                        [meta, bucket](uint64_t i, uint32_t set) {
                            return qccl_onebit_value(meta, bucket, i, set);
                        });
+}
+
+// efsign's scale is NaN (from non-finite input) or finite and >= 0.
+extern "C" __global__ void qccl_efsign_check(const uint8_t* payload, int* bad) {
+    if (qccl_tid() != 0) return;
+    float s = qccl_load_f32_le(payload);
+    if (!(s != s || (qccl_finite_f32(s) && s >= 0.0f))) *bad = 1;
+}
+
+// A onebit bucket's means are both NaN, or finite with the non-negatives' >= 0 and the
+// negatives' <= 0.
+extern "C" __global__ void qccl_onebit_check(const uint8_t* payload, int* bad, uint64_t count,
+                                             uint32_t bucket) {
+    QCCL_GRID_STRIDE(b, qccl_div_ceil(count, bucket)) {
+        float pos = qccl_load_f32_le(payload + 8 * b), neg = qccl_load_f32_le(payload + 8 * b + 4);
+        bool nan = pos != pos && neg != neg;
+        bool ok = qccl_finite_f32(pos) && qccl_finite_f32(neg) && pos >= 0.0f && neg <= 0.0f;
+        if (!nan && !ok) *bad = 1;
+    }
 }

@@ -1,12 +1,16 @@
 //! The CUDA driver contract (`qccl::gpu::driver`) against the real driver on a GPU: copies
 //! both ways at awkward sizes, stream ordering, events across streams, pointer lookup, bad
 //! addresses refused, device identity, a stream waiting for a page-locked word, kernel
-//! launches (NVRTC images of kernels/, compared with the Rust reduction) and their errors.
+//! launches (NVRTC images of kernels/, compared with the Rust reduction) and their errors,
+//! the codecs' launch plans against the Rust codecs (tests/codec_plans).
 //!
 //! They need an NVIDIA GPU, so they are ignored by default. Run them with
 //! `QCCL_REQUIRE_GPU=1 cargo test --test gpu_driver -- --ignored`. Without a GPU each test
 //! skips with a message, unless QCCL_REQUIRE_GPU=1 makes that a failure.
 #![cfg(feature = "cuda")]
+
+mod codec_plans;
+mod shim;
 
 use qccl::gpu::driver::{Arg, DeviceMem, Driver, Event, Memory, Stream};
 use qccl::internal::CudaDriver;
@@ -529,4 +533,14 @@ fn collectives_on_cudarc_slices() {
             });
         }
     });
+}
+
+/// The qsgd, efsign and onebit launch plans on the GPU give the Rust codecs' payloads,
+/// decodes, check flags and error feedback, bit for bit (the emulated driver's cases).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn codec_plans_match_rust() {
+    let Some(d) = driver() else { return };
+    codec_plans::qsgd_cases(&d);
+    codec_plans::sign_cases(&d);
 }

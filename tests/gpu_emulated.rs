@@ -449,14 +449,24 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             must_gpu: true,
         },
         CodedCase {
-            spec: "qsgd:bits=4,bucket=128",
-            key: None,
+            spec: "qsgd:bits=4,bucket=128,ef=1",
+            key: Some("qsgd.grad"),
             layout: None,
             op: ReduceOp::Sum,
             counts: vec![4099],
-            calls: 2,
+            calls: 3,
             tolerance: None,
-            must_gpu: false,
+            must_gpu: true,
+        },
+        CodedCase {
+            spec: "topk:density=0.25,ef=1",
+            key: Some("topk.grad"),
+            layout: None,
+            op: ReduceOp::Avg,
+            counts: vec![1031],
+            calls: 3,
+            tolerance: None,
+            must_gpu: true,
         },
     ];
     let user = dev.gpu.create_stream(0).map_err(e)?;

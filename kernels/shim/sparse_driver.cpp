@@ -112,7 +112,7 @@ static void decode(const Args& a) {
         // decode stores into zeroed memory: the host clears it first.
         if (!a.u64("add")) std::fill(out.begin(), out.end(), 0.0f);
         qccl_shim::launch(a.u64("add") ? qccl_sparse_decode_add : qccl_sparse_decode, GRID, BLOCK,
-                          (const uint8_t*)p.data(), out.data(), k);
+                          (const uint8_t*)p.data(), out.data(), n, k);
     }
     a.save("bad", bad);
     a.save("out", out);

@@ -1,11 +1,14 @@
 //! NVIDIA GPUs: whether a CUDA driver and device are usable, and the CUDA kernels of `kernels/`
 //! compiled at run time by NVRTC.
 //!
-//! What exists: the driver probe ([`available`], [`device_count`]) and, inside the crate, the
-//! embedded kernel sources and their NVRTC compilation (CUBIN for a device's exact `sm_XY`,
-//! PTX as a fallback), and kernel launches in the driver contract (`driver.rs`). What does not
-//! exist yet: pipelined copies, codecs on the GPU outside compressed SRA all-reduces
-//! (`sra.rs`).
+//! What exists: the driver probe ([`available`], [`device_count`]) and, inside the crate, a
+//! driver contract (`driver.rs`) with a real and an emulated implementation, device buffers in
+//! every collective staged through page-locked memory with NCCL's stream semantics
+//! (`staging.rs`, `comm/device.rs`), the embedded kernel sources, their NVRTC compilation
+//! (CUBIN for a device's exact `sm_XY`, PTX as a fallback), kernel launches and launch plans
+//! (`plans/`). The codecs run on the GPU in compressed SRA all-reduces on
+//! f32 device buffers (`sra.rs`). What does not exist yet: the codecs on the GPU in other
+//! schedules, pipelined copies, CUDA IPC. docs/ARCHITECTURE.md has the whole picture.
 //!
 //! With the cargo feature `cuda` (on by default) qccl links no CUDA library: `libcuda.so.1`
 //! and `libnvrtc.so.13`/`.so.12` are opened at run time, so the same build runs on a machine

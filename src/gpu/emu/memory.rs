@@ -365,7 +365,7 @@ impl PinnedTable {
     }
 }
 
-/// Page-aligned host memory (an anonymous mapping), listed in the driver's [`PinnedTable`]
+/// Page-aligned host memory (an anonymous mapping), listed in the driver's `PinnedTable`
 /// while it lives (`locate` still answers `Host` for it, as CUDA does).
 pub struct EmuPinned {
     ptr: NonNull<u8>,

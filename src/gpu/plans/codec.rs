@@ -3,9 +3,9 @@
 //! the Rust codec's `encode_payload` / `decode_payload`, bit for bit, and error feedback fused
 //! into encode with the CPU's arithmetic.
 
-use super::FloatPlan;
+use super::{FloatPlan, QsgdPlan, SignPlan, SparsePlan};
 use crate::codec::{Codec, CodecId};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::driver::{Driver, Stream};
 
 /// A codec's kernels on one device, looked up once; every method only enqueues on `s`.
@@ -84,8 +84,8 @@ pub trait CodecPlan: Send + Sync {
     ) -> Result<()>;
 }
 
-/// The launch plan of `codec` on device `ordinal` (loading its kernels); `Unsupported` for a
-/// codec without one yet.
+/// The launch plan of `codec` on device `ordinal` (loading its kernels). Every codec has one
+/// (the match is exhaustive: a new codec does not compile here until it has).
 pub fn plan_for(
     driver: &dyn Driver,
     ordinal: usize,
@@ -95,9 +95,10 @@ pub fn plan_for(
         CodecId::None | CodecId::Fp16 | CodecId::Bf16 => {
             Ok(Box::new(FloatPlan::new(driver, ordinal, codec.id())?))
         }
-        _ => Err(Error::Unsupported(format!(
-            "no device launch plan for codec {} yet",
-            codec.spec()
-        ))),
+        CodecId::Qsgd => Ok(Box::new(QsgdPlan::new(driver, ordinal, codec)?)),
+        CodecId::EfSign | CodecId::OneBit => Ok(Box::new(SignPlan::new(driver, ordinal, codec)?)),
+        CodecId::TopK | CodecId::MsTopK | CodecId::RandK => {
+            Ok(Box::new(SparsePlan::new(driver, ordinal, codec)?))
+        }
     }
 }

@@ -22,12 +22,12 @@ pub struct FloatPlan {
 }
 
 impl FloatPlan {
-    /// The plan of `codec` on device `ordinal` (loading its kernels); `Unsupported` for a
-    /// codec that is not a float codec.
+    /// The plan of `codec` on device `ordinal` (loading its kernels); an invalid argument for
+    /// a codec that is not a float codec (`plan_for` picks the plan of any codec).
     pub fn new(driver: &dyn Driver, ordinal: usize, codec: CodecId) -> Result<FloatPlan> {
         if !matches!(codec, CodecId::None | CodecId::Fp16 | CodecId::Bf16) {
-            return Err(Error::Unsupported(format!(
-                "no device launch plan for codec {} yet (float codecs only: none, fp16, bf16)",
+            return Err(Error::invalid(format!(
+                "codec {} is not a float codec (none, fp16, bf16)",
                 codec.name()
             )));
         }

@@ -1,13 +1,20 @@
 //! Launch plans: a codec's or reduction's kernels (`kernels/`) in the order, shape and
 //! arguments its shim driver (`kernels/shim/*_driver.cpp`) launches them, over the driver
 //! contract, so the device path can encode, decode and reduce on the GPU. Each plan looks its
-//! functions up once per device and only enqueues. Today: the float codecs (`floats.rs`).
+//! functions up once per device and only enqueues. Today: the float codecs (`floats.rs`),
+//! qsgd (`qsgd.rs`), efsign and onebit (`sign.rs`) and the sparse ones (`sparse/`).
 
 mod codec;
 mod floats;
+mod qsgd;
+mod sign;
+mod sparse;
 
 pub use codec::{plan_for, CodecPlan};
 pub use floats::FloatPlan;
+pub use qsgd::QsgdPlan;
+pub use sign::SignPlan;
+pub use sparse::SparsePlan;
 
 /// Threads a block for grid-stride kernels.
 pub const BLOCK: u32 = 256;
