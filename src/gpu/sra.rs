@@ -1,5 +1,5 @@
 //! Compressed SRA all-reduce on device buffers with the codecs on the GPU (issue #22): the
-//! CPU schedule (`algo::compressed::sra::run`), with a [`Side`] whose data stays in device
+//! CPU schedule (`algo::compressed::sra::run`), with a `Side` whose data stays in device
 //! memory. A slice leaving this rank is encoded by its codec's kernels (error feedback fused)
 //! into aligned device scratch and only its payload is copied to page-locked memory, after
 //! the 32-byte header the host wrote there; a received chunk's header is checked on the host,
