@@ -147,6 +147,58 @@ fn finish_avg_matches_rust() {
 
 /// Page-locked memory is passed to kernels as it is, and launches keep stream order with
 /// the copies around them.
+/// ef.cu's compensate against the CPU's `ef::compensate`, bit for bit: out of place, in
+/// place (the residual cleared), and with no residual (a copy).
+#[test]
+fn ef_compensate_matches_rust() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let f = d.function(0, "qccl_ef_compensate").unwrap();
+    let mut g = Gen::new(22);
+    for n in COUNTS {
+        let x = random(&mut g, DType::Float32, n);
+        let r = random(&mut g, DType::Float32, n);
+        let (mut want, mut res): (Vec<f32>, Vec<f32>) = (floats(&x), floats(&r));
+        qccl::internal::ef_compensate(&mut want, &mut res);
+        let want: Vec<u8> = want.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let zeros = vec![0u8; 4 * n];
+        for in_place in [false, true] {
+            let (dx, dr) = (upload(&d, &*s, &x), upload(&d, &*s, &r));
+            let dw = if in_place {
+                None
+            } else {
+                Some(upload(&d, &*s, &zeros))
+            };
+            let w = dw.as_ref().map_or(dx.addr(), |m| m.addr());
+            let args = [
+                Arg::Ptr(dx.addr()),
+                Arg::Ptr(dr.addr()),
+                Arg::Ptr(w),
+                Arg::U64(n as u64),
+            ];
+            launch(&*s, &*f, n, &args).unwrap();
+            let what = format!("qccl_ef_compensate n={n} in place {in_place}");
+            check(&what, DType::Float32, &download(&*s, w, 4 * n), &want, true);
+            assert_eq!(download(&*s, dr.addr(), 4 * n), zeros, "{what}: residual");
+        }
+        let (dx, dw) = (upload(&d, &*s, &x), upload(&d, &*s, &zeros));
+        let args = [
+            Arg::Ptr(dx.addr()),
+            Arg::Ptr(0),
+            Arg::Ptr(dw.addr()),
+            Arg::U64(n as u64),
+        ];
+        launch(&*s, &*f, n, &args).unwrap();
+        assert_eq!(download(&*s, dw.addr(), 4 * n), x, "copy n={n}");
+    }
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().expect("4 bytes")))
+        .collect()
+}
+
 #[test]
 fn pinned_memory_and_stream_order() {
     let Some(d) = driver(1) else { return };
