@@ -128,6 +128,15 @@ impl GpuAllReduce {
     /// The buffers must stay valid, and be touched by nothing else, until this returns (the
     /// promise `Comm::run_gpu_all_reduce`'s caller made).
     pub fn run(&self, e: &mut Engine) -> Result<Report> {
+        crate::qlog!(
+            Trace,
+            "rank {}: all_reduce(count={}, {}, {}): compressed, codecs on device {}",
+            e.rank,
+            self.count,
+            DType::Float32,
+            self.op,
+            self.ordinal
+        );
         let step = e.coded_calls;
         e.coded_calls += 1;
         let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
