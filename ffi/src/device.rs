@@ -36,7 +36,7 @@ pub(crate) fn launch_on(
             // SAFETY: the C caller's contract (qccl.h): the buffers stay valid until the call
             // returns (NULL) or the stream passes it, and `stream` is NULL or a live stream
             // of their device.
-            return unsafe { comm.comm.run_gpu_all_reduce(g, stream) };
+            return unsafe { comm.comm.run_gpu_all_reduce(g, stream) }.map(drop);
         }
     }
     let bufs = op.call_bufs();

@@ -151,6 +151,10 @@ class Comm:
         """{"ranges": buffers registered, "made": device registrations links made of them (0
         until a link that sends from registered memory, RDMA, used one), "wire" and
         "wire_made": the same for qccl's own wire buffers that compressed calls encode into}."""
+    def device_stats(self) -> Dict[str, int]:
+        """{"calls": compressed all-reduces on device buffers that ran their codecs on the GPU,
+        "to_host" / "to_device": encoded bytes they copied each way} (the rest are staged
+        through page-locked memory and compressed by the CPU)."""
     def async_error(self) -> Optional[str]:
         """The message of the error that failed this comm, or None."""
     def abort(self) -> None:

@@ -879,6 +879,23 @@ impl PyComm {
                 .codec(&comp.codec, comp.key.is_some());
             check(&c, &call).py()?;
             let prepared = c.prepare_all_reduce_compressed(n, dt, op, &comp).py()?;
+            // A flat SRA on float32 device buffers runs its codecs on the GPU (as the C call).
+            let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
+            if let Some(g) = c.gpu_compressed_all_reduce(&prepared, sp, rp).py()? {
+                let stream = match t {
+                    device::Target::Wait => 0,
+                    device::Target::Stream(h) => h,
+                };
+                // SAFETY: as `device::run`'s: the buffers are live device memory of this call
+                // (kept by the caller until it returns, or until the stream passes it), and
+                // the stream is null or the caller's live stream of their device.
+                let rep = py
+                    .allow_threads(|| unsafe { c.run_gpu_all_reduce(g, stream as *mut _) })
+                    .py()?;
+                return rep
+                    .map(|r| report_dict(py, r.algo.name(), r.wire.sent, r.wire.received))
+                    .transpose();
+            }
             let job = Job::Compressed(Box::new(prepared));
             return match device::run(py, &c, t, job, send, recv)? {
                 Some(Outcome::Report(rep)) => {
@@ -1049,6 +1066,19 @@ impl PyComm {
         d.set_item("made", r.made)?;
         d.set_item("wire", r.wire)?;
         d.set_item("wire_made", r.wire_made)?;
+        Ok(d)
+    }
+
+    /// {"calls": compressed all-reduces on device buffers that ran their codecs on the GPU,
+    /// "to_host" / "to_device": encoded bytes they copied each way} (the rest are staged
+    /// through page-locked memory and compressed by the CPU).
+    fn device_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.comm()?;
+        let s = py.allow_threads(|| c.device_stats()).py()?;
+        let d = PyDict::new(py);
+        d.set_item("calls", s.calls)?;
+        d.set_item("to_host", s.to_host)?;
+        d.set_item("to_device", s.to_device)?;
         Ok(d)
     }
 

@@ -271,6 +271,48 @@ def test_stream_calls_enqueue(size):
             np.testing.assert_array_equal(out[("fp16", n)], total.astype(np.float32))
 
 
+def _coded(rank, size, uid):
+    """Compressed all-reduces with the codecs on the GPU (flat SRA, float32, device buffers),
+    rank 0 on host memory: every rank ends with the same bytes."""
+    _, EmuStream = _helpers()
+    c = qccl.Comm.init(uid, rank, size, timeout=60)
+    s = EmuStream()
+    out = []
+    n = 4099
+    for i, (spec, stream) in enumerate([("fp16", 0), ("qsgd:bits=4,bucket=128", s.handle)] * 2):
+        x = (_data(rank, n, np.float32) / 7 + i).astype(np.float32)
+        if rank == 0:
+            c.all_reduce_compressed(x, spec, key="layer0", algo="sra")
+            out.append(x.tobytes())
+        else:
+            a = _dev(x)
+            c.all_reduce_compressed(a, spec, key="layer0", algo="sra", stream=stream)
+            out.append(_host(a, np.float32, stream).tobytes())
+    s.synchronize()
+    stats = c.device_stats()
+    assert c.async_error() is None
+    c.close()
+    return out, stats
+
+
+def test_compressed_calls_run_their_codecs_on_the_gpu():
+    size = 3
+    uid = qccl.unique_id()
+    with emulated(1):
+        res = run_ranks(_coded, size, uid, timeout=180)
+    for rank, (out, stats) in enumerate(res):
+        assert out == res[0][0], f"rank {rank} differs from rank 0"
+        want = {"calls": 0} if rank == 0 else {"calls": 4}
+        assert stats["calls"] == want["calls"], (rank, stats)
+        if rank:
+            assert stats["to_host"] > 0 and stats["to_device"] > 0, stats
+    n = 4099
+    for i, got in enumerate(res[0][0]):
+        total = np.sum([(_data(r, n, np.float32) / 7 + i).astype(np.float64) for r in range(size)], axis=0)
+        got = np.frombuffer(got, np.float32)
+        assert np.max(np.abs(got - total)) <= 0.1 * (1 + np.max(np.abs(total))), i
+
+
 def _async_failure(rank, size, uid):
     """Ranks that disagree on a call enqueued on a stream: both calls return at once, the
     stream is still released, and the comm's failure surfaces through async_error."""

@@ -3,7 +3,7 @@
 //! caller's stream (as staged calls are: `Staging::run` and `Staging::start` with no buffer
 //! to copy).
 
-use super::{AllReduceCall, Comm};
+use super::{AllReduceCall, Comm, PreparedAllReduce, Report};
 use crate::error::Result;
 use crate::gpu::sra::{DeviceStats, GpuAllReduce};
 use crate::gpu::staging::{self, CallBuf, Placement};
@@ -22,7 +22,22 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<Option<GpuAllReduce>> {
-        let Some(shape) = call.compressed().and_then(|c| c.flat_sra_f32()) else {
+        match call.compressed() {
+            Some(c) => self.gpu_compressed_all_reduce(c, send, recv),
+            None => Ok(None),
+        }
+    }
+
+    /// As [`Comm::gpu_all_reduce`] for a call prepared with
+    /// [`Comm::prepare_all_reduce_compressed`] (Python's way in).
+    #[doc(hidden)]
+    pub fn gpu_compressed_all_reduce(
+        &self,
+        call: &PreparedAllReduce,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<GpuAllReduce>> {
+        let Some(shape) = call.flat_sra_f32() else {
             return Ok(None);
         };
         let Ok(driver) = crate::gpu::select::driver() else {
@@ -71,26 +86,28 @@ impl Comm {
     }
 
     /// Runs `g` ordered on the caller's `stream` (after its earlier work): with null it
-    /// returns once the result is on the device; otherwise once it is enqueued (NCCL's
-    /// semantics), the comm's worker runs it and then releases the stream, which waits for
-    /// it; a failure fails the comm (`async_error`) and still releases the stream.
+    /// returns its report once the result is on the device; otherwise None once it is
+    /// enqueued (NCCL's semantics), the comm's worker runs it and then releases the stream,
+    /// which waits for it; a failure fails the comm (`async_error`) and still releases the
+    /// stream.
     ///
     /// # Safety
     /// `g`'s buffers must stay valid until the call is done (its return with null; the
     /// stream passing the call otherwise), and `stream` be null or a live stream of their
     /// device.
     #[doc(hidden)]
-    pub unsafe fn run_gpu_all_reduce(&self, g: GpuAllReduce, stream: *mut c_void) -> Result<()> {
+    pub unsafe fn run_gpu_all_reduce(
+        &self,
+        g: GpuAllReduce,
+        stream: *mut c_void,
+    ) -> Result<Option<Report>> {
         let nothing = Placement { device: Vec::new() };
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let st = self.staging_on(&mut guard, g.driver(), g.ordinal())?;
         if stream.is_null() {
             // SAFETY: nothing is staged; the caller's promise about the stream.
-            return unsafe {
-                st.run(&[], &nothing, stream, |_| {
-                    self.execute(|e| g.run(e)).map(drop)
-                })
-            };
+            return unsafe { st.run(&[], &nothing, stream, |_| self.execute(|e| g.run(e))) }
+                .map(Some);
         }
         // SAFETY: as above.
         let finish = unsafe { st.start(&[], &nothing, stream)? };
@@ -99,7 +116,7 @@ impl Comm {
         let _ = self
             .queue
             .submit_holding(finish, move |e, f| f.run(|_| g.run(e).map(drop)))?;
-        Ok(())
+        Ok(None)
     }
 
     /// What compressed all-reduces with the codecs on the GPU did on this comm so far.
