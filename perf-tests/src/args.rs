@@ -12,7 +12,6 @@
 //! new spelling ([`retired_hint`]).
 
 use crate::coll::Coll;
-use crate::device::Device;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use qccl::{Algo, CodecSpec, DType, ReduceOp};
 use std::path::PathBuf;
@@ -994,6 +993,26 @@ impl Args {
             s = next;
         }
         v
+    }
+}
+
+/// Where the send and receive buffers live (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// Host memory (qccl's host collectives on the buffers themselves).
+    Host,
+    /// Device memory of a CUDA GPU.
+    Cuda,
+}
+
+impl Device {
+    /// `host` or `cuda` (any case).
+    pub fn parse(s: &str) -> std::result::Result<Device, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "host" | "cpu" => Ok(Device::Host),
+            "cuda" | "gpu" => Ok(Device::Cuda),
+            _ => Err(format!("'{s}' is not a device (host, cuda)")),
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! the caller's promise that they stay valid until the stream passes each call (held here by
 //! synchronising before any buffer is freed).
 
-use crate::args::Args;
+use crate::args::{Args, Device};
 use crate::coll::{Coll, Ctx, Ran, Shape};
 use crate::elem::Elem;
 use qccl::internal::gpu_driver::{DeviceInfo, DeviceMem, Driver, Event, Stream};
@@ -21,26 +21,6 @@ use qccl::{Comm, Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// Where the send and receive buffers live (`--device`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    /// Host memory (qccl's host collectives on the buffers themselves).
-    Host,
-    /// Device memory of a CUDA GPU.
-    Cuda,
-}
-
-impl Device {
-    /// `host` or `cuda` (any case).
-    pub fn parse(s: &str) -> std::result::Result<Device, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "host" | "cpu" => Ok(Device::Host),
-            "cuda" | "gpu" => Ok(Device::Cuda),
-            _ => Err(format!("'{s}' is not a device (host, cuda)")),
-        }
-    }
-}
 
 /// The device this process runs on: `--device` as given (`cuda` needs a usable driver:
 /// `Unsupported` naming what is missing), else cuda when a driver and device are usable and

@@ -27,8 +27,9 @@ mod elem;
 mod plot;
 mod report;
 
+use args::Device;
 use args::{Args, Parsed};
-use device::{Device, Gpu};
+use device::Gpu;
 use qccl::launch::Launch;
 use qccl::{Comm, Config};
 use report::RankInfo;

@@ -2,9 +2,9 @@
 //! JSON (serde; the schema perf-tests/compare and peers/merge.py read), CSV (the JSON's result
 //! objects, one line each) and the SVG plot (crate::plot).
 
+use crate::args::Device;
 use crate::args::{Args, Step};
 use crate::cfmt::{fmt_e, fmt_g};
-use crate::device::Device;
 use crate::plot::Series;
 use qccl::{Algo, DType, ReduceOp, TopKScheme, Wire};
 use serde::{Deserialize, Deserializer, Serialize};

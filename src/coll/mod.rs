@@ -40,7 +40,7 @@ pub struct Engine {
     pub(crate) coded_calls: u64,
     /// Compressed all-reduces on device buffers with the codecs on the GPU: their stream,
     /// buffers and residuals (made by the first such call).
-    pub(crate) gpu: Option<crate::gpu::sra::DeviceState>,
+    pub(crate) gpu: Option<crate::gpu::sra::state::DeviceState>,
 }
 
 impl Engine {
