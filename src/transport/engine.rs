@@ -510,3 +510,6 @@ fn blame(cfg: &LinkConfig, culprit: Option<usize>) {
         i.blame(c);
     }
 }
+
+#[cfg(test)]
+mod tests;
