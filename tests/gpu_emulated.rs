@@ -436,7 +436,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             key: Some("bf16.grad"),
             layout: None,
             op: ReduceOp::Avg,
-            counts: vec![4099],
+            counts: vec![4099, 65_537],
             calls: 4,
             tolerance: Some(1.0 / 32.0),
             l2: 0.0,
@@ -761,13 +761,16 @@ fn pipelined_compressed_sra_over_many_slices_matches_host_ranks_bit_for_bit() {
 #[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
 fn compressed_sra_with_the_codecs_on_a_real_gpu_matches_host_ranks_bit_for_bit() {
     if real_gpu() {
-        for (n, device) in [(2, "0"), (3, "0,1,2")] {
-            let host = run_coded(n, "", "0");
-            assert_eq!(
-                run_coded(n, device, "0"),
-                host,
-                "{n} ranks, {device} on the GPU"
-            );
+        // Default slices, then 4 KiB ones (the pipeline over many slices).
+        for more in [&[][..], &[("QCCL_BUFFSIZE", "4096")][..]] {
+            for (n, device) in [(2, "0"), (3, "0,1,2")] {
+                let host = run_coded_with(n, "", "0", more);
+                assert_eq!(
+                    run_coded_with(n, device, "0", more),
+                    host,
+                    "{n} ranks, {device} on the GPU, {more:?}"
+                );
+            }
         }
     }
 }
