@@ -39,14 +39,16 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--width", type=int, default=4096,
+                    help="hidden width (4096: ~25M parameters; smaller for a quick check)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=300))
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
-        torch.nn.Linear(4096, 1024),
+        torch.nn.Linear(1024, a.width), torch.nn.ReLU(), torch.nn.Linear(a.width, a.width),
+        torch.nn.ReLU(), torch.nn.Linear(a.width, 1024),
     )
     params = sum(p.numel() for p in model.parameters())
     ddp = DDP(model)

@@ -37,7 +37,8 @@ def test_ddp_step_prints_every_mode():
         out = _ranks(
             "ddp_step.py",
             2,
-            ["--backend", backend, "--hook", hook, "--batch", "4", "--threads", "1", "--warmup", "3", "--steps", "1"],
+            ["--backend", backend, "--hook", hook, "--batch", "4", "--threads", "1", "--warmup", "3", "--steps", "1",
+             "--width", "512"],
             port,
         )
         assert f"ddp_step backend={backend}" in out and "step_ms=" in out and "forward" in out, out
