@@ -174,11 +174,12 @@ impl AllReduceCall {
         }
     }
 
-    /// The compressed call inside, if the route is compressed.
-    pub(super) fn compressed(&self) -> Option<&PreparedAllReduce> {
-        match &self.route {
-            Route::Compressed(c) => Some(c),
-            _ => None,
+    /// The compressed call inside, if the route is compressed; the call itself otherwise.
+    #[doc(hidden)]
+    pub fn into_compressed(self) -> std::result::Result<PreparedAllReduce, AllReduceCall> {
+        match self.route {
+            Route::Compressed(c) => Ok(c),
+            route => Err(AllReduceCall { route, ..self }),
         }
     }
 
