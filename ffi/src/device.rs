@@ -145,9 +145,10 @@ mod tests {
             .into_owned()
     }
 
-    /// Compressed all-reduces through the C call, two ranks on device buffers (the codec on
-    /// the GPU, NULL and a stream) and one on host buffers: every rank ends with the same
-    /// bits, close to the float64 sum, error feedback carried over three calls.
+    /// Compressed all-reduces through the C calls, two ranks on device buffers (the codec on
+    /// the GPU: NULL, a stream, and non-blocking with qcclWait) and one on host buffers: every
+    /// rank ends with the same bits, close to the float64 sum, error feedback carried over
+    /// four calls.
     #[test]
     fn compressed_calls_run_their_codecs_on_the_device() {
         let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
@@ -180,7 +181,7 @@ mod tests {
                         let (comm, codec) = (comm as qcclComm_t, codec as qcclCodec_t);
                         let user = gpu.create_stream(0).unwrap();
                         let mut outs = Vec::new();
-                        for call in 0..3 {
+                        for call in 0..4 {
                             let mine = input(r, call);
                             let got = if r == 2 {
                                 let mut out = vec![0f32; count];
@@ -204,6 +205,30 @@ mod tests {
                                 let send = upload(&*gpu, &mine);
                                 let recv = upload(&*gpu, &vec![0.0; count]);
                                 let stream = if call == 1 { user.raw() } else { null_mut() };
+                                let (sp, rp) = (send.addr() as *const c_void, recv.addr());
+                                if call == 3 {
+                                    // Non-blocking: the codec on the GPU in the comm's turn.
+                                    let mut req = null_mut();
+                                    // SAFETY: device buffers of `count` floats, alive until
+                                    // qcclWait returned.
+                                    let rc = unsafe {
+                                        qcclIAllReduceCompressed(
+                                            sp,
+                                            rp as *mut c_void,
+                                            count,
+                                            qcclFloat32,
+                                            qcclSum,
+                                            codec,
+                                            5,
+                                            comm,
+                                            &mut req,
+                                        )
+                                    };
+                                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                                    assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+                                    outs.push(download(&*gpu, &*recv, count));
+                                    continue;
+                                }
                                 // SAFETY: device buffers of `count` floats, alive until the
                                 // stream passed the call (synchronised below).
                                 let rc = unsafe {
@@ -227,7 +252,7 @@ mod tests {
                         }
                         if r != 2 {
                             let c = crate::handle::comm(comm).unwrap();
-                            assert_eq!(c.comm.device_stats().unwrap().calls, 3, "rank {r}");
+                            assert_eq!(c.comm.device_stats().unwrap().calls, 4, "rank {r}");
                         }
                         outs
                     })

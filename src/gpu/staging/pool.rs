@@ -258,3 +258,65 @@ impl State {
         self.stats.peak = self.stats.peak.max(self.stats.pinned);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::emu::EmuDriver;
+
+    const WAIT: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn buffers_are_reused_and_the_smallest_fit_is_taken() {
+        let gpu = EmuDriver::new(1);
+        let pool = Arc::new(Pool::new(1 << 20));
+        let a = pool.take(&gpu, &[0, 10_000, 100], WAIT).unwrap();
+        assert_eq!(pool.stats().pinned, 4096 + 10_000 + 4096);
+        let (small, large) = (a.ptr(0), a.ptr(1));
+        drop(a);
+        assert_eq!(pool.stats().lent, 0);
+        // The page fits 4000 bytes; the 10000-byte buffer is left for the larger length.
+        let b = pool.take(&gpu, &[9_000, 4_000], WAIT).unwrap();
+        assert_eq!((b.ptr(0), b.ptr(1)), (large, small));
+        let st = pool.stats();
+        assert_eq!((st.pinned, st.peak, st.waits), (18_192, 18_192, 0));
+    }
+
+    #[test]
+    fn a_call_past_the_cap_waits_for_an_earlier_one() {
+        let gpu = EmuDriver::new(1);
+        let pool = Arc::new(Pool::new(3 * 4096));
+        let first = pool.take(&gpu, &[4096, 4096], WAIT).unwrap();
+        std::thread::scope(|s| {
+            let second = s.spawn(|| pool.take(&gpu, &[4096, 4096], WAIT).map(drop));
+            while pool.stats().waits == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(first);
+            second.join().unwrap().unwrap();
+        });
+        let st = pool.stats();
+        assert_eq!((st.waits, st.lent), (1, 0));
+        assert!(st.peak <= 3 * 4096, "{st:?}");
+        // Free buffers too small for a call are let go to make room for it.
+        pool.take(&gpu, &[3 * 4096], WAIT).unwrap();
+        assert_eq!(pool.stats().pinned, 3 * 4096);
+    }
+
+    #[test]
+    fn a_call_larger_than_the_cap_runs_alone() {
+        let gpu = EmuDriver::new(1);
+        let pool = Arc::new(Pool::new(4096));
+        drop(pool.take(&gpu, &[100], WAIT).unwrap());
+        let big = pool.take(&gpu, &[50_000], WAIT).unwrap();
+        assert_eq!(pool.stats().pinned, 50_000);
+        let err = pool
+            .take(&gpu, &[1], Duration::from_millis(20))
+            .err()
+            .expect("no room while the large call is in flight");
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        assert!(err.to_string().contains("QCCL_STAGING_BYTES"), "{err}");
+        drop(big);
+        pool.take(&gpu, &[1], WAIT).unwrap();
+    }
+}
