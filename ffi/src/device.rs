@@ -88,13 +88,9 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
 /// addresses, for the core's entry; any other operation as it was.
 fn compressed(op: Op) -> std::result::Result<(PreparedAllReduce, Option<u64>, u64), Op> {
     match op {
-        Op::AllReduce { send, recv, call } => match AllReduceCall::into_compressed(*call) {
+        Op::AllReduce { send, recv, call } => match AllReduceCall::into_compressed(call) {
             Ok(c) => Ok((c, send.map(|s| s.start() as u64), recv.start() as u64)),
-            Err(call) => Err(Op::AllReduce {
-                send,
-                recv,
-                call: Box::new(call),
-            }),
+            Err(call) => Err(Op::AllReduce { send, recv, call }),
         },
         other => Err(other),
     }

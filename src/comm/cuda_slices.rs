@@ -174,10 +174,8 @@ impl Comm {
         self.check(&call)?;
         let all_reduce = match call.coll {
             Coll::AllReduce => {
-                match self
-                    .prepare_all_reduce(call.count, call.dtype, call.op, None)?
-                    .into_compressed()
-                {
+                let prepared = self.prepare_all_reduce(call.count, call.dtype, call.op, None)?;
+                match Box::new(prepared).into_compressed() {
                     // Compressed by QCCL_COMPRESSION: the one entry for device all-reduces.
                     // SAFETY: as below; `send` and `recv` are distinct allocations or views.
                     Ok(c) => {

@@ -176,10 +176,15 @@ impl AllReduceCall {
 
     /// The compressed call inside, if the route is compressed; the call itself otherwise.
     #[doc(hidden)]
-    pub fn into_compressed(self) -> std::result::Result<PreparedAllReduce, AllReduceCall> {
-        match self.route {
+    // Boxed as callers keep it (the C ABI's operations), and handed back so when dense.
+    #[allow(clippy::boxed_local)]
+    pub fn into_compressed(
+        self: Box<Self>,
+    ) -> std::result::Result<PreparedAllReduce, Box<AllReduceCall>> {
+        let call = *self;
+        match call.route {
             Route::Compressed(c) => Ok(c),
-            route => Err(AllReduceCall { route, ..self }),
+            route => Err(Box::new(AllReduceCall { route, ..call })),
         }
     }
 

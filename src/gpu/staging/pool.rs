@@ -213,7 +213,7 @@ impl State {
             .enumerate()
             .filter_map(|(k, c)| c.map(|i| (i, k)))
             .collect();
-        taken.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        taken.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
         let mut out: Vec<Option<Box<dyn Pinned>>> = (0..lens.len()).map(|_| None).collect();
         for (i, k) in taken {
             out[k] = Some(self.free.swap_remove(i));
@@ -228,7 +228,7 @@ impl State {
 
     /// Frees the free buffers at `indices` (and renumbers `chosen` to match).
     fn release(&mut self, mut indices: Vec<usize>, chosen: &mut [Option<usize>]) {
-        indices.sort_unstable_by(|a, b| b.cmp(a));
+        indices.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
         for i in indices {
             self.stats.pinned -= self.free[i].len();
             // `swap_remove` moves the last buffer to `i`.
