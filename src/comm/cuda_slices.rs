@@ -12,7 +12,6 @@ use super::device_all_reduce::staged;
 use super::{Comm, Compression};
 use crate::coll::call::{Buf, Coll, CollCall};
 use crate::error::Result;
-use crate::gpu::staging::CallBuf;
 use crate::types::{Element, ReduceOp};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::ffi::c_void;
@@ -155,6 +154,18 @@ impl Comm {
                 .codec(&c.codec, c.key.is_some()),
         )?;
         let call = self.prepare_all_reduce_compressed(count, T::DTYPE, op, c)?;
+        self.enqueue_prepared_cuda(call, send, recv, stream)
+    }
+
+    /// Enqueues prepared compressed all-reduce `call` on `stream` through the one entry for
+    /// device all-reduces.
+    fn enqueue_prepared_cuda(
+        &self,
+        call: super::PreparedAllReduce,
+        send: Option<Range>,
+        recv: Range,
+        stream: &CudaStream,
+    ) -> Result<()> {
         // SAFETY: as in `enqueue_cuda`; the two ranges are distinct cudarc allocations or
         // views (one borrowed shared, one mutably), so they do not overlap.
         unsafe { self.all_reduce_compressed_at(call, send.map(|s| s.0), recv.0, raw(stream)) }
@@ -177,33 +188,13 @@ impl Comm {
                 let prepared = self.prepare_all_reduce(call.count, call.dtype, call.op, None)?;
                 match Box::new(prepared).into_compressed() {
                     // Compressed by QCCL_COMPRESSION: the one entry for device all-reduces.
-                    // SAFETY: as below; `send` and `recv` are distinct allocations or views.
-                    Ok(c) => {
-                        return unsafe {
-                            self.all_reduce_compressed_at(c, send.map(|s| s.0), recv.0, raw(stream))
-                        }
-                        .map(drop)
-                    }
+                    Ok(c) => return self.enqueue_prepared_cuda(c, send, recv, stream),
                     Err(dense) => Some(dense),
                 }
             }
             _ => None,
         };
-        let mut bufs: Vec<CallBuf> = send
-            .iter()
-            .map(|&(addr, len)| CallBuf {
-                addr,
-                len,
-                reads: true,
-                writes: false,
-            })
-            .collect();
-        bufs.push(CallBuf {
-            addr: recv.0,
-            len: recv.1,
-            reads: send.is_none(),
-            writes: true,
-        });
+        let bufs = super::device::send_recv(send, recv);
         let (send_len, recv_len) = (send.map(|s| s.1), recv.1);
         // SAFETY: the buffers are cudarc device memory of the lengths given, kept alive by
         // cudarc until `stream` passes the call (their release is ordered on the stream, or

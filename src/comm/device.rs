@@ -233,3 +233,18 @@ impl Comm {
         unsafe { st.run(bufs, &place, stream, run) }
     }
 }
+
+/// A call's buffers as the device path sees them, from its send buffer (None: in place) and
+/// receive buffer, each (address, bytes): send read, then recv written (and read when in
+/// place).
+pub(super) fn send_recv(send: Option<(u64, usize)>, recv: (u64, usize)) -> Vec<CallBuf> {
+    let buf = |(addr, len), reads, writes| CallBuf {
+        addr,
+        len,
+        reads,
+        writes,
+    };
+    let mut bufs: Vec<CallBuf> = send.map(|s| buf(s, true, false)).into_iter().collect();
+    bufs.push(buf(recv, send.is_none(), true));
+    bufs
+}

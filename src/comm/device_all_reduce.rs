@@ -80,27 +80,11 @@ impl Comm {
     }
 }
 
-/// The call's buffers as the device path sees them: `send` read, then `recv` written (and
-/// read when in place).
+/// The call's buffers as the device path sees them (`device::send_recv`).
 fn call_bufs(call: &PreparedAllReduce, send: Option<u64>, recv: u64) -> Vec<CallBuf> {
     let (count, dtype, _) = call.shape();
     let len = count * dtype.size();
-    let mut bufs: Vec<CallBuf> = send
-        .iter()
-        .map(|&addr| CallBuf {
-            addr,
-            len,
-            reads: true,
-            writes: false,
-        })
-        .collect();
-    bufs.push(CallBuf {
-        addr: recv,
-        len,
-        reads: send.is_none(),
-        writes: true,
-    });
-    bufs
+    super::device::send_recv(send.map(|s| (s, len)), (recv, len))
 }
 
 /// Runs `call` on `e` over `hosts`, host addresses standing for its buffers (`call_bufs`'

@@ -6,7 +6,7 @@
 use super::{Comm, PreparedAllReduce, Report};
 use crate::error::Result;
 use crate::gpu::sra::{DeviceStats, GpuAllReduce};
-use crate::gpu::staging::{self, CallBuf, Placement};
+use crate::gpu::staging::{self, Placement};
 use std::ffi::c_void;
 
 impl Comm {
@@ -31,21 +31,7 @@ impl Comm {
         if len == 0 {
             return Ok(None);
         }
-        let bufs: Vec<CallBuf> = send
-            .iter()
-            .map(|&addr| CallBuf {
-                addr,
-                len,
-                reads: true,
-                writes: false,
-            })
-            .chain([CallBuf {
-                addr: recv,
-                len,
-                reads: send.is_none(),
-                writes: true,
-            }])
-            .collect();
+        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
         let place = staging::locate(&*driver, &bufs)?;
         let ordinal = match place.ordinal()? {
             Some(o) if place.device.iter().all(Option::is_some) => o,
