@@ -83,6 +83,8 @@ pub mod internal {
     pub use crate::coll::Engine;
     pub use crate::comm::{AllReduceCall, PreparedAllReduce, PreparedTopK};
     pub use crate::config::parse_size;
+    /// Kernel throughput against the device's copy bandwidth (qccl-gpu-bench).
+    pub use crate::gpu::bench as gpu_bench;
     /// The real CUDA driver, for tests/gpu_driver.rs.
     #[cfg(feature = "cuda")]
     pub use crate::gpu::cuda::CudaDriver;

@@ -522,7 +522,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             key: Some("bf16.grad"),
             layout: None,
             op: ReduceOp::Avg,
-            counts: vec![4099],
+            counts: vec![4099, 65_537],
             calls: 4,
             tolerance: Some(1.0 / 32.0),
             l2: 0.0,
@@ -564,6 +564,13 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
         },
     ];
     let user = dev.gpu.create_stream(0).map_err(e)?;
+    let slice_bytes: usize = std::env::var("QCCL_BUFFSIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512 * 1024);
+    // Device calls of several slices per chunk, and their exchanges that began with encodes
+    // still queued on the stream.
+    let (mut piped, mut overlapped) = (0u64, 0u64);
     for (ci, case) in cases.iter().enumerate() {
         let mut c = Compression::parse(case.spec).map_err(e)?.algo(Algo::Sra);
         if let Some(k) = case.key {
@@ -599,6 +606,23 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     let gpu_ran = ran == 1;
                     if count > 0 && case.must_gpu && !gpu_ran {
                         return Err(format!("{what}: the GPU path did not run ({ran} calls)"));
+                    }
+                    if gpu_ran && n > 1 {
+                        // Two exchanges per slice; slice j+1 encoded before slice j moves.
+                        let last = count - count * (n - 1) / n;
+                        let nsl = (4 * last).div_ceil(slice_bytes).max(1) as u64;
+                        let exchanges = after.exchanges - before.exchanges;
+                        let late = after.late_sends - before.late_sends;
+                        if exchanges != 2 * nsl || late > exchanges * (n as u64 - 1) {
+                            return Err(format!(
+                                "{what}: {exchanges} exchanges ({late} late sends), want {}",
+                                2 * nsl
+                            ));
+                        }
+                        if nsl > 1 {
+                            piped += 1;
+                            overlapped += after.overlapped - before.overlapped;
+                        }
                     }
                     if gpu_ran
                         && n > 1
@@ -637,6 +661,11 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                 check_coded(case, &ins, &got, n).map_err(|m| format!("{what}: {m}"))?;
             }
         }
+    }
+    if piped > 0 && overlapped == 0 {
+        return Err(format!(
+            "no exchange of {piped} device calls of several slices began with encodes queued"
+        ));
     }
     Ok(())
 }
@@ -715,15 +744,23 @@ fn coded_on_device(
 /// Runs the `coded` scenario on `n` ranks, those in `device_ranks` on device buffers, checks
 /// that every rank printed the same hashes and returns them.
 fn run_coded(n: usize, device_ranks: &str, devices: &str) -> Vec<String> {
+    run_coded_with(n, device_ranks, devices, &[])
+}
+
+/// `run_coded` with more variables set in the ranks.
+fn run_coded_with(
+    n: usize,
+    device_ranks: &str,
+    devices: &str,
+    more: &[(&str, &str)],
+) -> Vec<String> {
     let job = Job::new(n);
-    let outs = job.run(
-        "coded",
-        &[
-            ("QCCL_GPU_EMULATE", devices),
-            ("QCCL_TEST_DEVICE_RANKS", device_ranks),
-        ],
-        Duration::from_secs(300),
-    );
+    let mut env = vec![
+        ("QCCL_GPU_EMULATE", devices),
+        ("QCCL_TEST_DEVICE_RANKS", device_ranks),
+    ];
+    env.extend_from_slice(more);
+    let outs = job.run("coded", &env, Duration::from_secs(300));
     let mut hashes: Vec<Vec<String>> = Vec::new();
     for (r, o) in outs.iter().enumerate() {
         assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
@@ -764,17 +801,37 @@ fn compressed_sra_with_the_codecs_on_the_gpu_matches_host_ranks_bit_for_bit() {
     }
 }
 
+/// The smallest slices (QCCL_BUFFSIZE=4096: up to 43 slices per chunk): the pipelined device
+/// side (slice j+1 encoded while slice j moves, each send started as its encode completes,
+/// the decodes of one exchange overlapping the next) ends as bit-identical with host ranks,
+/// and its exchanges began with encodes still queued (`coded` checks the counters).
+#[test]
+fn pipelined_compressed_sra_over_many_slices_matches_host_ranks_bit_for_bit() {
+    let small = [("QCCL_BUFFSIZE", "4096")];
+    for (n, device) in [(3, "0,1,2"), (5, "0,3"), (1, "0")] {
+        let host = run_coded_with(n, "", "1", &small);
+        assert_eq!(
+            run_coded_with(n, device, "1", &small),
+            host,
+            "{n} ranks, {device} on device buffers, 4 KiB slices"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
 fn compressed_sra_with_the_codecs_on_a_real_gpu_matches_host_ranks_bit_for_bit() {
     if real_gpu() {
-        for (n, device) in [(2, "0"), (3, "0,1,2")] {
-            let host = run_coded(n, "", "0");
-            assert_eq!(
-                run_coded(n, device, "0"),
-                host,
-                "{n} ranks, {device} on the GPU"
-            );
+        // Default slices, then 4 KiB ones (the pipeline over many slices).
+        for more in [&[][..], &[("QCCL_BUFFSIZE", "4096")][..]] {
+            for (n, device) in [(2, "0"), (3, "0,1,2")] {
+                let host = run_coded_with(n, "", "0", more);
+                assert_eq!(
+                    run_coded_with(n, device, "0", more),
+                    host,
+                    "{n} ranks, {device} on the GPU, {more:?}"
+                );
+            }
         }
     }
 }

@@ -239,6 +239,8 @@ fn suite(n: usize, transport: &str) {
     }
 }
 
+// Four processes run the suite in `emulated_hosts_use_shm_inside_a_host_and_tcp_between_hosts`
+// (shm and tcp at once), five and seven in `arena_*`.
 #[test]
 fn suite_2_processes_tcp() {
     suite(2, "tcp");
@@ -247,11 +249,6 @@ fn suite_2_processes_tcp() {
 #[test]
 fn suite_3_processes_tcp() {
     suite(3, "tcp");
-}
-
-#[test]
-fn suite_4_processes_tcp() {
-    suite(4, "tcp");
 }
 
 /// Codecs checked over real processes, with the relative error each may reach on 4 ranks.
@@ -288,11 +285,6 @@ fn suite_2_processes_shm() {
 #[test]
 fn suite_3_processes_shm() {
     suite(3, "shm");
-}
-
-#[test]
-fn suite_4_processes_shm() {
-    suite(4, "shm");
 }
 
 /// Every collective on 5 and 7 processes over shared memory, with 4 KiB per owner and round

@@ -17,7 +17,7 @@ pub mod wire;
 pub use kind::Algo;
 
 use crate::transport::frame::OpDesc;
-use crate::transport::{RecvReq, SendReq, Transport};
+use crate::transport::{LateSend, RecvReq, SendReq, SendSource, Transport};
 use crate::types::{DType, ReduceOp};
 use crate::Result;
 use std::ops::Range;
@@ -109,6 +109,21 @@ impl Ctx<'_> {
         self.wire.sent += sends.iter().map(|s| s.data.len() as u64).sum::<u64>();
         self.wire.received += recvs.iter().map(|r| r.data.len() as u64).sum::<u64>();
         self.t.exchange(&self.desc, sends, recvs)
+    }
+
+    /// One exchange whose `late` sends start as `source` hands their bytes over (bytes a
+    /// device is still writing when it begins).
+    pub fn exchange_late<'a>(
+        &mut self,
+        sends: &[SendReq<'a>],
+        late: &[LateSend],
+        source: &mut dyn SendSource<'a>,
+        recvs: &mut [RecvReq<'_>],
+    ) -> Result<()> {
+        let late_bytes = late.iter().map(|l| l.len as u64).sum::<u64>();
+        self.wire.sent += sends.iter().map(|s| s.data.len() as u64).sum::<u64>() + late_bytes;
+        self.wire.received += recvs.iter().map(|r| r.data.len() as u64).sum::<u64>();
+        self.t.exchange_late(&self.desc, sends, late, source, recvs)
     }
 
     /// A registered wire buffer from the comm's scratch; `give_wire` returns it.

@@ -188,6 +188,16 @@ pub trait Stream: Send {
     /// done.
     unsafe fn copy_to_device(&self, dst: u64, src: *const u8, len: usize) -> Result<()>;
 
+    /// Enqueues a copy of `len` bytes from device address `src` to device address `dst`,
+    /// both memory of this stream's device (`cuMemcpyDtoDAsync`; the ranges must not overlap).
+    /// The device's copy bandwidth is what the kernels are measured against
+    /// (`gpu::bench`).
+    ///
+    /// # Safety
+    /// Nothing else may write `src..src+len`, or read or write `dst..dst+len`, until the
+    /// copy is known done.
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, len: usize) -> Result<()>;
+
     /// Records an event after the work enqueued so far.
     fn record(&self) -> Result<Box<dyn Event>>;
 

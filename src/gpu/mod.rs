@@ -50,6 +50,10 @@ pub mod sra;
 #[doc(hidden)]
 pub mod plans;
 
+// Kernel throughput against the device's copy bandwidth (qccl-gpu-bench).
+#[doc(hidden)]
+pub mod bench;
+
 // The emulated driver (needs no CUDA): the device path in CI.
 #[doc(hidden)]
 pub mod emu;

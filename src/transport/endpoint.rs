@@ -8,7 +8,7 @@ use super::frame::{Header, OpDesc, MAX_ABORT_LEN};
 use super::link::{Connector, Link};
 use super::shm::arena::{self, Arena};
 use super::stall::Inspector;
-use super::{LinkConfig, RecvReq, SendReq};
+use super::{LateSend, LinkConfig, RecvReq, SendReq, SendSource};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -61,6 +61,27 @@ impl Transport {
             self.ensure(p)?;
         }
         engine::exchange(&mut self.links, &self.cfg, desc, sends, recvs)
+    }
+
+    /// `exchange` with `late` sends too, each started once `source` hands its bytes over
+    /// (see [`LateSend`]). At most one send per peer among `sends` and `late` together.
+    pub fn exchange_late<'a>(
+        &mut self,
+        desc: &OpDesc,
+        sends: &[SendReq<'a>],
+        late: &[LateSend],
+        source: &mut dyn SendSource<'a>,
+        recvs: &mut [RecvReq<'_>],
+    ) -> Result<()> {
+        for p in sends
+            .iter()
+            .map(|s| s.peer)
+            .chain(late.iter().map(|l| l.peer))
+            .chain(recvs.iter().map(|r| r.peer))
+        {
+            self.ensure(p)?;
+        }
+        engine::exchange_late(&mut self.links, &self.cfg, desc, sends, late, source, recvs)
     }
 
     /// True when a receive from `peer` can reduce straight out of the link's memory

@@ -10,7 +10,7 @@ use super::frame::{FrameKind, Header, OpDesc, HEADER_LEN};
 use super::link::{Dir, Link, Wait};
 use super::stall::Stalled;
 use super::wait::{Next, Waiter};
-use super::{LinkConfig, RecvReduce, RecvReq, SendReq};
+use super::{LateSend, LinkConfig, RecvReduce, RecvReq, SendReq, SendSource};
 use crate::error::{Error, Result};
 use nix::poll::{poll, PollFd, PollFlags};
 use std::io::{self, ErrorKind};
@@ -118,11 +118,29 @@ pub fn exchange(
     sends: &[SendReq<'_>],
     recvs: &mut [RecvReq<'_>],
 ) -> Result<()> {
-    let res = run(links, cfg, desc, sends, recvs);
+    exchange_late(links, cfg, desc, sends, &[], &mut NoLateSends, recvs)
+}
+
+/// `exchange` with `late` sends too: each starts once `source` hands its bytes over, while the
+/// rest of the exchange progresses.
+pub fn exchange_late<'a>(
+    links: &mut Links,
+    cfg: &LinkConfig,
+    desc: &OpDesc,
+    sends: &[SendReq<'a>],
+    late: &[LateSend],
+    source: &mut dyn SendSource<'a>,
+    recvs: &mut [RecvReq<'_>],
+) -> Result<()> {
+    let res = run(links, cfg, desc, sends, late, source, recvs);
     if res.is_err() {
         // The caller gets its buffers back: no link may read a send's memory any more.
-        for s in sends {
-            if let Some(Some(l)) = links.get_mut(s.peer) {
+        for p in sends
+            .iter()
+            .map(|s| s.peer)
+            .chain(late.iter().map(|l| l.peer))
+        {
+            if let Some(Some(l)) = links.get_mut(p) {
                 l.release();
             }
         }
@@ -130,35 +148,95 @@ pub fn exchange(
     res
 }
 
-fn run(
+/// The source of an exchange without late sends.
+struct NoLateSends;
+
+impl<'a> SendSource<'a> for NoLateSends {
+    fn ready(&mut self, peer: usize) -> Result<Option<&'a [u8]>> {
+        Err(Error::Internal(format!("no late send to rank {peer}")))
+    }
+
+    fn wait(&mut self, _: usize, _: Duration) {}
+}
+
+/// Longest block while a late send's bytes are awaited along with links: neither wakes the
+/// other's sleep.
+const LATE_POLL: Duration = Duration::from_millis(1);
+
+/// Appends the streams' shares of one frame of `data` to `peer`.
+fn push_frame<'a>(
+    txs: &mut Vec<Tx<'a>>,
+    links: &mut Links,
+    desc: &OpDesc,
+    peer: usize,
+    data: &'a [u8],
+) -> Result<()> {
+    let l = link(links, peer)?;
+    let len = data.len();
+    let head = Header {
+        kind: FrameKind::Data,
+        desc: *desc,
+        len: len as u64,
+    }
+    .encode();
+    let pad = l.pad(len);
+    for (i, (a, b)) in tile(len, l.streams(len)).enumerate() {
+        txs.push(Tx {
+            peer,
+            stream: i,
+            head: (i == 0).then_some(head),
+            data: &data[a..b],
+            pad: if i == 0 { pad } else { 0 },
+            pos: 0,
+        });
+    }
+    Ok(())
+}
+
+/// Starts the late sends whose bytes are ready, keeping the others in `waiting`; true if
+/// one started.
+fn start_ready<'a>(
+    txs: &mut Vec<Tx<'a>>,
+    links: &mut Links,
+    desc: &OpDesc,
+    waiting: &mut Vec<LateSend>,
+    source: &mut dyn SendSource<'a>,
+) -> Result<bool> {
+    let mut started = false;
+    let mut i = 0;
+    while i < waiting.len() {
+        let LateSend { peer, len } = waiting[i];
+        let Some(data) = source.ready(peer)? else {
+            i += 1;
+            continue;
+        };
+        if data.len() != len {
+            return Err(Error::Internal(format!(
+                "a late send to rank {peer} was announced with {len} bytes and has {}",
+                data.len()
+            )));
+        }
+        push_frame(txs, links, desc, peer, data)?;
+        waiting.swap_remove(i);
+        started = true;
+    }
+    Ok(started)
+}
+
+fn run<'a>(
     links: &mut Links,
     cfg: &LinkConfig,
     desc: &OpDesc,
-    sends: &[SendReq<'_>],
+    sends: &[SendReq<'a>],
+    late: &[LateSend],
+    source: &mut dyn SendSource<'a>,
     recvs: &mut [RecvReq<'_>],
 ) -> Result<()> {
-    let mut txs: Vec<Tx<'_>> = Vec::with_capacity(sends.len());
+    let mut txs: Vec<Tx<'a>> = Vec::with_capacity(sends.len() + late.len());
     for s in sends {
-        let l = link(links, s.peer)?;
-        let len = s.data.len();
-        let head = Header {
-            kind: FrameKind::Data,
-            desc: *desc,
-            len: len as u64,
-        }
-        .encode();
-        let pad = l.pad(len);
-        for (i, (a, b)) in tile(len, l.streams(len)).enumerate() {
-            txs.push(Tx {
-                peer: s.peer,
-                stream: i,
-                head: (i == 0).then_some(head),
-                data: &s.data[a..b],
-                pad: if i == 0 { pad } else { 0 },
-                pos: 0,
-            });
-        }
+        push_frame(&mut txs, links, desc, s.peer, s.data)?;
     }
+    let mut waiting: Vec<LateSend> = late.to_vec();
     let mut rxs: Vec<Rx<'_>> = Vec::with_capacity(recvs.len());
     for r in recvs.iter_mut() {
         let l = link(links, r.peer)?;
@@ -193,7 +271,10 @@ fn run(
     let mut gone: Option<(usize, String)> = None;
     loop {
         let mut moved = false;
-        let mut pending = 0;
+        if !waiting.is_empty() {
+            moved |= start_ready(&mut txs, links, desc, &mut waiting, source)?;
+        }
+        let mut pending = waiting.len();
         // A peer whose link failed: reported after the loop, which holds `rxs` borrowed.
         let mut lost: Option<(usize, String)> = None;
         for t in txs.iter_mut().filter(|t| !t.done()) {
@@ -276,37 +357,46 @@ fn run(
             blame(cfg, Some(peer));
             return Err(closed(links, peer, why));
         }
-        let stalled = |full: bool| {
-            let mut waited: Vec<usize> = rxs
-                .iter()
-                .filter(|r| !r.done())
-                .map(|r| r.peer)
-                .chain(txs.iter().filter(|t| !t.done()).map(|t| t.peer))
-                .collect();
-            waited.sort_unstable();
-            waited.dedup();
-            if !full {
-                return Stalled::on(*desc, waited);
-            }
-            let mut peers: Vec<String> = rxs
-                .iter()
-                .filter(|r| !r.done())
-                .map(|r| format!("receive from rank {}", r.peer))
-                .chain(
-                    txs.iter()
-                        .filter(|t| !t.done())
-                        .map(|t| format!("send to rank {}", t.peer)),
-                )
-                .collect();
-            peers.dedup();
-            Stalled {
-                desc: *desc,
-                peers: waited,
-                what: format!("{} stalled in {desc}", peers.join(", ")),
-            }
-        };
+        let stalled =
+            |full: bool| {
+                let mut waited: Vec<usize> = rxs
+                    .iter()
+                    .filter(|r| !r.done())
+                    .map(|r| r.peer)
+                    .chain(txs.iter().filter(|t| !t.done()).map(|t| t.peer))
+                    .collect();
+                waited.sort_unstable();
+                waited.dedup();
+                if !full {
+                    return Stalled::on(*desc, waited);
+                }
+                let mut peers: Vec<String> =
+                    rxs.iter()
+                        .filter(|r| !r.done())
+                        .map(|r| format!("receive from rank {}", r.peer))
+                        .chain(
+                            txs.iter()
+                                .filter(|t| !t.done())
+                                .map(|t| format!("send to rank {}", t.peer)),
+                        )
+                        .chain(waiting.iter().map(|w| {
+                            format!("send to rank {} (its bytes not written yet)", w.peer)
+                        }))
+                        .collect();
+                peers.dedup();
+                Stalled {
+                    desc: *desc,
+                    peers: waited,
+                    what: format!("{} stalled in {desc}", peers.join(", ")),
+                }
+            };
         if let Next::Block(d) = waiter.idle(cfg, stalled)? {
-            gone = block(links, &txs, &rxs, d);
+            let links_idle = txs.iter().all(Tx::done) && rxs.iter().all(Rx::done);
+            match waiting.first() {
+                Some(w) if links_idle => source.wait(w.peer, d),
+                Some(_) => gone = block(links, &txs, &rxs, d.min(LATE_POLL)),
+                None => gone = block(links, &txs, &rxs, d),
+            }
         }
     }
 }
@@ -420,3 +510,6 @@ fn blame(cfg: &LinkConfig, culprit: Option<usize>) {
         i.blame(c);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -37,6 +37,29 @@ pub struct SendReq<'a> {
     pub data: &'a [u8],
 }
 
+/// A frame whose bytes are still being written when its exchange starts (by a GPU's copy,
+/// say): the exchange posts its receives and ready sends at once, and starts this one as soon
+/// as its [`SendSource`] hands the bytes over.
+#[derive(Debug, Clone, Copy)]
+pub struct LateSend {
+    /// Destination rank.
+    pub peer: usize,
+    /// Bytes the frame will carry.
+    pub len: usize,
+}
+
+/// Where the bytes of an exchange's [`LateSend`]s come from.
+pub trait SendSource<'a> {
+    /// The `len` bytes for `peer` once they are written, None while they are not. An error
+    /// when they never will be (their writer failed, or its deadline passed). Asked on every
+    /// pass of the exchange: must not block.
+    fn ready(&mut self, peer: usize) -> crate::Result<Option<&'a [u8]>>;
+
+    /// Blocks until the bytes for `peer` may be ready, at most `d` (the exchange has nothing
+    /// else to wait for).
+    fn wait(&mut self, peer: usize, d: Duration);
+}
+
 /// One frame to receive: exactly `data.len()` bytes from `peer`.
 pub struct RecvReq<'a> {
     /// Source rank.

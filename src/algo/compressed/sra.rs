@@ -8,6 +8,11 @@
 //! (`gpu::sra`) runs the codecs' kernels over device memory. Both keep the same chunks,
 //! slices, pieces and order of additions, so host and device ranks of one job end
 //! bit-identical.
+//!
+//! Slice j+1's scatter encodes are issued before slice j's exchanges, into the other of
+//! [`SETS`] sets of send buffers: a device runs them while slice j's bytes move. They read and
+//! write only peers' chunks of slice j+1, which nothing of slice j touches, so every value and
+//! the order of additions stay those of the plain order.
 
 use super::{chunk, nslices, slice, Coder};
 use crate::algo::wire::WireBuf;
@@ -15,6 +20,10 @@ use crate::algo::Ctx;
 use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 use std::ops::Range;
+
+/// Sets of send buffers in flight: slice j's are set `j % SETS`, filled while the set of
+/// slice j−1 is being sent.
+pub const SETS: usize = 2;
 
 /// Which exchange of a slice a [`Side::swap`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,31 +35,33 @@ pub enum Phase {
 }
 
 /// One rank's data and codec in the SRA schedule. Element ranges are positions in the call's
-/// buffer; `p` is a peer's rank. Methods may only enqueue work (a device), as long as
-/// `swap` sends what the encodes wrote and `finish` leaves the result in place.
+/// buffer; `p` is a peer's rank; `set` (below [`SETS`]) the set of send buffers an encode
+/// fills and an exchange sends. Methods may only enqueue work (a device), as long as `swap`
+/// sends what the encodes of its set wrote and decodes read the bytes of the latest `swap`.
 pub trait Side {
     /// Bytes of the encoding of elements `r`.
     fn len(&self, r: &Range<usize>) -> usize;
     /// Encodes elements `r` of the input (of the work buffer when in place) into the bytes
-    /// sent to peer `p`, recording the loss for error feedback.
-    fn encode_for(&mut self, p: usize, r: Range<usize>) -> Result<()>;
+    /// of `set` sent to peer `p`, recording the loss for error feedback.
+    fn encode_for(&mut self, set: usize, p: usize, r: Range<usize>) -> Result<()>;
     /// Out of place: copies the input's elements `r` (this rank's own slice) into the work
     /// buffer, exact. In place: nothing.
     fn keep_own(&mut self, r: Range<usize>) -> Result<()>;
     /// Adds the decoded bytes received from `p` (the encoding of elements `r`) to the work
     /// buffer.
     fn add_from(&mut self, p: usize, r: Range<usize>) -> Result<()>;
-    /// Encodes elements `r` of the work buffer (this rank's sum) into the bytes sent to every
-    /// peer, and replaces them with their decoded value.
-    fn encode_own(&mut self, r: Range<usize>) -> Result<()>;
+    /// Encodes elements `r` of the work buffer (this rank's sum) into the bytes of `set` sent
+    /// to every peer, and replaces them with their decoded value.
+    fn encode_own(&mut self, set: usize, r: Range<usize>) -> Result<()>;
     /// Decodes the bytes received from `p` (the encoding of elements `r`) into the work
     /// buffer.
     fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()>;
-    /// One exchange with every peer in `peers`: this phase's bytes sent, and `land(p)` bytes
-    /// received from each.
+    /// One exchange with every peer in `peers`: this phase's bytes of `set` sent, and
+    /// `land(p)` bytes received from each.
     fn swap(
         &mut self,
         ctx: &mut Ctx<'_>,
+        set: usize,
         peers: &[usize],
         phase: Phase,
         land: &dyn Fn(usize) -> usize,
@@ -100,7 +111,7 @@ fn host(
         cd,
         input,
         work,
-        out: (0..n).map(|_| ctx.wire_buf()).collect(),
+        out: (0..SETS * n).map(|_| ctx.wire_buf()).collect(),
         result: ctx.wire_buf(),
         land: vec![Vec::new(); n],
     };
@@ -116,14 +127,23 @@ pub fn run(ctx: &mut Ctx<'_>, side: &mut dyn Side, count: usize, gather: bool) -
     let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
     let nsl = nslices(ctx, chunks[n - 1].len());
     let peers: Vec<usize> = (0..n).filter(|&p| p != r).collect();
+    // Scatter: every peer's slice, encoded once, to its owner.
+    let encode_scatter = |side: &mut dyn Side, j: usize| -> Result<()> {
+        for &p in &peers {
+            side.encode_for(j % SETS, p, slice(&chunks[p], nsl, j))?;
+        }
+        Ok(())
+    };
+    encode_scatter(side, 0)?;
     for j in 0..nsl {
         let s = |c: usize| slice(&chunks[c], nsl, j);
-        // Scatter: every peer's slice, encoded once, to its owner.
-        for &p in &peers {
-            side.encode_for(p, s(p))?;
+        let set = j % SETS;
+        if j + 1 < nsl {
+            // One slice ahead: a device encodes it while slice j's bytes move.
+            encode_scatter(side, j + 1)?;
         }
         let own = side.len(&s(r));
-        side.swap(ctx, &peers, Phase::Scatter, &|_| own)?;
+        side.swap(ctx, set, &peers, Phase::Scatter, &|_| own)?;
         // Own data exact, then the peers in rank order: the same arithmetic on every run.
         side.keep_own(s(r))?;
         for &p in &peers {
@@ -133,9 +153,9 @@ pub fn run(ctx: &mut Ctx<'_>, side: &mut dyn Side, count: usize, gather: bool) -
             continue;
         }
         // All-gather: the owner's sum, encoded once, to everyone.
-        side.encode_own(s(r))?;
+        side.encode_own(set, s(r))?;
         let lens: Vec<usize> = (0..n).map(|c| side.len(&s(c))).collect();
-        side.swap(ctx, &peers, Phase::Gather, &|p| lens[p])?;
+        side.swap(ctx, set, &peers, Phase::Gather, &|p| lens[p])?;
         for &p in &peers {
             side.take_from(p, s(p))?;
         }
@@ -148,7 +168,7 @@ struct HostSide<'a, 'c> {
     cd: &'a mut Coder<'c>,
     input: Option<&'a [f32]>,
     work: &'a mut [f32],
-    /// The encoding sent to each peer (scatter).
+    /// The encoding sent to each peer (scatter), by set: set k's to peer p at `k·n + p`.
     out: Vec<WireBuf>,
     /// This rank's encoded sum (gather).
     result: WireBuf,
@@ -160,10 +180,11 @@ impl Side for HostSide<'_, '_> {
         self.cd.len(r)
     }
 
-    fn encode_for(&mut self, p: usize, r: Range<usize>) -> Result<()> {
+    fn encode_for(&mut self, set: usize, p: usize, r: Range<usize>) -> Result<()> {
         let len = self.cd.len(&r);
         let src = self.input.unwrap_or(self.work);
-        self.cd.encode(src, r, self.out[p].fit(len))
+        let n = self.land.len();
+        self.cd.encode(src, r, self.out[set * n + p].fit(len))
     }
 
     fn keep_own(&mut self, r: Range<usize>) -> Result<()> {
@@ -177,7 +198,8 @@ impl Side for HostSide<'_, '_> {
         self.cd.decode(&self.land[p], self.work, r, true)
     }
 
-    fn encode_own(&mut self, r: Range<usize>) -> Result<()> {
+    fn encode_own(&mut self, _set: usize, r: Range<usize>) -> Result<()> {
+        // Sent by the next swap, before the next encode_own: one buffer serves every set.
         let len = self.cd.len(&r);
         self.cd.encode_own(self.work, r, self.result.fit(len))
     }
@@ -189,6 +211,7 @@ impl Side for HostSide<'_, '_> {
     fn swap(
         &mut self,
         ctx: &mut Ctx<'_>,
+        set: usize,
         peers: &[usize],
         phase: Phase,
         land: &dyn Fn(usize) -> usize,
@@ -196,7 +219,8 @@ impl Side for HostSide<'_, '_> {
         for &p in peers {
             self.land[p].resize(land(p), 0);
         }
-        let (out, result, me) = (&self.out, &self.result, ctx.rank);
+        let out = &self.out[set * self.land.len()..][..self.land.len()];
+        let (result, me) = (&self.result, ctx.rank);
         let lands = self
             .land
             .iter_mut()

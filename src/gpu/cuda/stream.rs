@@ -177,6 +177,32 @@ impl Stream for CudaStream {
         })
     }
 
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if src.max(dst) - src.min(dst) < len as u64 {
+            return Err(Error::invalid(format!(
+                "copying {len} bytes on the device from {src:#x} to {dst:#x}: the ranges overlap"
+            )));
+        }
+        let _current = self.ctx.enter()?;
+        for at in [src, dst] {
+            check_device_range(self.ordinal(), at, len)
+                .map_err(|e| e.prefixed(&format!("copying on the device on {}: ", self.place())))?;
+        }
+        // SAFETY: both ranges are inside allocations of this device (checked above) and do
+        // not overlap; nothing else touches them until the copy is known done (the caller's
+        // promise); the stream is live in the current context.
+        let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.handle()) };
+        check(r, "cuMemcpyDtoDAsync", || {
+            format!(
+                "copying {len} bytes from device address {src:#x} to {dst:#x} on {}",
+                self.place()
+            )
+        })
+    }
+
     fn record(&self) -> Result<Box<dyn Event>> {
         // SAFETY: the stream is live for as long as `self` (owned, or the borrow's promise).
         let event =

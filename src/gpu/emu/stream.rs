@@ -62,8 +62,18 @@ struct LaunchOp {
 // caller's to keep valid until the launch is known done (`Stream::launch`'s contract).
 unsafe impl Send for LaunchOp {}
 
+/// One enqueued copy between two places of device memory (`copy_on_device`).
+struct DeviceCopyOp {
+    src: Arc<Allocation>,
+    src_offset: usize,
+    dst: Arc<Allocation>,
+    dst_offset: usize,
+    len: usize,
+}
+
 enum Op {
     Copy(CopyOp),
+    DeviceCopy(DeviceCopyOp),
     Launch(LaunchOp),
     Record(Arc<EventState>),
     Wait(Arc<EventState>),
@@ -292,6 +302,7 @@ impl StreamCore {
                 ))),
             },
             Op::Copy(copy) => self.copy(copy),
+            Op::DeviceCopy(copy) => self.copy_on_device(copy),
             Op::Launch(launch) => self.launch(launch),
             Op::WaitWord(word, value) => {
                 // SAFETY: `wait_word`'s contract: an aligned word of page-locked memory that
@@ -346,6 +357,28 @@ impl StreamCore {
                  (CUDA_ERROR_ILLEGAL_ADDRESS); the stream is failed (sticky)",
                 self.name,
                 c.alloc.describe()
+            ))
+        })
+    }
+
+    fn copy_on_device(&self, c: DeviceCopyOp) -> Result<()> {
+        // Through the host: the emulated device's memory is host memory mapped elsewhere.
+        let mut bytes = vec![0u8; c.len];
+        // SAFETY: both ranges were checked to lie inside their allocations at enqueue;
+        // `bytes` holds `len` bytes.
+        let moved = unsafe {
+            c.src
+                .read(c.src_offset, bytes.as_mut_ptr(), c.len)
+                .and_then(|()| c.dst.write(c.dst_offset, bytes.as_ptr(), c.len))
+        };
+        moved.map_err(|Freed| {
+            Error::System(format!(
+                "{}: device-to-device copy of {} bytes failed: {} or {} was freed before the \
+                 copy ran (CUDA_ERROR_ILLEGAL_ADDRESS); the stream is failed (sticky)",
+                self.name,
+                c.len,
+                c.src.describe(),
+                c.dst.describe()
             ))
         })
     }
@@ -464,6 +497,25 @@ impl EmuStream {
                 a.describe()
             )));
         }
+        let alloc = self.device_range(device, len)?;
+        let fault = self.shared.faults.take(ordinal);
+        self.core.enqueue(Op::Copy(CopyOp {
+            dir,
+            device,
+            offset: (device - alloc.addr) as usize,
+            alloc,
+            host,
+            len,
+            fault,
+        }))
+    }
+}
+
+impl EmuStream {
+    /// The allocation of this stream's device holding `device..device+len` (a copy's range).
+    fn device_range(&self, device: u64, len: usize) -> Result<Arc<Allocation>> {
+        let name = &self.core.name;
+        let ordinal = self.core.ordinal;
         let Some(alloc) = self.shared.memory.find(device) else {
             return Err(Error::invalid(format!(
                 "{name}: device address 0x{device:x} (copy of {len} bytes) is not in a live \
@@ -484,20 +536,9 @@ impl EmuStream {
                 alloc.describe()
             )));
         }
-        let fault = self.shared.faults.take(ordinal);
-        self.core.enqueue(Op::Copy(CopyOp {
-            dir,
-            device,
-            offset: (device - alloc.addr) as usize,
-            alloc,
-            host,
-            len,
-            fault,
-        }))
+        Ok(alloc)
     }
-}
 
-impl EmuStream {
     /// The checks of `launch` (function, shape, arguments against the kernel's parameter
     /// types, each pointer's memory), then the enqueue.
     fn launch_checked(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
@@ -598,6 +639,27 @@ impl Stream for EmuStream {
     unsafe fn copy_to_device(&self, dst: u64, src: *const u8, len: usize) -> Result<()> {
         // The worker only reads through the pointer for this direction.
         self.copy(Direction::ToDevice, dst, src.cast_mut(), len)
+    }
+
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if src.max(dst) - src.min(dst) < len as u64 {
+            return Err(Error::invalid(format!(
+                "{}: device-to-device copy of {len} bytes from 0x{src:x} to 0x{dst:x}: the \
+                 ranges overlap (CUDA_ERROR_INVALID_VALUE)",
+                self.core.name
+            )));
+        }
+        let (s, d) = (self.device_range(src, len)?, self.device_range(dst, len)?);
+        self.core.enqueue(Op::DeviceCopy(DeviceCopyOp {
+            src_offset: (src - s.addr) as usize,
+            src: s,
+            dst_offset: (dst - d.addr) as usize,
+            dst: d,
+            len,
+        }))
     }
 
     fn record(&self) -> Result<Box<dyn Event>> {

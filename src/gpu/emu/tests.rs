@@ -148,6 +148,41 @@ fn copies_round_trip() {
 }
 
 #[test]
+fn copies_on_the_device_and_refuses_overlap_and_other_devices() {
+    let d = EmuDriver::new(2);
+    let s = d.create_stream(0).unwrap();
+    for len in [1usize, 4099, (1 << 20) + 3] {
+        let (a, b) = (
+            d.alloc_device(0, len + 8).unwrap(),
+            d.alloc_device(0, len).unwrap(),
+        );
+        let data = pattern(len, len as u8);
+        to_device(&*s, a.addr() + 8, &data).unwrap();
+        // SAFETY: both ranges inside live allocations of device 0, untouched until the
+        // synchronize below.
+        unsafe { s.copy_on_device(b.addr(), a.addr() + 8, len).unwrap() };
+        let mut back = vec![0u8; len];
+        to_host(&*s, &mut back, b.addr()).unwrap();
+        s.synchronize(T).unwrap();
+        assert!(back == data, "len {len}");
+        // Overlapping ranges of one allocation are refused before anything is enqueued.
+        // SAFETY: refused: nothing is enqueued.
+        is_invalid(
+            unsafe { s.copy_on_device(a.addr(), a.addr() + len as u64 / 2, len) },
+            &["overlap"],
+        );
+    }
+    let other = d.alloc_device(1, 64).unwrap();
+    let mine = d.alloc_device(0, 64).unwrap();
+    // SAFETY: refused: nothing is enqueued.
+    is_invalid(
+        unsafe { s.copy_on_device(mine.addr(), other.addr(), 64) },
+        &["not memory of device 0"],
+    );
+    s.synchronize(T).unwrap();
+}
+
+#[test]
 fn zero_length_copy_is_a_no_op() {
     let d = EmuDriver::new(1);
     let s = d.create_stream(0).unwrap();

@@ -12,20 +12,28 @@
 //! decoded contributions in rank order, the owner's sum encoded once and replaced by its
 //! decoded value, Avg's division after the sum (`qccl_finish_avg_f32`).
 //!
-//! Every kernel and copy of a call runs on one stream of the comm's, in order; the stream is
-//! synchronised before each exchange (a send reads what the copies wrote, a receive
-//! overwrites what they read) and at the end. The residual of a tensor key lives in device
-//! memory, kept across calls; a key used on host buffers before starts again from zero here
-//! (and the reverse).
+//! Every kernel and copy of a call runs on one stream of the comm's, in order, pipelined with
+//! the exchanges (`side.rs`): the schedule enqueues slice j+1's scatter encodes before slice
+//! j's exchange, into the other of `sra::SETS` sets of page-locked send and receive slots, so
+//! the GPU encodes while the network moves bytes. An event follows each peer's encode and
+//! copy; the exchange posts its receives at once and hands each peer's bytes to the progress
+//! engine as that event completes (`sends.rs`), not after a whole-stream synchronise. The
+//! decodes of an exchange's bytes run during the next exchange, which receives into the other
+//! set; an event after them is waited for before their set receives again. The stream is
+//! synchronised only at the end (and on an error, before the buffers go back to the caller).
+//! `DeviceStats` counts the exchanges that began with encodes still queued.
+//!
+//! The residual of a tensor key lives in device memory, kept across calls; a key used on host
+//! buffers before starts again from zero here (and the reverse).
 
 use super::driver::{Arg, Driver};
 use super::plans::{grid_for, plan_for, CodecPlan, BLOCK};
-use crate::algo::compressed::sra::{self, Phase, Side};
+use crate::algo::compressed::sra;
 use crate::algo::compressed::{chunk, nslices, slice};
 use crate::algo::{Algo, Ctx};
 use crate::codec::ef::TensorKey;
 use crate::codec::layout::CodecMap;
-use crate::codec::{checked_payload, write_header, Codec, Site, HEADER_LEN};
+use crate::codec::{Codec, Site};
 use crate::coll::compressed::Coded;
 use crate::coll::Engine;
 use crate::comm::Report;
@@ -33,14 +41,16 @@ use crate::error::{Error, Result};
 use crate::transport::frame::CollKind;
 use crate::types::{DType, ReduceOp};
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod sends;
+mod side;
 // Kept by the engine across calls (its own file, so the engine need not import the call).
 pub(crate) mod state;
 
-use state::{addr, Sizes};
+use side::DeviceSide;
+use state::Sizes;
 pub use state::{DeviceState, DeviceStats};
 
 /// A compressed all-reduce on device buffers, checked and with its kernels loaded; runs on
@@ -179,23 +189,15 @@ impl DeviceState {
             let mut ctx = e.coded_ctx(CollKind::AllReduce, count, &coded, Algo::Sra);
             let sizes = sizes(&ctx, g)?;
             self.reserve(&*g.driver, &sizes, n)?;
-            let wire = self.wire.as_ref().map_or(std::ptr::null_mut(), |w| w.ptr());
-            let (payload, scratch) = (addr(&self.payload), addr(&self.scratch));
-            let mut side = DeviceSide {
-                st: self,
-                g,
-                site,
-                res,
-                wire,
-                slot: sizes.slot,
-                n,
-                rank,
-                payload,
-                scratch,
-                sent: vec![0; n],
-                landed: vec![0; n],
-            };
-            sra::run(&mut ctx, &mut side, count, true)?;
+            let mut side = DeviceSide::new(self, g, site, res, sizes.slot, (n, rank));
+            let ran = sra::run(&mut ctx, &mut side, count, true);
+            drop(side);
+            if ran.is_err() {
+                // The caller's buffers and the wire go back only once the stream is done with
+                // them; the call's error is the one to report.
+                let _ = self.stream.synchronize(g.timeout);
+            }
+            ran?;
         }
         if g.op == ReduceOp::Avg {
             let args = [Arg::Ptr(g.recv), Arg::U64(count as u64), Arg::U64(n as u64)];
@@ -234,205 +236,4 @@ fn sizes(ctx: &Ctx<'_>, g: &GpuAllReduce) -> Result<Sizes> {
         }
     }
     Ok(s)
-}
-
-/// This rank's side of the schedule on the device: work is `g.recv`, the input `g.send`
-/// (None: in place), wire slot `i` (bytes sent to peer i; this rank's own: its encoded sum)
-/// at `wire + i·slot`, the bytes received from peer p at slot `n + p`.
-struct DeviceSide<'a> {
-    st: &'a mut DeviceState,
-    g: &'a GpuAllReduce,
-    site: Site,
-    res: Option<u64>,
-    wire: *mut u8,
-    slot: usize,
-    n: usize,
-    rank: usize,
-    payload: u64,
-    scratch: u64,
-    /// Bytes encoded into each send slot.
-    sent: Vec<usize>,
-    /// Bytes received into each receive slot.
-    landed: Vec<usize>,
-}
-
-impl DeviceSide<'_> {
-    fn slot_at(&self, i: usize) -> *mut u8 {
-        self.wire.wrapping_add(i * self.slot)
-    }
-
-    /// Enqueues the encoding of elements `r` of `src` into send slot `to`: per piece, the
-    /// header written here, the payload by the codec's kernels into device scratch, then
-    /// copied after the header. `own`: the work buffer then takes the decoded value.
-    fn encode(&mut self, src: u64, r: Range<usize>, to: usize, own: bool) -> Result<()> {
-        let (g, s) = (self.g, &*self.st.stream);
-        let base = self.slot_at(to);
-        let bad = self.st.bad_word() as u64;
-        let mut at = 0;
-        for (q, codec) in g.plan.pieces(r) {
-            let plan = g.plan_of(&**codec)?;
-            let count = q.len();
-            let len = codec.max_encoded_len(count);
-            if plan.payload_len(count) != len - HEADER_LEN || at + len > self.slot {
-                return Err(Error::Internal(format!(
-                    "{}: launch plan's payload of {count} elements is {} bytes, the codec's {}",
-                    codec.spec(),
-                    plan.payload_len(count),
-                    len - HEADER_LEN
-                )));
-            }
-            // SAFETY: the slot holds `slot` bytes (checked above) of page-locked memory of
-            // ours that nothing reads or writes until the stream is synchronised before
-            // the next exchange.
-            let header = unsafe { std::slice::from_raw_parts_mut(base.add(at), HEADER_LEN) };
-            write_header(&**codec, count, header);
-            let off = 4 * q.start as u64;
-            let key = Site {
-                chunk: q.start as u64,
-                ..self.site
-            }
-            .key();
-            let (payload, scratch) = (self.payload, self.scratch);
-            // SAFETY: `src`, `recv` and the residual hold the call's f32s (`off` + count
-            // within them), `payload` and `scratch` the room `sizes` found, `bad` a
-            // page-locked word; all stay valid and are touched by nothing else until the
-            // stream is synchronised (before the next exchange, and at the end of the call).
-            unsafe {
-                match self.res {
-                    Some(res) => {
-                        plan.encode_ef(s, src + off, res + off, 0, payload, count, key, scratch)?
-                    }
-                    None => plan.encode(s, src + off, payload, count, key, scratch)?,
-                }
-                if len > HEADER_LEN {
-                    s.copy_to_host(base.add(at + HEADER_LEN), payload, len - HEADER_LEN)?;
-                }
-                if own {
-                    plan.decode(s, payload, g.recv + off, count, false, bad, scratch)?;
-                }
-            }
-            self.st.stats.to_host += (len - HEADER_LEN) as u64;
-            at += len;
-        }
-        self.sent[to] = at;
-        Ok(())
-    }
-
-    /// Enqueues the decoding of the bytes received from `p` (the encoding of elements `r`)
-    /// into the work buffer, or its addition when `add`; headers are checked here.
-    fn decode(&mut self, p: usize, r: Range<usize>, add: bool) -> Result<()> {
-        let (g, s) = (self.g, &*self.st.stream);
-        let base = self.slot_at(self.n + p);
-        let bad = self.st.bad_word() as u64;
-        let mut at = 0;
-        for (q, codec) in g.plan.pieces(r.clone()) {
-            let plan = g.plan_of(&**codec)?;
-            let count = q.len();
-            let len = codec.max_encoded_len(count);
-            if at + len > self.landed[p] {
-                return Err(Error::invalid(format!(
-                    "encoding of elements {r:?} is {} bytes, shorter than its pieces",
-                    self.landed[p]
-                )));
-            }
-            // SAFETY: within the bytes received from `p` (checked above), which nothing
-            // writes until the next exchange, after a synchronize.
-            let bytes = unsafe { std::slice::from_raw_parts(base.add(at), len) };
-            let payload = checked_payload(&**codec, bytes, count)?;
-            let off = 4 * q.start as u64;
-            let (dev, scratch) = (self.payload, self.scratch);
-            // SAFETY: as in `encode`; the payload bytes stay untouched until the stream is
-            // synchronised before the next exchange.
-            unsafe {
-                if !payload.is_empty() {
-                    s.copy_to_device(dev, payload.as_ptr(), payload.len())?;
-                }
-                plan.decode(s, dev, g.recv + off, count, add, bad, scratch)?;
-            }
-            self.st.stats.to_device += payload.len() as u64;
-            at += len;
-        }
-        if at != self.landed[p] {
-            return Err(Error::invalid(format!(
-                "encoding of elements {r:?} is {} bytes, expected {at}",
-                self.landed[p]
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl Side for DeviceSide<'_> {
-    fn len(&self, r: &Range<usize>) -> usize {
-        self.g.plan.encoded_len(r.clone())
-    }
-
-    fn encode_for(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.encode(self.g.send.unwrap_or(self.g.recv), r, p, false)
-    }
-
-    fn keep_own(&mut self, r: Range<usize>) -> Result<()> {
-        let off = 4 * r.start as u64;
-        let src = self.g.send.unwrap_or(self.g.recv) + off;
-        let res = self.res.map(|a| a + off);
-        self.st.compensate(src, res, self.g.recv + off, r.len())
-    }
-
-    fn add_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.decode(p, r, true)
-    }
-
-    fn encode_own(&mut self, r: Range<usize>) -> Result<()> {
-        self.encode(self.g.recv, r, self.rank, true)
-    }
-
-    fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.decode(p, r, false)
-    }
-
-    fn swap(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        peers: &[usize],
-        phase: Phase,
-        land: &dyn Fn(usize) -> usize,
-    ) -> Result<()> {
-        // The encodes' copies are done (sends read them) and so are the decodes of the
-        // previous exchange's bytes (the receives overwrite them).
-        self.st.sync(self.g.timeout)?;
-        let me = ctx.rank;
-        let sends: Vec<&[u8]> = (0..self.n)
-            .map(|i| {
-                // SAFETY: send slot i holds `sent[i]` bytes written by this call (its own
-                // slot: its encoded sum), which the stream no longer touches (synchronised
-                // above).
-                unsafe { std::slice::from_raw_parts(self.slot_at(i), self.sent[i]) }
-            })
-            .collect();
-        let mut lands = Vec::with_capacity(peers.len());
-        for &p in peers {
-            let len = land(p);
-            if len > self.slot {
-                return Err(Error::Internal(format!(
-                    "{len} bytes from rank {p} do not fit a {}-byte slot",
-                    self.slot
-                )));
-            }
-            self.landed[p] = len;
-            // SAFETY: receive slot p, `len` <= `slot` bytes of page-locked memory of ours,
-            // apart from every send slot; the stream no longer touches it.
-            lands.push((p, unsafe {
-                std::slice::from_raw_parts_mut(self.slot_at(self.n + p), len)
-            }));
-        }
-        sra::swap(
-            ctx,
-            peers,
-            |p| match phase {
-                Phase::Scatter => sends[p],
-                Phase::Gather => sends[me],
-            },
-            lands,
-        )
-    }
 }

@@ -2,6 +2,7 @@
 //! (in its engine): a stream, page-locked wire slots, device scratch, the error-feedback
 //! residuals per tensor key, and the counters; what one call does with it is `mod.rs`.
 
+use crate::algo::compressed::sra::SETS;
 use crate::codec::ef::TensorKey;
 use crate::error::{Error, Result};
 use crate::gpu::driver::{Arg, DeviceMem, Driver, Function, Pinned, Stream};
@@ -19,6 +20,14 @@ pub struct DeviceStats {
     pub to_host: u64,
     /// Bytes copied from page-locked memory to the device (received payloads).
     pub to_device: u64,
+    /// Exchanges those calls made.
+    pub exchanges: u64,
+    /// Exchanges that began with encodes still queued on the stream: the GPU encoding while
+    /// the network moved bytes.
+    pub overlapped: u64,
+    /// Sends that an exchange began before their bytes were written, and started once their
+    /// encode's event completed.
+    pub late_sends: u64,
 }
 
 /// A comm's device side of these calls, kept in its engine across calls: a stream, the
@@ -29,8 +38,8 @@ pub struct DeviceState {
     pub(super) ordinal: usize,
     pub(super) compensate: Arc<dyn Function>,
     pub(super) avg: Arc<dyn Function>,
-    /// Page-locked slots: the bytes sent to each peer (this rank's own slot: its encoded
-    /// sum), then the bytes received from each.
+    /// Page-locked slots, `sra::SETS` sets of: the bytes sent to each peer (this rank's own
+    /// slot: its encoded sum), then the bytes received from each.
     pub(super) wire: Option<Box<dyn Pinned>>,
     /// The word a decode that fails the codec's checks sets (page-locked).
     pub(super) bad: Box<dyn Pinned>,
@@ -121,7 +130,7 @@ impl DeviceState {
     /// Grows the wire slots and device scratch to `sizes` for `n` ranks (the stream is idle
     /// between calls, so replaced memory is not in use).
     pub(super) fn reserve(&mut self, driver: &dyn Driver, sizes: &Sizes, n: usize) -> Result<()> {
-        let wire = 2 * n * sizes.slot;
+        let wire = SETS * 2 * n * sizes.slot;
         if wire > 0 && self.wire.as_ref().is_none_or(|w| w.len() < wire) {
             self.wire = Some(driver.alloc_pinned(wire.max(4096))?);
         }
