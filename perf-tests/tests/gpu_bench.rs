@@ -36,7 +36,12 @@ fn prints_every_row_against_the_copy_and_writes_json() {
         json.to_str().unwrap(),
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(0), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(out.contains("# Using device 0: emulated GPU"), "{out}");
     let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
     let names = [
