@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """gloo_perf.py -- torch.distributed (gloo backend, CPU) collective benchmark whose
 output mirrors nccl-tests' all_reduce_perf; a peer for qccl (perf-tests/compare).
+`--device cuda` puts the tensors on GPUs (gloo stages them), `--backend qccl` runs qccl's
+torch backend through the same loop, for the same-run comparison on CUDA tensors.
 
 It spawns its own ranks with torch.multiprocessing on 127.0.0.1 (GLOO_SOCKET_IFNAME=lo,
 MASTER_ADDR=127.0.0.1, a free port), so run it once, not under a launcher:
@@ -53,7 +55,15 @@ def worker(rank, args, addr):
 
     torch.set_num_threads(args.threads)
     nr = args.np
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}", rank=rank, world_size=nr)
+    if args.backend == "qccl":
+        import qccl.torch  # noqa: F401  (registers the backend)
+    dev = torch.device("cpu")
+    if args.device == "cuda":
+        # Ranks share the GPUs round robin (one GPU: every rank on it, as qccl-perf does).
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    dist.init_process_group(args.backend, init_method=f"tcp://{addr}", rank=rank,
+                            world_size=nr)
     dtype = torch.float64 if args.d == "double" else torch.float32
     es = 8 if args.d == "double" else 4
     coll = args.C
@@ -61,12 +71,19 @@ def worker(rank, args, addr):
 
     maxel = args.e // es + nr
     # this rank's data for the largest size; smaller sizes use a prefix (val depends on i)
-    full = val(rank, torch.arange(maxel, dtype=torch.int32)).to(dtype)
+    full = val(rank, torch.arange(maxel, dtype=torch.int32)).to(dtype).to(dev)
+
+    def sync():
+        # Calls on CUDA tensors may return before the device is done (NCCL's semantics).
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     out = []
     if rank == 0:
-        print(f"# gloo_perf: torch {torch.__version__} gloo, nranks {nr}, host "
-              f"{socket.gethostname()}, coll {coll}, type {args.d}, threads/rank {args.threads}")
+        where = "cpu" if dev.type == "cpu" else f"cuda ({torch.cuda.get_device_name(dev)})"
+        print(f"# gloo_perf: torch {torch.__version__} {args.backend}, nranks {nr}, host "
+              f"{socket.gethostname()}, coll {coll}, type {args.d}, threads/rank {args.threads}, "
+              f"tensors on {where}")
         print(f"# minBytes {args.b} maxBytes {args.e} step: {args.f:g}(factor) iters: {args.n} "
               f"warmup: {args.w} target: {args.T:g}s")
         print("#\n#%11s  %12s  %8s  %6s  %10s  %7s  %7s  %6s  %6s" %
@@ -92,13 +109,13 @@ def worker(rank, args, addr):
         if coll == "allreduce":
             # gloo's all_reduce is in place: time it on zeros (repeated sums of data would
             # grow to inf); correctness is checked on a fresh call with data below
-            buf = torch.zeros(cnt, dtype=dtype)
+            buf = torch.zeros(cnt, dtype=dtype, device=dev)
             call = lambda: dist.all_reduce(buf)
         elif coll == "reduce_scatter":
-            recv = torch.empty(cnt, dtype=dtype)
+            recv = torch.empty(cnt, dtype=dtype, device=dev)
             call = lambda: dist.reduce_scatter_tensor(recv, send)
         elif coll == "allgather":
-            recv = torch.empty(total, dtype=dtype)
+            recv = torch.empty(total, dtype=dtype, device=dev)
             call = lambda: dist.all_gather_into_tensor(recv, send)
         else:
             buf = send.clone()
@@ -109,6 +126,7 @@ def worker(rank, args, addr):
             t0 = time.perf_counter()
             for _ in range(k):
                 call()
+            sync()
             d = time.perf_counter() - t0
             t = torch.tensor([d], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -140,6 +158,7 @@ def worker(rank, args, addr):
         t0 = time.perf_counter()
         for _ in range(iters):
             call()
+        sync()
         el = (time.perf_counter() - t0) / iters
         tt = torch.tensor([el], dtype=torch.float64)
         dist.all_reduce(tt)
@@ -153,6 +172,8 @@ def worker(rank, args, addr):
             got = buf
         else:
             got = recv
+        sync()
+        got = got.cpu()
         outn = got.numel()
         i = torch.cat([torch.arange(0, outn, outn // 4096 + 1), torch.tensor([outn - 1])])
         if coll == "allreduce":
@@ -179,7 +200,8 @@ def worker(rank, args, addr):
                     "algbw": round(algbw, 6), "busbw": round(busbw, 6), "wrong": wrong,
                     # torch's all_reduce and broadcast work on one buffer: compare's tables
                     # set them against qccl's in-place figures
-                    "in_place": coll in ("allreduce", "bcast")})
+                    "in_place": coll in ("allreduce", "bcast"),
+                    "backend": args.backend, "device": args.device})
         if size * args.f > args.e:
             break
         size = int(size * args.f)
@@ -211,6 +233,10 @@ def main():
     ap.add_argument("-T", type=float, default=0.0)
     ap.add_argument("-J", default=None)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the tensors live (cuda: ranks share the GPUs round robin)")
+    ap.add_argument("--backend", choices=("gloo", "qccl"), default="gloo",
+                    help="torch.distributed backend (qccl: import qccl.torch)")
     args = ap.parse_args()
     if args.f <= 1:
         args.f = 2.0

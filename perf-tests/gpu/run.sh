@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Runs qccl's GPU suite and its GPU figures on a machine with an NVIDIA GPU, from the kit
+# pack.sh built (.gpu-kit/ at the repository root; no cargo needed here). Everything lands in
+# $OUT (default gpu-out/), three files: suite.log (the ignored GPU tests, QCCL_REQUIRE_GPU=1:
+# a missing GPU fails), figures.txt (every table) and json.tgz (the figures as JSON).
+#
+#   perf-tests/gpu/run.sh [quick]     # quick: smaller sizes, for a first look
+#   QCCL_GPU_EMULATE=1 perf-tests/gpu/run.sh smoke   # the script itself, here (no figure)
+#
+# Figures (issue #22): the kernels against the device's copy bandwidth (qccl-gpu-bench);
+# all_reduce busbw on device vs host buffers at 2 and 4 ranks sharing the GPU (qccl-perf);
+# torch.distributed on CUDA tensors, backend gloo vs qccl, same run (perf-tests/peers).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+kit=$PWD/.gpu-kit
+out=${OUT:-$PWD/gpu-out}
+json=$out/json
+mkdir -p "$json"
+quick=${1:-}
+export QCCL_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
+log=$out/suite.log
+fig=$out/figures.txt
+
+# NVRTC: the CUDA toolkit's, else a pip wheel's (nvidia-cuda-nvrtc).
+if [ -z "${QCCL_NVRTC_LIB:-}" ]; then
+    lib=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib -name 'libnvrtc.so.1[23]*' 2>/dev/null | head -1)
+    [ -n "$lib" ] && export QCCL_NVRTC_LIB=$(dirname "$lib")
+fi
+{
+    echo "# $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
+    nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv
+    echo "QCCL_NVRTC_LIB=${QCCL_NVRTC_LIB:-}"
+} | tee "$fig" "$log"
+
+step() { # name, limit (s), command...: runs it, appends its output to the log, notes its status
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name" | tee -a "$log"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$log"
+}
+
+# The GPU suite, one test at a time (ranks of one test share the GPU).
+for t in kernels_nvrtc gpu_driver gpu_emulated; do
+    step "$t --ignored" 240 "$kit/bin/$t" --ignored --test-threads=1
+done
+if ls "$kit"/qccl-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-index --target /tmp/qccl-site "$kit"/qccl-*.whl
+    export PYTHONPATH=/tmp/qccl-site
+    step "python tests on CUDA tensors" 240 python3 -m pytest -q -x python/tests/test_device.py
+fi
+
+# Kernels against the device's copy bandwidth.
+size=256M; big=256M; iters=20
+[ "$quick" = quick ] && { size=64M; big=64M; iters=5; }
+[ "$quick" = smoke ] && { size=64K; big=4M; iters=1; }
+step "qccl-gpu-bench" 180 "$kit/bin/qccl-gpu-bench" -b "$size" -n "$iters" -J "$json/gpu_bench.json"
+sed -n '/^# qccl-gpu-bench/,/^== qccl-gpu-bench: rc/p' "$log" | grep -v '^==' >>"$fig"
+
+# all_reduce busbw: device buffers vs host buffers, same run, ranks sharing the GPU.
+for np in 2 4; do
+    for dev in cuda host; do
+        step "qccl-perf -np $np --device $dev" 120 "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" \
+            -f 4 -n "$iters" -w 3 -c 1 --device "$dev" -J "$json/perf_${dev}_np$np.json"
+        sed -n "/^== qccl-perf -np $np --device $dev\$/,/rc=/p" "$log" >>"$fig"
+    done
+done
+
+# torch.distributed on CUDA tensors: gloo vs qccl's backend, same run.
+if [ -n "${PYTHONPATH:-}" ]; then
+    for np in 2 4; do
+        for be in gloo qccl; do
+            step "torch $be -np $np cuda" 150 python3 perf-tests/peers/gloo_perf.py -np "$np" \
+                -b 1M -e "$big" -f 4 -n "$iters" -w 3 -T 0.5 --device cuda --backend "$be" \
+                -J "$json/torch_${be}_np$np.json"
+            sed -n "/^== torch $be -np $np cuda\$/,/rc=/p" "$log" >>"$fig"
+        done
+    done
+fi
+tar czf "$out/json.tgz" -C "$json" . && rm -rf "$json"
+echo "# done $(date -u '+%H:%M:%S UTC')" | tee -a "$fig"
