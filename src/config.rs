@@ -61,6 +61,10 @@ pub struct Config {
     /// Layers kept uncompressed (QCCL_COMPRESSION_EXCLUDE, comma-separated name substrings,
     /// default "bias,bn,norm"; QCCL_COMPRESSION_MINIMAL_SIZE elements, default 16).
     pub filter: Filter,
+    /// Page-locked bytes that calls on device buffers enqueued on a caller's stream may hold
+    /// between them until they finish (QCCL_STAGING_BYTES, default 256 MiB; a larger call
+    /// still runs, alone): enqueueing more waits for earlier calls.
+    pub staging_bytes: usize,
 }
 
 impl Default for Config {
@@ -81,6 +85,7 @@ impl Default for Config {
             seed: 0,
             compression: None,
             filter: Filter::default(),
+            staging_bytes: crate::gpu::staging::DEFAULT_STAGING_BYTES,
         }
     }
 }
@@ -247,6 +252,9 @@ impl Config {
         }
         if let Some(n) = env_num("QCCL_COMPRESSION_MINIMAL_SIZE")? {
             c.filter.min_size = n as usize;
+        }
+        if let Some(b) = env_num("QCCL_STAGING_BYTES")? {
+            c.staging_bytes = size(b);
         }
         c.validate()?;
         Ok(c)

@@ -535,6 +535,105 @@ fn collectives_on_cudarc_slices() {
     });
 }
 
+/// Compressed all-reduces on cudarc slices (`Comm::all_reduce_compressed_cuda` and
+/// `_in_place`) run the codecs on the GPU: three ranks as threads, two on GPU 0 (out of place
+/// and in place) and one on host buffers, end bit-identical, close to the float64 sum, error
+/// feedback carried over calls.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn compressed_all_reduce_on_cudarc_slices() {
+    use cudarc::driver::CudaContext;
+    use qccl::{Algo, Comm, Compression, Config, ReduceOp};
+    if driver().is_none() {
+        return;
+    }
+    let n = 3;
+    let comms = Comm::init_threads(n, Config::default()).unwrap();
+    let c = Compression::parse("fp16:ef=1")
+        .unwrap()
+        .algo(Algo::Sra)
+        .key("cudarc.grad");
+    let count = 65_537;
+    let mine = |p: usize, call: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| ((p * 31 + i * 7 + call) % 101) as f32 / 50.0 - 1.0)
+            .collect()
+    };
+    let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                let c = &c;
+                s.spawn(move || {
+                    let r = comm.rank();
+                    let ctx = CudaContext::new(0).unwrap();
+                    let stream = ctx.new_stream().unwrap();
+                    let mut outs = Vec::new();
+                    for call in 0..3 {
+                        let got = match r {
+                            0 => {
+                                let send = stream.clone_htod(&mine(r, call)).unwrap();
+                                let mut recv = stream.alloc_zeros::<f32>(count).unwrap();
+                                comm.all_reduce_compressed_cuda(
+                                    &send,
+                                    &mut recv,
+                                    ReduceOp::Sum,
+                                    c,
+                                    &stream,
+                                )
+                                .unwrap();
+                                stream.clone_dtoh(&recv).unwrap()
+                            }
+                            1 => {
+                                let mut buf = stream.clone_htod(&mine(r, call)).unwrap();
+                                comm.all_reduce_compressed_cuda_in_place(
+                                    &mut buf,
+                                    ReduceOp::Sum,
+                                    c,
+                                    &stream,
+                                )
+                                .unwrap();
+                                stream.clone_dtoh(&buf).unwrap()
+                            }
+                            _ => {
+                                let mut buf = mine(r, call);
+                                comm.all_reduce_compressed(&mut buf, ReduceOp::Sum, c)
+                                    .unwrap();
+                                buf
+                            }
+                        };
+                        outs.push(got);
+                    }
+                    assert!(comm.async_error().is_none());
+                    if r < 2 {
+                        assert_eq!(comm.device_stats().unwrap().calls, 3, "rank {r}");
+                    }
+                    outs
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let bits = |v: &Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|c| c.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    for r in 1..n {
+        assert!(bits(&results[r]) == bits(&results[0]), "rank {r} differs");
+    }
+    for (call, got) in results[0].iter().enumerate() {
+        for (i, &g) in got.iter().enumerate() {
+            let want: f64 = (0..n).map(|p| f64::from(mine(p, call)[i])).sum();
+            let mag: f64 = (0..n).map(|p| f64::from(mine(p, call)[i]).abs()).sum();
+            assert!(
+                (f64::from(g) - want).abs() <= mag / 256.0 + 1e-6,
+                "call {call} element {i}: {g}, want {want}"
+            );
+        }
+    }
+}
+
 /// The qsgd, efsign and onebit launch plans on the GPU give the Rust codecs' payloads,
 /// decodes, check flags and error feedback, bit for bit (the emulated driver's cases).
 #[test]

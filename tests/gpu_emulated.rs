@@ -46,6 +46,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "enqueue" => enqueue_and_return(&comm, &dev),
         "errors" => errors(&comm, &dev),
         "coded" => coded(&comm, &dev),
+        "bounded" => bounded_staging(&comm, &dev),
         other => Err(format!("unknown scenario {other}")),
     }
 }
@@ -317,6 +318,91 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     Ok(())
 }
 
+/// Page-locked bytes of calls on a stream, capped (QCCL_STAGING_BYTES, set by the parent to
+/// two calls' worth): a third call enqueued while the first two cannot finish (the stream is
+/// held at a gate) waits for room, and goes once the gate opens; then many calls enqueued on
+/// one stream all end right, and the pool never held more than the cap.
+fn bounded_staging(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let (n, r) = (comm.size(), comm.rank());
+    let e = |e: qccl::Error| e.to_string();
+    let cap: usize = std::env::var("QCCL_STAGING_BYTES")
+        .map_err(|_| "QCCL_STAGING_BYTES is not set")?
+        .parse()
+        .map_err(|_| "QCCL_STAGING_BYTES is not a number")?;
+    // Two buffers of 16004 bytes a call: two calls fit in 64 KiB, three do not.
+    let count = 4001;
+    let len = 4 * count;
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    let gate = dev.gpu.alloc_pinned(4).map_err(e)?;
+    // SAFETY: page-locked, page-aligned, ours.
+    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
+    word.store(0, Ordering::Release);
+    // SAFETY: the gate outlives the stream's wait (stored below, then synchronized).
+    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
+    let input = |call: usize, p: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| ((p * 13 + i * 7 + call * 3) % 17) as f32 - 8.0)
+            .collect()
+    };
+    let calls = 14;
+    let mut bufs = Vec::new();
+    std::thread::scope(|s| -> Result<(), String> {
+        // Opens the gate once a call waits for room (none can finish before).
+        let opener = s.spawn(|| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while comm.staging_stats().waits == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            word.store(1, Ordering::Release);
+        });
+        for call in 0..calls {
+            let send = dev.upload(bytemuck::cast_slice(&input(call, r)))?;
+            let recv = dev.upload(&vec![0u8; len])?;
+            let c = comm
+                .prepare_all_reduce(count, DType::Float32, ReduceOp::Sum, None)
+                .map_err(e)?;
+            let cb = [
+                buf(send.addr(), len, true, false),
+                buf(recv.addr(), len, false, true),
+            ];
+            // SAFETY: both live until the stream passed the calls (synchronized below).
+            unsafe {
+                comm.on_stream(&cb, user.raw(), move |eng, h| {
+                    c.run(eng, Some(&*bytes(h[0], len)), bytes(h[1], len))
+                        .map(drop)
+                })
+            }
+            .map_err(e)?;
+            bufs.push((send, recv));
+        }
+        opener.join().map_err(|_| "the gate opener panicked")?;
+        Ok(())
+    })?;
+    user.synchronize(WAIT).map_err(e)?;
+    if let Some(err) = comm.async_error() {
+        return Err(format!("async error: {err}"));
+    }
+    for (call, (_, recv)) in bufs.iter().enumerate() {
+        let got = floats(&dev.download(&**recv, len)?);
+        let ins: Vec<Vec<f32>> = (0..n).map(|p| input(call, p)).collect();
+        for (i, &g) in got.iter().enumerate() {
+            let want: f64 = ins.iter().map(|x| x[i] as f64).sum();
+            if g as f64 != want {
+                return Err(format!("call {call} element {i}: {g}, want {want}"));
+            }
+        }
+    }
+    let st = comm.staging_stats();
+    if st.waits == 0 || st.peak > cap || st.peak < 2 * len || st.lent != 0 {
+        return Err(format!(
+            "staging pool {st:?}: want waits > 0, {} <= peak <= {cap}, nothing lent",
+            2 * len
+        ));
+    }
+    Ok(())
+}
+
 /// Bad device buffers are refused before any byte moves, naming what is wrong; the comm
 /// still works afterwards.
 fn errors(comm: &Comm, dev: &Dev) -> Result<(), String> {
@@ -505,22 +591,16 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     } else {
                         std::ptr::null_mut()
                     };
+                    // Every third call queued, as the C ABI's non-blocking calls.
+                    let queued = call % 3 == 2;
                     let before = comm.device_stats().map_err(e)?;
-                    let (got, gpu) =
-                        coded_on_device(comm, dev, &c, case.op, &ins[r], in_place, stream)?;
-                    if stream == user.raw() {
-                        user.synchronize(WAIT).map_err(e)?;
-                    }
+                    let m =
+                        coded_on_device(comm, dev, &c, case.op, &ins[r], in_place, stream, queued)?;
+                    user.synchronize(WAIT).map_err(e)?;
                     if let Some(err) = comm.async_error() {
                         return Err(format!("{what}: async error: {err}"));
                     }
-                    let got = match got {
-                        Some(g) => g,
-                        None => {
-                            let d = gpu.as_ref().ok_or("no buffer")?;
-                            floats(&dev.download(&**d, 4 * count)?)
-                        }
-                    };
+                    let got = floats(&dev.download(&*m, 4 * count)?);
                     let after = comm.device_stats().map_err(e)?;
                     let ran = after.calls - before.calls;
                     let gpu_ran = ran == 1;
@@ -619,10 +699,11 @@ fn check_coded(case: &CodedCase, ins: &[Vec<f32>], got: &[f32], n: usize) -> Res
     Ok(())
 }
 
-/// One compressed all-reduce of `mine` on device buffers, ordered on `stream`: with the
-/// codecs on the GPU when the call has that path, else staged. Returns the result when it
-/// was read already, else the device buffer holding it (read after the stream).
-#[allow(clippy::type_complexity)]
+/// One compressed all-reduce of `mine` on device buffers through the core's entry, ordered
+/// on `stream` (or queued, as the C ABI's non-blocking calls, when `queued`): with the codecs
+/// on the GPU when the call has that path, else staged. Returns the device buffer holding the
+/// result (read after the stream).
+#[allow(clippy::too_many_arguments)]
 fn coded_on_device(
     comm: &Comm,
     dev: &Dev,
@@ -631,53 +712,33 @@ fn coded_on_device(
     mine: &[f32],
     in_place: bool,
     stream: *mut std::ffi::c_void,
-) -> Result<(Option<Vec<f32>>, Option<Box<dyn DeviceMem>>), String> {
+    queued: bool,
+) -> Result<Box<dyn DeviceMem>, String> {
     let e = |e: qccl::Error| e.to_string();
     let count = mine.len();
-    let len = 4 * count;
     let send = dev.upload(bytemuck::cast_slice(mine))?;
     let recv = if in_place {
         None
     } else {
-        Some(dev.upload(&vec![0u8; len])?)
+        Some(dev.upload(&vec![0u8; 4 * count])?)
     };
     let p = comm
         .prepare_all_reduce_compressed(count, DType::Float32, op, c)
         .map_err(e)?;
-    let call = comm.compressed_call(p);
     let (s, rv) = match &recv {
         Some(rm) => (Some(send.addr()), rm.addr()),
         None => (None, send.addr()),
     };
-    let result = |m: Box<dyn DeviceMem>, rm: Option<Box<dyn DeviceMem>>| rm.unwrap_or(m);
-    match comm.gpu_all_reduce(&call, s, rv).map_err(e)? {
-        Some(g) => {
-            // SAFETY: both buffers live until the stream passed the call (the caller
-            // synchronises it before they are dropped, with the result read).
-            unsafe { comm.run_gpu_all_reduce(g, stream) }.map_err(e)?;
-            Ok((None, Some(result(send, recv))))
-        }
-        None => {
-            let mut bufs: Vec<CallBuf> = s.iter().map(|&a| buf(a, len, true, false)).collect();
-            bufs.push(buf(rv, len, in_place, true));
-            // SAFETY: device buffers of `len` bytes alive for the call; the staged
-            // addresses hold `len` bytes each.
-            unsafe {
-                comm.on_buffers(&bufs, std::ptr::null_mut(), |h| {
-                    let (si, ri) = if in_place {
-                        (None, bytes(h[0], len))
-                    } else {
-                        (Some(&*bytes(h[0], len)), bytes(h[1], len))
-                    };
-                    comm.execute(|eng| call.run(eng, si, ri)).map(drop)
-                })
-            }
-            .map_err(e)?;
-            let m = result(send, recv);
-            let got = floats(&dev.download(&*m, len)?);
-            Ok((Some(got), Some(m)))
-        }
+    if queued {
+        // SAFETY: both buffers live until the request ended (waited for here).
+        let req = unsafe { comm.submit_all_reduce_compressed_at(p, s, rv) }.map_err(e)?;
+        req.wait().map_err(e)?;
+    } else {
+        // SAFETY: both buffers live until the stream passed the call (the caller
+        // synchronises it before they are dropped, with the result read).
+        unsafe { comm.all_reduce_compressed_at(p, s, rv, stream) }.map_err(e)?;
     }
+    Ok(recv.unwrap_or(send))
 }
 
 /// Runs the `coded` scenario on `n` ranks, those in `device_ranks` on device buffers, checks
@@ -836,6 +897,21 @@ fn the_callers_stream_orders_the_call() {
 #[test]
 fn a_call_on_a_stream_returns_once_enqueued_and_queued_calls_stage_in_turn() {
     run_job(3, "enqueue", "1");
+}
+
+#[test]
+fn calls_on_a_stream_wait_for_room_under_the_staging_cap() {
+    for n in [1, 3] {
+        let job = Job::new(n);
+        let outs = job.run(
+            "bounded",
+            &[("QCCL_GPU_EMULATE", "1"), ("QCCL_STAGING_BYTES", "65536")],
+            Duration::from_secs(120),
+        );
+        for (r, o) in outs.iter().enumerate() {
+            assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
+        }
+    }
 }
 
 #[test]

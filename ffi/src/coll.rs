@@ -280,14 +280,10 @@ pub(crate) unsafe fn start(
     }
     let state = match make(&h)? {
         Started::Op(op) => {
-            let bufs = op.call_bufs();
-            if h.comm.device_buffers(&bufs)? {
-                let run = move |e: &mut qccl_core::internal::Engine, hosts: &[*mut u8]| {
-                    no_panic(|| op.rebased(hosts).run(e))
-                };
+            if h.comm.device_buffers(&op.call_bufs())? {
                 // SAFETY: the caller's contract (qccl.h): the buffers stay valid until
                 // qcclWait returns, which is after the request ended.
-                ReqState::Pending(unsafe { h.comm.submit_on_buffers(bufs, run)? })
+                ReqState::Pending(unsafe { crate::device::submit_on_device(&h, op)? })
             } else {
                 ReqState::Pending(h.comm.submit(move |e| no_panic(|| op.run(e)))?)
             }

@@ -3,18 +3,24 @@
 //! memory on the comm's device. On a stream the call is enqueued and returns at once, the
 //! stream waiting for it (`Comm::on_stream`); with NULL (the legacy default stream) it returns
 //! once the result is on the device (`Comm::on_buffers`). Host buffers with a NULL stream
-//! take the host path unchanged. A compressed SRA all-reduce on float32 device buffers whose
-//! codecs have launch plans runs them on the GPU instead of staging (`Comm::gpu_all_reduce`),
-//! on NULL and on a stream alike. Grouped calls are staged together at `qcclGroupEnd`
-//! (group.rs, spans.rs); non-blocking calls are staged in the comm's turn
-//! (`Comm::submit_on_buffers`).
+//! take the host path unchanged.
+//!
+//! A compressed all-reduce goes through the core's one entry for them
+//! (`Comm::all_reduce_compressed_at`, `Comm::submit_all_reduce_compressed_at`): a flat SRA on
+//! float32 device buffers whose codecs have launch plans runs them on the GPU instead of
+//! staging, blocking (NULL or a stream) and non-blocking alike. Grouped calls are all staged,
+//! together at `qcclGroupEnd` (group.rs, spans.rs), the GPU codecs included: a group may mix
+//! calls whose buffers overlap (an all-reduce into a buffer a later send of the group reads),
+//! which one staged copy per span keeps in order. Non-blocking calls other than compressed
+//! all-reduces are staged in the comm's turn (`Comm::submit_on_buffers`).
 
 use crate::group::{launch, queue};
 use crate::handle::CommHandle;
 use crate::nesting::in_group;
 use crate::op::Op;
 use crate::types::{qcclComm_t, qcclStream_t};
-use qccl_core::Result;
+use qccl_core::internal::{AllReduceCall, PreparedAllReduce};
+use qccl_core::{Request, Result};
 use std::sync::Arc;
 
 /// Runs the blocking call `op` on comm `token` where its buffers live, ordered on `stream`.
@@ -28,17 +34,16 @@ pub(crate) fn launch_on(
         // Staged at qcclGroupEnd, with the group's other calls on this comm.
         return queue(token, h, op, stream);
     }
-    let comm = h.clone();
-    if let Op::AllReduce { send, recv, call } = &op {
-        // A compressed SRA on f32 device buffers runs its codecs on the GPU (gpu::sra).
-        let send = send.as_ref().map(|s| s.start() as u64);
-        if let Some(g) = comm.comm.gpu_all_reduce(call, send, recv.start() as u64)? {
-            // SAFETY: the C caller's contract (qccl.h): the buffers stay valid until the call
-            // returns (NULL) or the stream passes it, and `stream` is NULL or a live stream
-            // of their device.
-            return unsafe { comm.comm.run_gpu_all_reduce(g, stream) }.map(drop);
+    let op = match compressed(op) {
+        Ok((call, send, recv)) => {
+            // SAFETY: the C caller's contract (qccl.h): the buffers (distinct: in place is
+            // `send: None`) stay valid until the call returns (NULL) or the stream passes it,
+            // and `stream` is NULL or a live stream of their device.
+            return unsafe { h.comm.all_reduce_compressed_at(call, send, recv, stream) }.map(drop);
         }
-    }
+        Err(op) => op,
+    };
+    let comm = h.clone();
     let bufs = op.call_bufs();
     if !stream.is_null() {
         // NCCL's semantics: enqueued on the stream, returning at once (device buffers).
@@ -53,6 +58,41 @@ pub(crate) fn launch_on(
     unsafe {
         comm.comm
             .on_buffers(&bufs, stream, |hosts| launch(token, h, op.rebased(hosts)))
+    }
+}
+
+/// Queues the non-blocking call `op`, whose buffers include device memory, on `h`'s comm:
+/// the request ends once the results are on the device.
+///
+/// # Safety
+/// The C caller's contract (qccl.h): the buffers stay valid until qcclWait returns, which is
+/// after the request ended.
+pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<()>> {
+    let op = match compressed(op) {
+        // SAFETY: the caller's promise, passed on; the buffers are distinct (in place is
+        // `send: None`).
+        Ok((call, send, recv)) => {
+            return unsafe { h.comm.submit_all_reduce_compressed_at(call, send, recv) }
+        }
+        Err(op) => op,
+    };
+    let bufs = op.call_bufs();
+    let run = move |e: &mut qccl_core::internal::Engine, hosts: &[*mut u8]| {
+        crate::last_error::no_panic(|| op.rebased(hosts).run(e))
+    };
+    // SAFETY: the caller's promise, passed on.
+    unsafe { h.comm.submit_on_buffers(bufs, run) }
+}
+
+/// A compressed all-reduce's prepared call and raw send (None: in place) and receive
+/// addresses, for the core's entry; any other operation as it was.
+fn compressed(op: Op) -> std::result::Result<(PreparedAllReduce, Option<u64>, u64), Op> {
+    match op {
+        Op::AllReduce { send, recv, call } => match AllReduceCall::into_compressed(call) {
+            Ok(c) => Ok((c, send.map(|s| s.start() as u64), recv.start() as u64)),
+            Err(call) => Err(Op::AllReduce { send, recv, call }),
+        },
+        other => Err(other),
     }
 }
 
@@ -101,9 +141,10 @@ mod tests {
             .into_owned()
     }
 
-    /// Compressed all-reduces through the C call, two ranks on device buffers (the codec on
-    /// the GPU, NULL and a stream) and one on host buffers: every rank ends with the same
-    /// bits, close to the float64 sum, error feedback carried over three calls.
+    /// Compressed all-reduces through the C calls, two ranks on device buffers (the codec on
+    /// the GPU: NULL, a stream, and non-blocking with qcclWait) and one on host buffers: every
+    /// rank ends with the same bits, close to the float64 sum, error feedback carried over
+    /// four calls.
     #[test]
     fn compressed_calls_run_their_codecs_on_the_device() {
         let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
@@ -136,7 +177,7 @@ mod tests {
                         let (comm, codec) = (comm as qcclComm_t, codec as qcclCodec_t);
                         let user = gpu.create_stream(0).unwrap();
                         let mut outs = Vec::new();
-                        for call in 0..3 {
+                        for call in 0..4 {
                             let mine = input(r, call);
                             let got = if r == 2 {
                                 let mut out = vec![0f32; count];
@@ -160,6 +201,30 @@ mod tests {
                                 let send = upload(&*gpu, &mine);
                                 let recv = upload(&*gpu, &vec![0.0; count]);
                                 let stream = if call == 1 { user.raw() } else { null_mut() };
+                                let (sp, rp) = (send.addr() as *const c_void, recv.addr());
+                                if call == 3 {
+                                    // Non-blocking: the codec on the GPU in the comm's turn.
+                                    let mut req = null_mut();
+                                    // SAFETY: device buffers of `count` floats, alive until
+                                    // qcclWait returned.
+                                    let rc = unsafe {
+                                        qcclIAllReduceCompressed(
+                                            sp,
+                                            rp as *mut c_void,
+                                            count,
+                                            qcclFloat32,
+                                            qcclSum,
+                                            codec,
+                                            5,
+                                            comm,
+                                            &mut req,
+                                        )
+                                    };
+                                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                                    assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+                                    outs.push(download(&*gpu, &*recv, count));
+                                    continue;
+                                }
                                 // SAFETY: device buffers of `count` floats, alive until the
                                 // stream passed the call (synchronised below).
                                 let rc = unsafe {
@@ -183,7 +248,7 @@ mod tests {
                         }
                         if r != 2 {
                             let c = crate::handle::comm(comm).unwrap();
-                            assert_eq!(c.comm.device_stats().unwrap().calls, 3, "rank {r}");
+                            assert_eq!(c.comm.device_stats().unwrap().calls, 4, "rank {r}");
                         }
                         outs
                     })

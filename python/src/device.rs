@@ -13,10 +13,8 @@
 use crate::{err, Buf};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use qccl::internal::{
-    AllReduceCall, CallBuf, Coll, CollCall, Engine, PreparedAllReduce, PreparedTopK,
-};
-use qccl::{Algo, Comm, Report, TopKReport};
+use qccl::internal::{AllReduceCall, CallBuf, Coll, CollCall, Engine, PreparedTopK};
+use qccl::{Algo, Comm, TopKReport};
 use std::sync::Arc;
 
 /// Where a device call's work is ordered.
@@ -87,7 +85,6 @@ pub(crate) enum Job {
     /// Any collective but all-reduce, or a send or receive (validated).
     Coll(CollCall<'static>),
     AllReduce(Box<AllReduceCall>),
-    Compressed(Box<PreparedAllReduce>),
     /// In place (no send buffer).
     TopK(Arc<PreparedTopK>),
 }
@@ -96,7 +93,6 @@ pub(crate) enum Job {
 pub(crate) enum Outcome {
     Done,
     Algo(Algo),
-    Report(Report),
     TopK(TopKReport),
 }
 
@@ -111,7 +107,6 @@ impl Job {
         match self {
             Job::Coll(call) => e.run_call(call, send, recv).map(|()| Outcome::Done),
             Job::AllReduce(call) => call.run(e, send, recv).map(Outcome::Algo),
-            Job::Compressed(call) => call.run(e, send, recv).map(Outcome::Report),
             Job::TopK(call) => call.run(e, recv).map(Outcome::TopK),
         }
     }
@@ -152,26 +147,7 @@ pub(crate) fn run(
     send: Option<Buf>,
     recv: Buf,
 ) -> PyResult<Option<Outcome>> {
-    if recv.readonly && recv.bytes > 0 {
-        return Err(err("invalid", "the output buffer is read-only".to_string()));
-    }
-    if let Err(e) = qccl::internal::gpu() {
-        if send.iter().chain([&recv]).any(|b| b.device && b.bytes > 0) {
-            return Err(err(
-                "unsupported",
-                format!("CUDA buffers given, but no CUDA device can be used: {e}"),
-            ));
-        }
-        if let Target::Stream(h) = target {
-            return Err(err(
-                "unsupported",
-                format!(
-                    "stream={h:#x} given, but no CUDA device can be used ({e}); host buffers \
-                     take no stream (omit it or pass 0)"
-                ),
-            ));
-        }
-    }
+    refuse_unusable(target, send, recv)?;
     let call_buf = |b: &Buf, reads, writes| CallBuf {
         addr: b.ptr as u64,
         len: b.bytes,
@@ -214,6 +190,32 @@ pub(crate) fn run(
             out.map(|()| None).map_err(crate::py_err)
         }
     }
+}
+
+/// Refuses what no device call can run: a read-only output, CUDA buffers or a stream where
+/// no CUDA device can be used (each error says which).
+pub(crate) fn refuse_unusable(target: Target, send: Option<Buf>, recv: Buf) -> PyResult<()> {
+    if recv.readonly && recv.bytes > 0 {
+        return Err(err("invalid", "the output buffer is read-only".to_string()));
+    }
+    if let Err(e) = qccl::internal::gpu() {
+        if send.iter().chain([&recv]).any(|b| b.device && b.bytes > 0) {
+            return Err(err(
+                "unsupported",
+                format!("CUDA buffers given, but no CUDA device can be used: {e}"),
+            ));
+        }
+        if let Target::Stream(h) = target {
+            return Err(err(
+                "unsupported",
+                format!(
+                    "stream={h:#x} given, but no CUDA device can be used ({e}); host buffers \
+                     take no stream (omit it or pass 0)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The `__cuda_array_interface__` dict of `obj`, if it has one.

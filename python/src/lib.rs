@@ -879,30 +879,25 @@ impl PyComm {
                 .codec(&comp.codec, comp.key.is_some());
             check(&c, &call).py()?;
             let prepared = c.prepare_all_reduce_compressed(n, dt, op, &comp).py()?;
-            // A flat SRA on float32 device buffers runs its codecs on the GPU (as the C call).
-            let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
-            if let Some(g) = c.gpu_compressed_all_reduce(&prepared, sp, rp).py()? {
-                let stream = match t {
-                    device::Target::Wait => 0,
-                    device::Target::Stream(h) => h,
-                };
-                // SAFETY: as `device::run`'s: the buffers are live device memory of this call
-                // (kept by the caller until it returns, or until the stream passes it), and
-                // the stream is null or the caller's live stream of their device.
-                let rep = py
-                    .allow_threads(|| unsafe { c.run_gpu_all_reduce(g, stream as *mut _) })
-                    .py()?;
-                return rep
-                    .map(|r| report_dict(py, r.algo.name(), r.wire.sent, r.wire.received))
-                    .transpose();
-            }
-            let job = Job::Compressed(Box::new(prepared));
-            return match device::run(py, &c, t, job, send, recv)? {
-                Some(Outcome::Report(rep)) => {
-                    report_dict(py, rep.algo.name(), rep.wire.sent, rep.wire.received).map(Some)
-                }
-                _ => Ok(None),
+            device::refuse_unusable(t, send, recv)?;
+            let stream = match t {
+                device::Target::Wait => 0,
+                device::Target::Stream(h) => h,
             };
+            let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
+            // The codecs on the GPU where the call has that path, else staged (the core's
+            // one entry, as the C call's).
+            // SAFETY: as `device::run`'s: the buffers are live objects of this call, distinct
+            // (`pair`), kept by the caller until it returns or until the stream passes it,
+            // and the stream is null or the caller's live stream of their device.
+            let rep = py
+                .allow_threads(|| unsafe {
+                    c.all_reduce_compressed_at(prepared, sp, rp, stream as *mut _)
+                })
+                .py()?;
+            return rep
+                .map(|r| report_dict(py, r.algo.name(), r.wire.sent, r.wire.received))
+                .transpose();
         }
         let (rs, ss, n, dt) = (
             recv.slice_mut()?,

@@ -101,7 +101,19 @@ impl Comm {
             driver.kind(),
             driver.device(ordinal).map(|d| d.name).unwrap_or_default()
         );
-        Staging::new(driver, ordinal, self.config.timeout)
+        Staging::new(
+            driver,
+            ordinal,
+            self.config.timeout,
+            self.pinned_pool.clone(),
+        )
+    }
+
+    /// What the page-locked pool of this comm's calls on callers' streams holds and did so
+    /// far (readable while a call waits for room in it).
+    #[doc(hidden)]
+    pub fn staging_stats(&self) -> staging::PoolStats {
+        self.pinned_pool.stats()
     }
 
     /// As `on_buffers` with the legacy default stream, but queued behind the comm's earlier
@@ -134,6 +146,24 @@ impl Comm {
                 });
             }
         };
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.submit_staged(driver, ordinal, bufs, place, run) }
+    }
+
+    /// Queues `run` on the staged `bufs` (placed as `place` says, on device `ordinal`) as
+    /// `submit_on_buffers` does; with no buffer it only orders the call after the work on the
+    /// legacy default stream (the GPU codecs' queued form).
+    ///
+    /// # Safety
+    /// As `submit_on_buffers`.
+    pub(super) unsafe fn submit_staged(
+        &self,
+        driver: std::sync::Arc<dyn crate::gpu::driver::Driver>,
+        ordinal: usize,
+        bufs: Vec<CallBuf>,
+        place: staging::Placement,
+        run: impl FnOnce(&mut crate::coll::Engine, &[*mut u8]) -> Result<()> + Send + 'static,
+    ) -> Result<crate::Request<()>> {
         self.check_device(ordinal)?;
         let staging = self.queued_staging.clone();
         let first = if staging.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
@@ -202,4 +232,19 @@ impl Comm {
         // SAFETY: the caller's promise, passed on.
         unsafe { st.run(bufs, &place, stream, run) }
     }
+}
+
+/// A call's buffers as the device path sees them, from its send buffer (None: in place) and
+/// receive buffer, each (address, bytes): send read, then recv written (and read when in
+/// place).
+pub(super) fn send_recv(send: Option<(u64, usize)>, recv: (u64, usize)) -> Vec<CallBuf> {
+    let buf = |(addr, len), reads, writes| CallBuf {
+        addr,
+        len,
+        reads,
+        writes,
+    };
+    let mut bufs: Vec<CallBuf> = send.map(|s| buf(s, true, false)).into_iter().collect();
+    bufs.push(buf(recv, send.is_none(), true));
+    bufs
 }

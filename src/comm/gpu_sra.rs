@@ -1,37 +1,21 @@
 //! Compressed all-reduce on device buffers with the codecs on the GPU (`gpu::sra`): which
-//! calls take that path (the rest are staged, `device.rs`), and how they are ordered on the
-//! caller's stream (as staged calls are: `Staging::run` and `Staging::start` with no buffer
-//! to copy).
+//! calls take that path (the rest are staged, `device.rs`; the choice is made in one place,
+//! `device_all_reduce.rs`), and how they are ordered on the caller's stream (as staged calls
+//! are: `Staging::run` and `Staging::start` with no buffer to copy) or in the comm's queue.
 
-use super::{AllReduceCall, Comm, PreparedAllReduce, Report};
+use super::{Comm, PreparedAllReduce, Report};
 use crate::error::Result;
 use crate::gpu::sra::{DeviceStats, GpuAllReduce};
-use crate::gpu::staging::{self, CallBuf, Placement};
+use crate::gpu::staging::{self, Placement};
 use std::ffi::c_void;
 
 impl Comm {
-    /// The GPU path of all-reduce `call` on `send` (None: in place) and `recv`, if it has one:
-    /// a compressed flat SRA on float32, more than 0 elements, every buffer 4-byte aligned
+    /// The GPU path of compressed all-reduce `call` on `send` (None: in place) and `recv`, if
+    /// it has one: a flat SRA on float32, more than 0 elements, every buffer 4-byte aligned
     /// device memory of the comm's device, a launch plan for each of its codecs. None: stage
-    /// the call (`on_buffers` / `on_stream`) as any other. Buffers on another device than the
-    /// comm's are an error, as for staged calls.
-    #[doc(hidden)]
-    pub fn gpu_all_reduce(
-        &self,
-        call: &AllReduceCall,
-        send: Option<u64>,
-        recv: u64,
-    ) -> Result<Option<GpuAllReduce>> {
-        match call.compressed() {
-            Some(c) => self.gpu_compressed_all_reduce(c, send, recv),
-            None => Ok(None),
-        }
-    }
-
-    /// As [`Comm::gpu_all_reduce`] for a call prepared with
-    /// [`Comm::prepare_all_reduce_compressed`] (Python's way in).
-    #[doc(hidden)]
-    pub fn gpu_compressed_all_reduce(
+    /// the call as any other. Buffers on another device than the comm's are an error, as for
+    /// staged calls.
+    pub(super) fn gpu_compressed_all_reduce(
         &self,
         call: &PreparedAllReduce,
         send: Option<u64>,
@@ -47,21 +31,7 @@ impl Comm {
         if len == 0 {
             return Ok(None);
         }
-        let bufs: Vec<CallBuf> = send
-            .iter()
-            .map(|&addr| CallBuf {
-                addr,
-                len,
-                reads: true,
-                writes: false,
-            })
-            .chain([CallBuf {
-                addr: recv,
-                len,
-                reads: send.is_none(),
-                writes: true,
-            }])
-            .collect();
+        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
         let place = staging::locate(&*driver, &bufs)?;
         let ordinal = match place.ordinal()? {
             Some(o) if place.device.iter().all(Option::is_some) => o,
@@ -95,8 +65,7 @@ impl Comm {
     /// `g`'s buffers must stay valid until the call is done (its return with null; the
     /// stream passing the call otherwise), and `stream` be null or a live stream of their
     /// device.
-    #[doc(hidden)]
-    pub unsafe fn run_gpu_all_reduce(
+    pub(super) unsafe fn run_gpu_all_reduce(
         &self,
         g: GpuAllReduce,
         stream: *mut c_void,
@@ -117,6 +86,26 @@ impl Comm {
             .queue
             .submit_holding(finish, move |e, f| f.run(|_| g.run(e).map(drop)))?;
         Ok(None)
+    }
+
+    /// Queues `g` behind the comm's earlier operations and returns at once (the C ABI's
+    /// non-blocking calls): in the comm's turn it waits for the work on the legacy default
+    /// stream, as a staged queued call does (`submit_on_buffers`), and the request ends once
+    /// the result is on the device.
+    ///
+    /// # Safety
+    /// `g`'s buffers must stay valid until the request has ended.
+    pub(super) unsafe fn submit_gpu_all_reduce(
+        &self,
+        g: GpuAllReduce,
+    ) -> Result<crate::Request<()>> {
+        let nothing = Placement { device: Vec::new() };
+        // SAFETY: no buffer is staged; the caller's promise covers `g`'s.
+        unsafe {
+            self.submit_staged(g.driver(), g.ordinal(), Vec::new(), nothing, move |e, _| {
+                g.run(e).map(drop)
+            })
+        }
     }
 
     /// What compressed all-reduces with the codecs on the GPU did on this comm so far.

@@ -5,6 +5,7 @@ mod compress;
 #[cfg(feature = "cuda")]
 mod cuda_slices;
 mod device;
+mod device_all_reduce;
 mod gpu_sra;
 mod hier;
 mod hitopk;
@@ -119,6 +120,8 @@ pub struct Comm {
     /// Staging of queued calls (`submit_on_buffers`), used only in the comm's turn: a
     /// caller holding `staging` waits for its turn, so queued calls cannot share it.
     queued_staging: Arc<std::sync::Mutex<Option<crate::gpu::staging::Staging>>>,
+    /// Page-locked buffers of calls on callers' streams, capped (QCCL_STAGING_BYTES).
+    pinned_pool: Arc<crate::gpu::staging::Pool>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -408,6 +411,7 @@ impl Comm {
             })
             .map_err(|e| Error::io("spawning the comm's worker thread", e))?;
         let filter = config.filter.clone();
+        let pinned_pool = Arc::new(crate::gpu::staging::Pool::new(config.staging_bytes));
         Ok(Comm {
             rank,
             size,
@@ -435,6 +439,7 @@ impl Comm {
             device: Default::default(),
             staging: Default::default(),
             queued_staging: Default::default(),
+            pinned_pool,
         })
     }
 

@@ -174,11 +174,17 @@ impl AllReduceCall {
         }
     }
 
-    /// The compressed call inside, if the route is compressed.
-    pub(super) fn compressed(&self) -> Option<&PreparedAllReduce> {
-        match &self.route {
-            Route::Compressed(c) => Some(c),
-            _ => None,
+    /// The compressed call inside, if the route is compressed; the call itself otherwise.
+    #[doc(hidden)]
+    // Boxed as callers keep it (the C ABI's operations), and handed back so when dense.
+    #[allow(clippy::boxed_local)]
+    pub fn into_compressed(
+        self: Box<Self>,
+    ) -> std::result::Result<PreparedAllReduce, Box<AllReduceCall>> {
+        let call = *self;
+        match call.route {
+            Route::Compressed(c) => Ok(c),
+            route => Err(Box::new(AllReduceCall { route, ..call })),
         }
     }
 

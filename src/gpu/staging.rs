@@ -15,6 +15,11 @@
 //! A call with no buffer to copy (`run`/`start` with none) only orders work on the caller's
 //! stream: the compressed SRA with its codecs on the GPU (`gpu::sra`) is run so.
 //!
+//! Page-locked memory: the calls that wait share one set of buffers, grown to the largest
+//! call; the calls on a caller's stream, which return before they are done, take theirs from
+//! a pool that reuses them across calls and caps the bytes pinned (`pool.rs`,
+//! QCCL_STAGING_BYTES): enqueueing waits for earlier calls to finish once the cap is reached.
+//!
 //! What is not here yet (issue #22): chunked pipelining of the copies with the transfers,
 //! CUDA IPC between ranks on one device.
 
@@ -24,6 +29,11 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+mod pool;
+
+use pool::Lent;
+pub use pool::{Pool, PoolStats, DEFAULT_STAGING_BYTES};
 
 /// One buffer of a call, as the caller gave it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +112,8 @@ pub struct Staging {
     timeout: Duration,
     /// Copies out of calls on a caller's stream.
     out: Arc<Mutex<Box<dyn Stream>>>,
-    /// Page-locked buffers of calls in flight on a caller's stream, returned when done.
-    pool: Arc<Mutex<Vec<Box<dyn Pinned>>>>,
+    /// Page-locked buffers of calls on a caller's stream, lent until each call is done.
+    pool: Arc<Pool>,
     /// The word callers' streams wait on, and the last value handed out.
     word: Arc<Word>,
     seq: u32,
@@ -144,9 +154,9 @@ pub struct Finish {
     copied_in: Box<dyn super::driver::Event>,
     /// (device address, index into `pinned`, bytes) of each buffer to copy out.
     outs: Vec<(u64, usize, usize)>,
-    pinned: Vec<Box<dyn Pinned>>,
+    /// Given back to the pool when the Finish is dropped.
+    pinned: Lent,
     out: Arc<Mutex<Box<dyn Stream>>>,
-    pool: Arc<Mutex<Vec<Box<dyn Pinned>>>>,
     word: Arc<Word>,
     seq: u32,
     timeout: Duration,
@@ -160,13 +170,20 @@ impl Finish {
         self.copied_in.synchronize(self.timeout)?;
         run(&self.hosts.0)?;
         let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut copied = Ok(());
         for &(dev, i, len) in &self.outs {
             // SAFETY: the pinned buffer holds the result, `len` bytes, and is kept (owned by
             // self) until the synchronize below; `dev` was located as device memory of
             // `len` bytes, which the caller keeps valid until its stream passes the call.
-            unsafe { out.copy_to_device(dev, self.pinned[i].ptr(), len)? };
+            copied = unsafe { out.copy_to_device(dev, self.pinned.ptr(i), len) };
+            if copied.is_err() {
+                break;
+            }
         }
-        out.synchronize(self.timeout)
+        // Even after a failed copy: the buffers go back to the pool only once no copy
+        // enqueued here still reads them.
+        let synced = out.synchronize(self.timeout);
+        copied.and(synced)
     }
 }
 
@@ -174,15 +191,20 @@ impl Drop for Finish {
     fn drop(&mut self) {
         // Released even when the job never ran (a failed comm drops it): a stream waiting for
         // a word nobody stores would hang its device work forever.
+        // The page-locked buffers go back to the pool as the fields drop, after this.
         self.word.release(self.seq);
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        pool.append(&mut self.pinned);
     }
 }
 
 impl Staging {
-    /// Staging on device `ordinal`; every wait bounded by `timeout` (the comm's).
-    pub fn new(driver: Arc<dyn Driver>, ordinal: usize, timeout: Duration) -> Result<Staging> {
+    /// Staging on device `ordinal`; every wait bounded by `timeout` (the comm's); calls on a
+    /// caller's stream take their page-locked buffers from `pool` (capped).
+    pub fn new(
+        driver: Arc<dyn Driver>,
+        ordinal: usize,
+        timeout: Duration,
+        pool: Arc<Pool>,
+    ) -> Result<Staging> {
         let stream = driver.create_stream(ordinal)?;
         let out = Arc::new(Mutex::new(driver.create_stream(ordinal)?));
         let w = driver.alloc_pinned(4)?;
@@ -196,7 +218,7 @@ impl Staging {
             pinned: Vec::new(),
             timeout,
             out,
-            pool: Default::default(),
+            pool,
             word: Arc::new(Word {
                 _mem: Mutex::new(w),
                 at,
@@ -288,17 +310,9 @@ impl Staging {
         }
         // SAFETY: the caller's promise about `raw`.
         let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
-        let mut pinned = Vec::with_capacity(bufs.len());
-        {
-            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-            for b in bufs {
-                let at = pool.iter().position(|p| p.len() >= b.len.max(1));
-                pinned.push(match at {
-                    Some(i) => pool.swap_remove(i),
-                    None => self.driver.alloc_pinned(b.len.max(4096))?,
-                });
-            }
-        }
+        // May wait for earlier calls on streams to finish (the cap on pinned bytes).
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len).collect();
+        let pinned = self.pool.take(&*self.driver, &lens, self.timeout)?;
         let ready = caller.record()?;
         self.stream.wait_event(&*ready)?;
         let mut outs = Vec::new();
@@ -306,7 +320,7 @@ impl Staging {
             if b.len > 0 && b.reads {
                 // SAFETY: the pinned buffer has room and belongs to this call alone until
                 // its Finish is dropped; the device range was located.
-                unsafe { self.stream.copy_to_host(pinned[i].ptr(), b.addr, b.len)? };
+                unsafe { self.stream.copy_to_host(pinned.ptr(i), b.addr, b.len)? };
             }
             if b.len > 0 && b.writes {
                 outs.push((b.addr, i, b.len));
@@ -314,14 +328,13 @@ impl Staging {
         }
         let copied_in = self.stream.record()?;
         self.seq = self.seq.wrapping_add(1);
-        let hosts = Hosts(pinned.iter().map(|p| p.ptr()).collect());
+        let hosts = Hosts(pinned.ptrs());
         let finish = Finish {
             hosts,
             copied_in,
             outs,
             pinned,
             out: self.out.clone(),
-            pool: self.pool.clone(),
             word: self.word.clone(),
             seq: self.seq,
             timeout: self.timeout,
