@@ -153,8 +153,10 @@ class Comm:
         "wire_made": the same for qccl's own wire buffers that compressed calls encode into}."""
     def device_stats(self) -> Dict[str, int]:
         """{"calls": compressed all-reduces on device buffers that ran their codecs on the GPU,
-        "to_host" / "to_device": encoded bytes they copied each way} (the rest are staged
-        through page-locked memory and compressed by the CPU)."""
+        "to_host" / "to_device": encoded bytes they copied each way, "exchanges": their
+        exchanges, "overlapped": those that began with encodes still queued on the GPU,
+        "late_sends": sends started once their encode finished} (the rest are staged through
+        page-locked memory and compressed by the CPU)."""
     def async_error(self) -> Optional[str]:
         """The message of the error that failed this comm, or None."""
     def abort(self) -> None:

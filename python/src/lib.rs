@@ -1074,6 +1074,9 @@ impl PyComm {
         d.set_item("calls", s.calls)?;
         d.set_item("to_host", s.to_host)?;
         d.set_item("to_device", s.to_device)?;
+        d.set_item("exchanges", s.exchanges)?;
+        d.set_item("overlapped", s.overlapped)?;
+        d.set_item("late_sends", s.late_sends)?;
         Ok(d)
     }
 

@@ -306,6 +306,9 @@ def test_compressed_calls_run_their_codecs_on_the_gpu():
         assert stats["calls"] == want["calls"], (rank, stats)
         if rank:
             assert stats["to_host"] > 0 and stats["to_device"] > 0, stats
+            # Two exchanges (scatter, gather) per slice, at least one slice per call.
+            assert stats["exchanges"] >= 2 * 4 and stats["exchanges"] % 2 == 0, stats
+            assert 0 <= stats["overlapped"] <= stats["exchanges"], stats
     n = 4099
     for i, got in enumerate(res[0][0]):
         total = np.sum([(_data(r, n, np.float32) / 7 + i).astype(np.float64) for r in range(size)], axis=0)
