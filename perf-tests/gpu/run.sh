@@ -4,8 +4,13 @@
 # $OUT (default gpu-out/), three files: suite.log (the ignored GPU tests, QCCL_REQUIRE_GPU=1:
 # a missing GPU fails), figures.txt (every table) and json.tgz (the figures as JSON).
 #
-#   perf-tests/gpu/run.sh [quick]     # quick: smaller sizes, for a first look
-#   QCCL_GPU_EMULATE=1 perf-tests/gpu/run.sh smoke   # the script itself, here (no figure)
+#   perf-tests/gpu/run.sh suite              # the GPU tests (at most ~8 minutes)
+#   perf-tests/gpu/run.sh figures [quick]    # the figures (at most ~10; quick: smaller sizes)
+#   perf-tests/gpu/run.sh all [quick]        # both, one after the other
+#   QCCL_GPU_EMULATE=1 perf-tests/gpu/run.sh all smoke   # the script itself, here (no figure)
+#
+# Each step has its own time limit, so a hung test cannot eat a lent machine's minutes; the
+# two parts each fit one call of the device tool (10 minutes).
 #
 # Figures (issue #22): the kernels against the device's copy bandwidth (qccl-gpu-bench);
 # all_reduce busbw on device vs host buffers at 2 and 4 ranks sharing the GPU (qccl-perf);
@@ -16,7 +21,9 @@ kit=$PWD/.gpu-kit
 out=${OUT:-$PWD/gpu-out}
 json=$out/json
 mkdir -p "$json"
-quick=${1:-}
+part=${1:-all}
+quick=${2:-}
+case $part in suite | figures | all) ;; *) echo "usage: $0 suite|figures|all [quick|smoke]" >&2; exit 2 ;; esac
 export QCCL_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 log=$out/suite.log
 fig=$out/figures.txt
@@ -42,27 +49,35 @@ step() { # name, limit (s), command...: runs it, appends its output to the log, 
     echo "== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$log"
 }
 
-# The GPU suite, one test at a time (ranks of one test share the GPU).
-for t in kernels_nvrtc gpu_driver gpu_emulated; do
-    step "$t --ignored" 240 "$kit/bin/$t" --ignored --test-threads=1
-done
 if ls "$kit"/qccl-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-deps --no-index --target /tmp/qccl-site "$kit"/qccl-*.whl
     export PYTHONPATH=/tmp/qccl-site
-    step "python tests on CUDA tensors" 240 python3 -m pytest -q -x python/tests/test_device.py
+fi
+
+# The GPU suite, one test at a time (ranks of one test share the GPU).
+if [ "$part" != figures ]; then
+    for t in kernels_nvrtc gpu_driver gpu_emulated; do
+        step "$t --ignored" 120 "$kit/bin/$t" --ignored --test-threads=1
+    done
+    [ -n "${PYTHONPATH:-}" ] &&
+        step "python tests on CUDA tensors" 120 python3 -m pytest -q -x python/tests/test_device.py
+fi
+if [ "$part" = suite ]; then
+    tar czf "$out/json.tgz" -C "$json" . && rm -rf "$json"
+    exit 0
 fi
 
 # Kernels against the device's copy bandwidth.
 size=256M; big=256M; iters=20
 [ "$quick" = quick ] && { size=64M; big=64M; iters=5; }
 [ "$quick" = smoke ] && { size=64K; big=4M; iters=1; }
-step "qccl-gpu-bench" 180 "$kit/bin/qccl-gpu-bench" -b "$size" -n "$iters" -J "$json/gpu_bench.json"
+step "qccl-gpu-bench" 90 "$kit/bin/qccl-gpu-bench" -b "$size" -n "$iters" -J "$json/gpu_bench.json"
 sed -n '/^# qccl-gpu-bench/,/^== qccl-gpu-bench: rc/p' "$log" | grep -v '^==' >>"$fig"
 
 # all_reduce busbw: device buffers vs host buffers, same run, ranks sharing the GPU.
 for np in 2 4; do
     for dev in cuda host; do
-        step "qccl-perf -np $np --device $dev" 120 "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" \
+        step "qccl-perf -np $np --device $dev" 60 "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" \
             -f 4 -n "$iters" -w 3 -c 1 --device "$dev" -J "$json/perf_${dev}_np$np.json"
         sed -n "/^== qccl-perf -np $np --device $dev\$/,/rc=/p" "$log" >>"$fig"
     done
@@ -72,7 +87,7 @@ done
 if [ -n "${PYTHONPATH:-}" ]; then
     for np in 2 4; do
         for be in gloo qccl; do
-            step "torch $be -np $np cuda" 150 python3 perf-tests/peers/gloo_perf.py -np "$np" \
+            step "torch $be -np $np cuda" 60 python3 perf-tests/peers/gloo_perf.py -np "$np" \
                 -b 1M -e "$big" -f 4 -n "$iters" -w 3 -T 0.5 --device cuda --backend "$be" \
                 -J "$json/torch_${be}_np$np.json"
             sed -n "/^== torch $be -np $np cuda\$/,/rc=/p" "$log" >>"$fig"
