@@ -12,6 +12,7 @@
 //! new spelling ([`retired_hint`]).
 
 use crate::coll::Coll;
+pub use crate::parse::{parse_dtype, parse_size};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use qccl::{Algo, CodecSpec, DType, ReduceOp};
 use std::path::PathBuf;
@@ -446,12 +447,6 @@ pub fn long_help() -> String {
     Cli::command().render_long_help().to_string()
 }
 
-/// Parses a byte count with an optional K, M or G suffix (powers of 1024), as nccl-tests.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    qccl::internal::parse_size(s)
-        .ok_or_else(|| format!("'{s}' is not a size (e.g. 4096, 64K, 1M, 2G)"))
-}
-
 /// The collective named by the program name (`all_reduce_perf` → all_reduce), if any.
 pub fn coll_from_argv0(argv0: &str) -> Option<Coll> {
     let base = std::path::Path::new(argv0).file_name()?.to_str()?;
@@ -459,30 +454,6 @@ pub fn coll_from_argv0(argv0: &str) -> Option<Coll> {
         .strip_suffix("_perf")
         .or_else(|| base.strip_suffix("-perf"))?;
     Coll::parse(stem).ok()
-}
-
-/// Element type by nccl-tests' name or a common alias.
-pub fn parse_dtype(s: &str) -> Result<Vec<DType>, String> {
-    let d = match s.to_ascii_lowercase().as_str() {
-        "all" => return Ok(DType::ALL.to_vec()),
-        "float" | "float32" | "fp32" | "f32" => DType::Float32,
-        "half" | "float16" | "fp16" | "f16" => DType::Float16,
-        "bfloat16" | "bf16" => DType::Bfloat16,
-        "double" | "float64" | "fp64" | "f64" => DType::Float64,
-        "int8" | "char" | "i8" => DType::Int8,
-        "uint8" | "u8" => DType::Uint8,
-        "int32" | "int" | "i32" => DType::Int32,
-        "uint32" | "uint" | "u32" => DType::Uint32,
-        "int64" | "i64" => DType::Int64,
-        "uint64" | "u64" => DType::Uint64,
-        _ => {
-            return Err(format!(
-                "unknown datatype '{s}' (float, half, bfloat16, double, int8, uint8, int32, \
-                 uint32, int64, uint64, all)"
-            ))
-        }
-    };
-    Ok(vec![d])
 }
 
 /// Reduction op by name, or every op for `all`.

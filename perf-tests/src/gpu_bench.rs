@@ -17,9 +17,11 @@
 
 #![forbid(unsafe_code)]
 
+mod parse;
+
 use clap::Parser;
+use parse::{parse_dtype, parse_size};
 use qccl::internal::gpu_bench::{run, BenchConfig, Measure};
-use qccl::DType;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -50,7 +52,7 @@ const DEFAULT_CODECS: &[&str] = &[
 )]
 struct Cli {
     /// Bytes of f32 input per launch (K, M, G: powers of 1024).
-    #[arg(short = 'b', long, value_name = "SIZE", default_value = "256M", value_parser = size)]
+    #[arg(short = 'b', long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
     bytes: u64,
     /// Timed launches per row.
     #[arg(short = 'n', long, default_value_t = 20)]
@@ -61,7 +63,8 @@ struct Cli {
     /// A codec spec to measure (repeatable); default: one of each family.
     #[arg(long = "codec", value_name = "SPEC")]
     codecs: Vec<String>,
-    /// Reduction dtypes (comma list of float, half, bfloat16, double, int32, ...).
+    /// Reduction dtypes (comma list of nccl-tests' names: float, half, bfloat16, double, int32,
+    /// ..., or all).
     #[arg(
         short = 'd',
         long,
@@ -77,29 +80,6 @@ struct Cli {
     json: Option<std::path::PathBuf>,
 }
 
-fn size(s: &str) -> Result<u64, String> {
-    qccl::internal::parse_size(s)
-        .ok_or_else(|| format!("'{s}' is not a size (e.g. 4096, 64K, 1M, 2G)"))
-}
-
-fn dtype(s: &str) -> Result<DType, String> {
-    let want = match s.trim().to_ascii_lowercase().as_str() {
-        "float" | "float32" | "f32" => "float",
-        "half" | "float16" | "f16" => "half",
-        "bfloat16" | "bf16" => "bfloat16",
-        "double" | "float64" | "f64" => "double",
-        other => return find(other),
-    };
-    find(want)
-}
-
-fn find(name: &str) -> Result<DType, String> {
-    DType::ALL
-        .into_iter()
-        .find(|d| d.name() == name)
-        .ok_or_else(|| format!("unknown dtype '{name}'"))
-}
-
 fn main() {
     let cli = Cli::parse();
     match bench(&cli) {
@@ -112,11 +92,10 @@ fn main() {
 }
 
 fn bench(cli: &Cli) -> Result<String, String> {
-    let reductions = cli
-        .dtypes
-        .iter()
-        .map(|d| dtype(d))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut reductions = Vec::new();
+    for d in &cli.dtypes {
+        reductions.extend(parse_dtype(d.trim())?);
+    }
     let codecs: Vec<String> = if cli.codecs.is_empty() {
         DEFAULT_CODECS.iter().map(|s| s.to_string()).collect()
     } else {

@@ -24,6 +24,7 @@ mod coll;
 #[allow(unsafe_code)]
 mod device;
 mod elem;
+mod parse;
 mod plot;
 mod report;
 

@@ -71,7 +71,7 @@ fn prints_every_row_against_the_copy_and_writes_json() {
 #[test]
 fn bad_arguments_and_codecs_are_refused_by_name() {
     for (args, needle) in [
-        (&["-d", "complex"][..], "unknown dtype 'complex'"),
+        (&["-d", "complex"][..], "unknown datatype 'complex'"),
         (&["--codec", "zip:level=3", "-b", "4K"][..], "zip"),
         (&["-b", "0"][..], "at least 1"),
     ] {
