@@ -47,6 +47,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "errors" => errors(&comm, &dev),
         "coded" => coded(&comm, &dev),
         "bounded" => bounded_staging(&comm, &dev),
+        "threads" => threads_on_one_device(),
         other => Err(format!("unknown scenario {other}")),
     }
 }
@@ -232,9 +233,12 @@ fn stream_ordering(comm: &Comm, dev: &Dev) -> Result<(), String> {
 }
 
 /// On a caller's stream a call returns once enqueued: the stream is held shut (it waits for
-/// a word the test stores later), two in-place all-reduces are called on it and return, then
-/// the stream is opened and read back after them: both ran, in order, on what the stream
-/// held when they were called.
+/// a word the test stores later), two in-place all-reduces are called on it and return, the
+/// application allocates device memory, then the stream is opened and read back after them:
+/// both ran, in order, on what the stream held when they were called. The allocation makes
+/// CUDA order all later work behind the held stream (implicit synchronisation), so each
+/// call must have enqueued every copy it needs before returning (seen hanging on an H200
+/// when the comm's worker enqueued the copies out after the collective).
 fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     use std::sync::atomic::{AtomicU32, Ordering};
     let (n, r) = (comm.size(), comm.rank());
@@ -251,9 +255,14 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     // SAFETY: the gate outlives the stream's wait (it is stored below, then synchronized).
     unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
     let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
+    // Page-locked: a copy from pageable memory returns only once done, which behind the
+    // gate would be never.
+    let staged = dev.gpu.alloc_pinned(len).map_err(e)?;
+    // SAFETY: `staged` holds `len` bytes, ours alone until the copy below is enqueued.
+    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr().cast::<u8>(), staged.ptr(), len) };
     // Behind the gate: what the calls must read.
-    // SAFETY: `mine` lives until the synchronize below.
-    unsafe { user.copy_to_device(d.addr(), mine.as_ptr().cast(), len) }.map_err(e)?;
+    // SAFETY: `staged` lives until the synchronize below.
+    unsafe { user.copy_to_device(d.addr(), staged.ptr(), len) }.map_err(e)?;
     for _ in 0..2 {
         let bufs = [buf(d.addr(), len, true, true)];
         let call = comm
@@ -270,6 +279,7 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     if word.load(Ordering::Acquire) != 0 {
         return Err("the gate moved by itself".into());
     }
+    let _scratch = dev.gpu.alloc_device(0, 4096).map_err(e)?;
     word.store(1, Ordering::Release);
     let mut out = vec![0f32; count];
     // SAFETY: `out` outlives the synchronize.
@@ -318,6 +328,67 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     Ok(())
 }
 
+/// Two ranks of one process on one device (threads), each calling on its own stream; the
+/// second allocates and uploads its input (a synchronous copy) only after the first called.
+/// Had the first call held its rank's stream and returned, the second rank's allocation
+/// would order the upload behind that stream, which waits for the second rank's call:
+/// neither would ever go on (seen on an H200 with cudarc). With another rank in the
+/// process a call on a stream waits for its result instead.
+fn threads_on_one_device() -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let config = qccl::Config {
+        timeout: Duration::from_secs(20),
+        ..qccl::Config::default()
+    };
+    let comms = Comm::init_threads(2, config).map_err(e)?;
+    let count = 4099;
+    let len = 4 * count;
+    let input = |p: usize| -> Vec<f32> { (0..count).map(|i| ((p * 7 + i) % 11) as f32).collect() };
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                s.spawn(move || -> Result<(), String> {
+                    let r = comm.rank();
+                    let dev = Dev::new(qccl::internal::gpu().map_err(e)?)?;
+                    let user = dev.gpu.create_stream(0).map_err(e)?;
+                    if r == 1 {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    let d = dev.upload(bytemuck::cast_slice(&input(r)))?;
+                    let c = (count, DType::Float32, ReduceOp::Sum);
+                    let bufs = [buf(d.addr(), len, true, true)];
+                    let call = comm.prepare_all_reduce(c.0, c.1, c.2, None).map_err(e)?;
+                    // SAFETY: `d` lives until the stream passed the call (synchronized below).
+                    unsafe {
+                        comm.on_stream(&bufs, user.raw(), move |eng, h| {
+                            call.run(eng, None, bytes(h[0], len)).map(|_| ())
+                        })
+                    }
+                    .map_err(e)?;
+                    user.synchronize(WAIT).map_err(e)?;
+                    if let Some(err) = comm.async_error() {
+                        return Err(format!("rank {r}: async error: {err}"));
+                    }
+                    let got = floats(&dev.download(&*d, len)?);
+                    for (i, &g) in got.iter().enumerate() {
+                        let want: f32 = (0..2).map(|p| input(p)[i]).sum();
+                        if g != want {
+                            return Err(format!("rank {r} element {i}: {g}, want {want}"));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().map_err(|_| "a rank panicked".to_string())?)
+            .collect::<Result<Vec<()>, String>>()
+    })?;
+    Ok(())
+}
+
 /// Page-locked bytes of calls on a stream, capped (QCCL_STAGING_BYTES, set by the parent to
 /// two calls' worth): a third call enqueued while the first two cannot finish (the stream is
 /// held at a gate) waits for room, and goes once the gate opens; then many calls enqueued on
@@ -338,15 +409,22 @@ fn bounded_staging(comm: &Comm, dev: &Dev) -> Result<(), String> {
     // SAFETY: page-locked, page-aligned, ours.
     let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
     word.store(0, Ordering::Release);
-    // SAFETY: the gate outlives the stream's wait (stored below, then synchronized).
-    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
     let input = |call: usize, p: usize| -> Vec<f32> {
         (0..count)
             .map(|i| ((p * 13 + i * 7 + call * 3) % 17) as f32 - 8.0)
             .collect()
     };
     let calls = 14;
+    // Uploaded before the gate shuts: an allocation orders later work behind the held
+    // stream (CUDA's implicit synchronisation), the upload's copy too.
     let mut bufs = Vec::new();
+    for call in 0..calls {
+        let send = dev.upload(bytemuck::cast_slice(&input(call, r)))?;
+        let recv = dev.upload(&vec![0u8; len])?;
+        bufs.push((send, recv));
+    }
+    // SAFETY: the gate outlives the stream's wait (stored below, then synchronized).
+    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
     std::thread::scope(|s| -> Result<(), String> {
         // Opens the gate once a call waits for room (none can finish before).
         let opener = s.spawn(|| {
@@ -356,9 +434,7 @@ fn bounded_staging(comm: &Comm, dev: &Dev) -> Result<(), String> {
             }
             word.store(1, Ordering::Release);
         });
-        for call in 0..calls {
-            let send = dev.upload(bytemuck::cast_slice(&input(call, r)))?;
-            let recv = dev.upload(&vec![0u8; len])?;
+        for (send, recv) in &bufs {
             let c = comm
                 .prepare_all_reduce(count, DType::Float32, ReduceOp::Sum, None)
                 .map_err(e)?;
@@ -374,7 +450,6 @@ fn bounded_staging(comm: &Comm, dev: &Dev) -> Result<(), String> {
                 })
             }
             .map_err(e)?;
-            bufs.push((send, recv));
         }
         opener.join().map_err(|_| "the gate opener panicked")?;
         Ok(())
@@ -879,6 +954,7 @@ fn the_callers_stream_orders_the_call_on_a_real_gpu() {
     if real_gpu() {
         run_job(2, "stream", "0");
         run_job(2, "enqueue", "0");
+        run_job(1, "threads", "0");
     }
 }
 
@@ -897,6 +973,11 @@ fn the_callers_stream_orders_the_call() {
 #[test]
 fn a_call_on_a_stream_returns_once_enqueued_and_queued_calls_stage_in_turn() {
     run_job(3, "enqueue", "1");
+}
+
+#[test]
+fn ranks_of_one_process_on_one_device_call_on_streams() {
+    run_job(1, "threads", "1");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 # $OUT (default gpu-out/), three files: suite.log (the ignored GPU tests, QCCL_REQUIRE_GPU=1:
 # a missing GPU fails), figures.txt (every table) and json.tgz (the figures as JSON).
 #
-#   perf-tests/gpu/run.sh suite              # the GPU tests (at most ~8 minutes)
+#   perf-tests/gpu/run.sh suite              # the GPU tests (at most ~5 minutes)
 #   perf-tests/gpu/run.sh figures [quick]    # the figures (at most ~10; quick: smaller sizes)
 #   perf-tests/gpu/run.sh all [quick]        # both, one after the other
 #   QCCL_GPU_EMULATE=1 perf-tests/gpu/run.sh all smoke   # the script itself, here (no figure)
@@ -57,10 +57,10 @@ fi
 # The GPU suite, one test at a time (ranks of one test share the GPU).
 if [ "$part" != figures ]; then
     for t in kernels_nvrtc gpu_driver gpu_emulated; do
-        step "$t --ignored" 120 "$kit/bin/$t" --ignored --test-threads=1
+        step "$t --ignored" 75 "$kit/bin/$t" --ignored --test-threads=1
     done
     [ -n "${PYTHONPATH:-}" ] &&
-        step "python tests on CUDA tensors" 120 python3 -m pytest -q -x python/tests/test_device.py
+        step "python tests on CUDA tensors" 75 python3 -m pytest -q -x python/tests/test_device.py
 fi
 if [ "$part" = suite ]; then
     tar czf "$out/json.tgz" -C "$json" . && rm -rf "$json"
@@ -69,7 +69,7 @@ fi
 
 # Kernels against the device's copy bandwidth.
 size=256M; big=256M; iters=20
-[ "$quick" = quick ] && { size=64M; big=64M; iters=5; }
+[ "$quick" = quick ] && { size=64M; big=64M; iters=10; }
 [ "$quick" = smoke ] && { size=64K; big=4M; iters=1; }
 step "qccl-gpu-bench" 90 "$kit/bin/qccl-gpu-bench" -b "$size" -n "$iters" -J "$json/gpu_bench.json"
 sed -n '/^# qccl-gpu-bench/,/^== qccl-gpu-bench: rc/p' "$log" | grep -v '^==' >>"$fig"
@@ -77,7 +77,7 @@ sed -n '/^# qccl-gpu-bench/,/^== qccl-gpu-bench: rc/p' "$log" | grep -v '^==' >>
 # all_reduce busbw: device buffers vs host buffers, same run, ranks sharing the GPU.
 for np in 2 4; do
     for dev in cuda host; do
-        step "qccl-perf -np $np --device $dev" 60 "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" \
+        step "qccl-perf -np $np --device $dev" 45 "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" \
             -f 4 -n "$iters" -w 3 -c 1 --device "$dev" -J "$json/perf_${dev}_np$np.json"
         sed -n "/^== qccl-perf -np $np --device $dev\$/,/rc=/p" "$log" >>"$fig"
     done
@@ -87,7 +87,7 @@ done
 if [ -n "${PYTHONPATH:-}" ]; then
     for np in 2 4; do
         for be in gloo qccl; do
-            step "torch $be -np $np cuda" 60 python3 perf-tests/peers/gloo_perf.py -np "$np" \
+            step "torch $be -np $np cuda" 45 python3 perf-tests/peers/gloo_perf.py -np "$np" \
                 -b 1M -e "$big" -f 4 -n "$iters" -w 3 -T 0.5 --device cuda --backend "$be" \
                 -J "$json/torch_${be}_np$np.json"
             sed -n "/^== torch $be -np $np cuda\$/,/rc=/p" "$log" >>"$fig"

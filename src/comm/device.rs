@@ -13,7 +13,8 @@ impl Comm {
     /// (NCCL's semantics): `run` runs later on the comm's worker with the engine and the
     /// staged addresses; the caller's stream waits for it. Its failure fails the comm
     /// (`async_error`) and still releases the stream. A call with host buffers waits as
-    /// `on_buffers` does (the caller may change them once it returns).
+    /// `on_buffers` does (the caller may change them once it returns), and so does every
+    /// call of a comm with another rank in this process.
     ///
     /// # Safety
     /// Each buffer must stay valid until the caller's stream passes the call, and `stream`
@@ -47,6 +48,16 @@ impl Comm {
                 }
             }
         };
+        if self.place.process_peers {
+            // A rank of this comm in this process may have to enqueue work or allocate
+            // memory before joining the call: behind this rank's held stream that would wait
+            // forever (CUDA's implicit synchronisation, a copy from pageable memory), so the
+            // stream is never held; the call waits (NCCL allows one rank per device).
+            // SAFETY: the caller's promise, passed on.
+            return unsafe {
+                self.on_buffers(bufs, stream, |hosts| self.execute(|e| run(e, hosts)))
+            };
+        }
         let finish = {
             let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
             let st = self.staging_on(&mut guard, driver, ordinal)?;

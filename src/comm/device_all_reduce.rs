@@ -15,7 +15,8 @@ impl Comm {
     /// the call's `count` elements each, host or device memory, ordered on the caller's
     /// `stream`: with null it returns the report once the result is in `recv`; on a stream
     /// it returns None once the call is enqueued (NCCL's semantics: the stream waits for it,
-    /// a failure is the comm's `async_error`), or once done if a buffer is host memory.
+    /// a failure is the comm's `async_error`), or once done if a buffer is host memory or
+    /// the codecs run on the GPU (`gpu_sra.rs` says why).
     ///
     /// # Safety
     /// `send` and `recv` must not overlap and must each be valid for the call's bytes (host

@@ -1,7 +1,7 @@
 //! Compressed all-reduce on device buffers with the codecs on the GPU (`gpu::sra`): which
 //! calls take that path (the rest are staged, `device.rs`; the choice is made in one place,
-//! `device_all_reduce.rs`), and how they are ordered on the caller's stream (as staged calls
-//! are: `Staging::run` and `Staging::start` with no buffer to copy) or in the comm's queue.
+//! `device_all_reduce.rs`), and how they are ordered on the caller's stream (`Staging::run`
+//! with no buffer to copy: the call returns once done) or in the comm's queue.
 
 use super::{Comm, PreparedAllReduce, Report};
 use crate::error::Result;
@@ -55,16 +55,16 @@ impl Comm {
         }
     }
 
-    /// Runs `g` ordered on the caller's `stream` (after its earlier work): with null it
-    /// returns its report once the result is on the device; otherwise None once it is
-    /// enqueued (NCCL's semantics), the comm's worker runs it and then releases the stream,
-    /// which waits for it; a failure fails the comm (`async_error`) and still releases the
-    /// stream.
+    /// Runs `g` ordered on the caller's `stream` (after its earlier work) and returns once
+    /// the result is on the device: its report with null, None on a stream. Unlike a staged
+    /// call, it does not return once enqueued: its kernels are enqueued as the exchanges go,
+    /// and work enqueued while the caller's stream is held for it would wait behind the held
+    /// stream after any implicitly synchronising call (an application's `cudaMalloc`), a
+    /// deadlock (see `gpu::staging`).
     ///
     /// # Safety
-    /// `g`'s buffers must stay valid until the call is done (its return with null; the
-    /// stream passing the call otherwise), and `stream` be null or a live stream of their
-    /// device.
+    /// `g`'s buffers must stay valid until this returns, and `stream` be null or a live
+    /// stream of their device.
     pub(super) unsafe fn run_gpu_all_reduce(
         &self,
         g: GpuAllReduce,
@@ -73,19 +73,9 @@ impl Comm {
         let nothing = Placement { device: Vec::new() };
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let st = self.staging_on(&mut guard, g.driver(), g.ordinal())?;
-        if stream.is_null() {
-            // SAFETY: nothing is staged; the caller's promise about the stream.
-            return unsafe { st.run(&[], &nothing, stream, |_| self.execute(|e| g.run(e))) }
-                .map(Some);
-        }
-        // SAFETY: as above.
-        let finish = unsafe { st.start(&[], &nothing, stream)? };
-        drop(guard);
-        // The request is not kept: the stream and `async_error` report the outcome.
-        let _ = self
-            .queue
-            .submit_holding(finish, move |e, f| f.run(|_| g.run(e).map(drop)))?;
-        Ok(None)
+        // SAFETY: nothing is staged; the caller's promise about the stream.
+        let report = unsafe { st.run(&[], &nothing, stream, |_| self.execute(|e| g.run(e))) }?;
+        Ok(stream.is_null().then_some(report))
     }
 
     /// Queues `g` behind the comm's earlier operations and returns at once (the C ABI's

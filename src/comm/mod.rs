@@ -66,6 +66,9 @@ struct Placement {
     machine_ranks: usize,
     /// The cores those ranks may run on between them.
     machine_cores: usize,
+    /// Another rank of this comm runs in this process (threads, or two `Comm::init`s of one
+    /// process): calls on a caller's stream then return once done (`device.rs` says why).
+    process_peers: bool,
 }
 
 /// A communicator: a group of ranks that run collectives together.
@@ -220,7 +223,12 @@ impl Comm {
         };
         let world = join(id, &me, size, Instant::now() + config.init_timeout)?;
         let peers: Vec<SocketAddr> = world.peers.iter().map(|p| p.addr).collect();
+        let process_peers = world
+            .peers
+            .iter()
+            .any(|p| p.rank != rank && p.pid == me.pid && p.machine_id == me.machine_id);
         let place = Placement {
+            process_peers,
             machine_ranks: world
                 .peers
                 .iter()
@@ -287,6 +295,7 @@ impl Comm {
                     machine_cores: cores_in(std::iter::once(
                         &crate::launch::allowed_cpus().unwrap_or_default()[..],
                     )),
+                    process_peers: host_ids.len() > 1,
                 };
                 Comm::build(
                     r,

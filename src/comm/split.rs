@@ -206,6 +206,7 @@ impl Comm {
             // The parent's processes still share this machine's cores.
             machine_ranks: self.place.machine_ranks,
             machine_cores: self.place.machine_cores,
+            process_peers: self.place.process_peers && members.len() > 1,
         };
         let fabric = match &self.fabric {
             Fabric::Tcp { ip, rdma, .. } => Fabric::Tcp {

@@ -7,10 +7,19 @@
 //!
 //! On a caller's stream (not NULL) a call returns once its work is enqueued (`start`): the
 //! copies in are queued on qccl's stream behind an event of the caller's, the caller's stream
-//! is made to wait for a page-locked word, and the comm's worker runs the collective when the
-//! copies in are done, copies the results out on a second stream of qccl's (the caller's
-//! next call may already wait in the first), then stores the word, releasing the caller's
-//! stream, whatever happened: an error fails the comm (`async_error`), never hangs the stream.
+//! is made to wait for a page-locked word and then copies the results out of the page-locked
+//! buffers, and the comm's worker runs the collective when the copies in are done, then
+//! stores the word, releasing the caller's stream, whatever happened: an error fails the comm
+//! (`async_error`), never hangs the stream (the buffers' contents are then undefined, as
+//! NCCL's are after an error).
+//!
+//! Every copy is enqueued by `start`, before the stream waits: the worker enqueues no device
+//! work for a staged call. CUDA orders work enqueued after an implicitly synchronising call
+//! (a `cudaMalloc` of the application, freeing page-locked memory) behind all earlier work,
+//! the caller's stream held at the word included; a copy out the worker enqueued then, and
+//! waited for before storing the word, would never run (seen on an H200: the stream and the
+//! worker both waited until the comm's timeout). For the same reason the pool pins and frees
+//! memory only once this comm's earlier calls on streams are done (`quiesce`).
 //!
 //! A call with no buffer to copy (`run`/`start` with none) only orders work on the caller's
 //! stream: the compressed SRA with its codecs on the GPU (`gpu::sra`) is run so.
@@ -110,8 +119,6 @@ pub struct Staging {
     stream: Box<dyn Stream>,
     pinned: Vec<Box<dyn Pinned>>,
     timeout: Duration,
-    /// Copies out of calls on a caller's stream.
-    out: Arc<Mutex<Box<dyn Stream>>>,
     /// Page-locked buffers of calls on a caller's stream, lent until each call is done.
     pool: Arc<Pool>,
     /// The word callers' streams wait on, and the last value handed out.
@@ -138,6 +145,25 @@ impl Word {
         // SAFETY: see the type's Send impl.
         unsafe { &*self.at }.fetch_max(seq, Ordering::AcqRel);
     }
+
+    /// Waits, at most `timeout`, until the word reached `seq`: the calls started up to it
+    /// are done.
+    fn wait_for(&self, seq: u32, timeout: Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pause = Duration::from_micros(20);
+        // SAFETY: see the type's Send impl.
+        while unsafe { &*self.at }.load(Ordering::Acquire) < seq {
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "page-locked staging: this comm's earlier calls on streams were not done \
+                     after {timeout:?} (needed before pinning or freeing page-locked memory)"
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        Ok(())
+    }
 }
 
 /// Host addresses standing for a call's buffers, moved to the worker with it.
@@ -152,38 +178,23 @@ pub struct Finish {
     hosts: Hosts,
     /// The copies in, done.
     copied_in: Box<dyn super::driver::Event>,
-    /// (device address, index into `pinned`, bytes) of each buffer to copy out.
-    outs: Vec<(u64, usize, usize)>,
-    /// Given back to the pool when the Finish is dropped.
-    pinned: Lent,
-    out: Arc<Mutex<Box<dyn Stream>>>,
+    /// The copies out on the caller's stream, done (none without buffers to copy out).
+    copied_out: Option<Box<dyn super::driver::Event>>,
+    /// Given back to the pool when the Finish is dropped, once no copy uses them; None once
+    /// kept from the pool for good (a copy that could not be confirmed done).
+    pinned: Option<Lent>,
     word: Arc<Word>,
     seq: u32,
     timeout: Duration,
 }
 
 impl Finish {
-    /// Runs the collective (`run` on the host addresses) once the copies in are done, then
-    /// copies the results out; the stream is released either way, on drop (after the comm
-    /// recorded a failure: `Queue::submit_holding`).
+    /// Runs the collective (`run` on the host addresses) once the copies in are done; the
+    /// caller's stream copies the results out once the word is stored, on drop (also after
+    /// a failure, which the comm records first: `Queue::submit_holding`).
     pub fn run(&mut self, run: impl FnOnce(&[*mut u8]) -> Result<()>) -> Result<()> {
         self.copied_in.synchronize(self.timeout)?;
-        run(&self.hosts.0)?;
-        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let mut copied = Ok(());
-        for &(dev, i, len) in &self.outs {
-            // SAFETY: the pinned buffer holds the result, `len` bytes, and is kept (owned by
-            // self) until the synchronize below; `dev` was located as device memory of
-            // `len` bytes, which the caller keeps valid until its stream passes the call.
-            copied = unsafe { out.copy_to_device(dev, self.pinned.ptr(i), len) };
-            if copied.is_err() {
-                break;
-            }
-        }
-        // Even after a failed copy: the buffers go back to the pool only once no copy
-        // enqueued here still reads them.
-        let synced = out.synchronize(self.timeout);
-        copied.and(synced)
+        run(&self.hosts.0)
     }
 }
 
@@ -191,8 +202,21 @@ impl Drop for Finish {
     fn drop(&mut self) {
         // Released even when the job never ran (a failed comm drops it): a stream waiting for
         // a word nobody stores would hang its device work forever.
-        // The page-locked buffers go back to the pool as the fields drop, after this.
         self.word.release(self.seq);
+        // The page-locked buffers go back to the pool only once no copy uses them.
+        let done = self
+            .copied_out
+            .iter()
+            .chain(std::iter::once(&self.copied_in))
+            .try_for_each(|e| e.synchronize(self.timeout));
+        if let Err(e) = done {
+            crate::qlog!(
+                Warn,
+                "page-locked staging buffers kept out of the pool: a copy using them was not \
+                 confirmed done ({e})"
+            );
+            std::mem::forget(self.pinned.take());
+        }
     }
 }
 
@@ -206,7 +230,6 @@ impl Staging {
         pool: Arc<Pool>,
     ) -> Result<Staging> {
         let stream = driver.create_stream(ordinal)?;
-        let out = Arc::new(Mutex::new(driver.create_stream(ordinal)?));
         let w = driver.alloc_pinned(4)?;
         let at = w.ptr() as *const AtomicU32;
         // SAFETY: fresh page-locked memory, page-aligned, nothing else uses it yet.
@@ -217,7 +240,6 @@ impl Staging {
             stream,
             pinned: Vec::new(),
             timeout,
-            out,
             pool,
             word: Arc::new(Word {
                 _mem: Mutex::new(w),
@@ -310,9 +332,13 @@ impl Staging {
         }
         // SAFETY: the caller's promise about `raw`.
         let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
-        // May wait for earlier calls on streams to finish (the cap on pinned bytes).
+        // May wait for earlier calls on streams to finish (the cap on pinned bytes), and
+        // before pinning or freeing memory for this comm's earlier calls (see the module).
         let lens: Vec<usize> = bufs.iter().map(|b| b.len).collect();
-        let pinned = self.pool.take(&*self.driver, &lens, self.timeout)?;
+        let (word, last, timeout) = (self.word.clone(), self.seq, self.timeout);
+        let pinned = self.pool.take(&*self.driver, &lens, self.timeout, || {
+            word.wait_for(last, timeout)
+        })?;
         let ready = caller.record()?;
         self.stream.wait_event(&*ready)?;
         let mut outs = Vec::new();
@@ -323,18 +349,16 @@ impl Staging {
                 unsafe { self.stream.copy_to_host(pinned.ptr(i), b.addr, b.len)? };
             }
             if b.len > 0 && b.writes {
-                outs.push((b.addr, i, b.len));
+                outs.push((b.addr, pinned.ptr(i), b.len));
             }
         }
         let copied_in = self.stream.record()?;
         self.seq = self.seq.wrapping_add(1);
-        let hosts = Hosts(pinned.ptrs());
-        let finish = Finish {
-            hosts,
+        let mut finish = Finish {
+            hosts: Hosts(pinned.ptrs()),
             copied_in,
-            outs,
-            pinned,
-            out: self.out.clone(),
+            copied_out: None,
+            pinned: Some(pinned),
             word: self.word.clone(),
             seq: self.seq,
             timeout: self.timeout,
@@ -342,6 +366,24 @@ impl Staging {
         // SAFETY: the word is page-locked memory of this driver, aligned, and lives as long
         // as `self.word`, which every Finish holds until it stored the value.
         unsafe { caller.wait_word(self.word.at.cast(), self.seq)? };
+        if outs.is_empty() {
+            return Ok(finish);
+        }
+        let copies = outs.iter().try_for_each(|&(dev, host, len)| {
+            // SAFETY: the pinned buffer holds the result once the word is stored and stays
+            // out of the pool until the event recorded below is done (`Finish`'s drop);
+            // `dev` was located as device memory of `len` bytes, which the caller keeps
+            // valid until its stream passes the call.
+            unsafe { caller.copy_to_device(dev, host, len) }
+        });
+        // Recorded even after a failed enqueue: the buffers stay lent until the copies that
+        // were enqueued are done (with no event, they never go back).
+        match caller.record() {
+            Ok(e) => finish.copied_out = Some(e),
+            Err(e) if copies.is_ok() => return Err(e),
+            Err(_) => std::mem::forget(finish.pinned.take()),
+        }
+        copies?;
         Ok(finish)
     }
 

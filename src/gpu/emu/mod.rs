@@ -30,6 +30,13 @@
 //!   this driver borrows it (same FIFO); anything else is `InvalidArgument`. The legacy
 //!   default stream does not synchronise with other streams: qccl's streams are
 //!   non-blocking, as `create_stream` promises.
+//! - Copies with pageable host memory are asynchronous as with page-locked memory; CUDA's
+//!   return only once their stream ran them (never while it is held at a word): code that
+//!   copies pageable memory behind a held stream passes here and hangs on a GPU.
+//! - Allocating page-locked or device memory synchronises implicitly, as CUDA documents:
+//!   work enqueued afterwards on any stream of the device waits for the work enqueued
+//!   before on all of them (`implicit_sync`), so a stream held at a word holds everything
+//!   enqueued after the allocation.
 //! - Dropping a created stream refuses new work, waits up to 10 s for what is enqueued,
 //!   abandons the rest (its events fail), and joins the worker.
 //!
@@ -139,6 +146,38 @@ impl EmuDriver {
         Ok(())
     }
 
+    /// CUDA's implicit synchronisation, as an allocation of page-locked or device memory
+    /// does it: work enqueued afterwards on any stream of device `ordinal` waits for all
+    /// work enqueued before on every stream of it (a stream held at a word holds the whole
+    /// device's later work).
+    fn implicit_sync(&self, ordinal: usize) {
+        let mut cores: Vec<Arc<StreamCore>> = self
+            .shared
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.ordinal == ordinal)
+            .collect();
+        if let Some(d) = &self
+            .shared
+            .defaults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())[ordinal]
+        {
+            cores.push(d.clone());
+        }
+        // Closed or failed streams have nothing left to wait for.
+        let points: Vec<_> = cores.iter().filter_map(|c| c.record().ok()).collect();
+        for c in &cores {
+            for p in &points {
+                // A closed or failed stream runs nothing more: nothing to hold there.
+                let _ = c.wait(p.clone());
+            }
+        }
+    }
+
     /// Device `ordinal`'s legacy default stream, started on first use.
     fn default_stream(&self, ordinal: usize) -> Result<Arc<StreamCore>> {
         let mut defaults = self
@@ -214,7 +253,12 @@ impl Driver for EmuDriver {
                 "pinned memory of 0 bytes requested: at least 1 (CUDA_ERROR_INVALID_VALUE)",
             ));
         }
-        Ok(Box::new(EmuPinned::new(len, &self.shared.pinned)?))
+        let pinned = EmuPinned::new(len, &self.shared.pinned)?;
+        // Page-locked memory is the context's (portable): every device synchronises.
+        for ordinal in 0..self.shared.devices {
+            self.implicit_sync(ordinal);
+        }
+        Ok(Box::new(pinned))
     }
 
     fn alloc_device(&self, ordinal: usize, len: usize) -> Result<Box<dyn DeviceMem>> {
@@ -225,7 +269,9 @@ impl Driver for EmuDriver {
                  (CUDA_ERROR_INVALID_VALUE)"
             )));
         }
-        Ok(Box::new(self.shared.memory.alloc(ordinal, len)?))
+        let mem = self.shared.memory.alloc(ordinal, len)?;
+        self.implicit_sync(ordinal);
+        Ok(Box::new(mem))
     }
 
     fn create_stream(&self, ordinal: usize) -> Result<Box<dyn Stream>> {

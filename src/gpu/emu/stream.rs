@@ -168,6 +168,11 @@ impl StreamCore {
         Ok(())
     }
 
+    /// Makes the work enqueued after this wait for `event`.
+    pub fn wait(&self, event: Arc<EventState>) -> Result<()> {
+        self.enqueue(Op::Wait(event))
+    }
+
     /// Records an event after everything enqueued so far.
     pub fn record(&self) -> Result<Arc<EventState>> {
         let mut q = self.lock();
@@ -684,7 +689,7 @@ impl Stream for EmuStream {
                 self.core.name
             )));
         };
-        self.core.enqueue(Op::Wait(event.state.clone()))
+        self.core.wait(event.state.clone())
     }
 
     unsafe fn launch(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()> {

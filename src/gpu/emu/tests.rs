@@ -263,7 +263,8 @@ fn events_query_and_synchronize() {
     let e = s.record().unwrap();
     assert!(!e.query().unwrap());
     match e.synchronize(Duration::from_millis(20)) {
-        Err(Error::Timeout(m)) => assert!(m.contains("event 2 of emulated stream"), "{m}"),
+        // Event 3: the allocation above recorded one (implicit synchronisation).
+        Err(Error::Timeout(m)) => assert!(m.contains("event 3 of emulated stream"), "{m}"),
         other => panic!("expected a timeout, got {other:?}"),
     }
     match s.synchronize(Duration::from_millis(20)) {
@@ -607,4 +608,42 @@ fn a_stream_waits_for_a_word() {
     // SAFETY: never dereferenced: refused first.
     let r = unsafe { s.wait_word(gate.ptr().add(1) as *const u32, 1) };
     is_invalid(r, &["aligned"]);
+}
+
+/// An allocation synchronises implicitly, as CUDA's do: work enqueued after it on another
+/// stream waits for a stream held at a word, work enqueued before it does not.
+#[test]
+fn allocations_order_later_work_behind_every_stream() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let d = EmuDriver::new(1);
+    let (held, other) = (d.create_stream(0).unwrap(), d.create_stream(0).unwrap());
+    let mem = d.alloc_device(0, 4096).unwrap();
+    let gate = d.alloc_pinned(8).unwrap();
+    // SAFETY: page-locked, page-aligned, ours.
+    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
+    word.store(0, Ordering::Release);
+    // SAFETY: the gate outlives the wait (synchronized below).
+    unsafe { held.wait_word(gate.ptr() as *const u32, 1) }.unwrap();
+    let data = pattern(4096, 5);
+    to_device(&*other, mem.addr(), &data).unwrap();
+    let before = other.record().unwrap();
+    before.synchronize(T).unwrap();
+    for alloc in [true, false] {
+        // Page-locked memory, then device memory: both hold the other stream's later work.
+        let _m: Box<dyn std::any::Any> = if alloc {
+            Box::new(d.alloc_pinned(64).unwrap())
+        } else {
+            Box::new(d.alloc_device(0, 64).unwrap())
+        };
+        to_device(&*other, mem.addr(), &data).unwrap();
+        let after = other.record().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !after.query().unwrap(),
+            "ran past an allocation before the held stream"
+        );
+    }
+    word.store(1, Ordering::Release);
+    other.synchronize(T).unwrap();
+    held.synchronize(T).unwrap();
 }
