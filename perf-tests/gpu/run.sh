@@ -74,11 +74,14 @@ size=256M; big=256M; iters=20
 step "qccl-gpu-bench" 90 "$kit/bin/qccl-gpu-bench" -b "$size" -n "$iters" -J "$json/gpu_bench.json"
 sed -n '/^# qccl-gpu-bench/,/^== qccl-gpu-bench: rc/p' "$log" | grep -v '^==' >>"$fig"
 
-# all_reduce busbw: device buffers vs host buffers, same run, ranks sharing the GPU.
+# all_reduce busbw: device buffers vs host buffers, same run, ranks sharing the GPU. As many
+# warm-up calls as timed ones: calls enqueued on a stream take page-locked buffers from the
+# comm's pool, which pins new ones (milliseconds per MiB) until it holds a timed loop's worth;
+# with fewer warm-ups the timed loop paid for that pinning (first H200 run, 2026-11-27).
 for np in 2 4; do
     for dev in cuda host; do
         step "qccl-perf -np $np --device $dev" 45 "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" \
-            -f 4 -n "$iters" -w 3 -c 1 --device "$dev" -J "$json/perf_${dev}_np$np.json"
+            -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" -J "$json/perf_${dev}_np$np.json"
         sed -n "/^== qccl-perf -np $np --device $dev\$/,/rc=/p" "$log" >>"$fig"
     done
 done
@@ -88,7 +91,7 @@ if [ -n "${PYTHONPATH:-}" ]; then
     for np in 2 4; do
         for be in gloo qccl; do
             step "torch $be -np $np cuda" 45 python3 perf-tests/peers/gloo_perf.py -np "$np" \
-                -b 1M -e "$big" -f 4 -n "$iters" -w 3 -T 0.5 --device cuda --backend "$be" \
+                -b 1M -e "$big" -f 4 -n "$iters" -w "$iters" -T 0.5 --device cuda --backend "$be" \
                 -J "$json/torch_${be}_np$np.json"
             sed -n "/^== torch $be -np $np cuda\$/,/rc=/p" "$log" >>"$fig"
         done
