@@ -836,3 +836,57 @@ fn sparse_plans_refuse_what_they_cannot_run() {
     }
     s.synchronize(WAIT).unwrap();
 }
+
+/// Device memory mapped right after page-locked memory starts where that range ends: a
+/// launch given its address must reach the device memory, not take it for the page-locked
+/// range's end (it once did: the kernel wrote through the unmapped device address and the
+/// process died of SIGSEGV, now and then, as mappings happened to fall).
+#[test]
+fn device_memory_starting_where_pinned_memory_ends() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let f = d.function(0, "qccl_reduce_sum_u32").unwrap();
+    let page = 4096;
+    // New mappings go below older ones, into the highest hole they fit: free one page just
+    // above page-locked memory, and the device memory's address mapping (made first) fills
+    // it. Keep every try alive so no other hole is left.
+    let mut kept = Vec::new();
+    let adjacent = (0..64).find_map(|_| {
+        let above = d.alloc_pinned(page).unwrap();
+        let pinned = d.alloc_pinned(page).unwrap();
+        drop(above);
+        let dev = d.alloc_device(0, page).unwrap();
+        if pinned.ptr() as u64 + page as u64 == dev.addr() {
+            return Some((dev, pinned));
+        }
+        kept.push((dev, pinned));
+        None
+    });
+    let Some((dev, pinned)) = adjacent else {
+        eprintln!("skipped: no device memory was mapped right after page-locked memory");
+        return;
+    };
+    let n = page / 4;
+    let a: Vec<u8> = (0..n as u32).flat_map(|v| v.to_le_bytes()).collect();
+    // SAFETY: `pinned` holds `page` bytes; `a` lives until the synchronize below.
+    unsafe {
+        std::ptr::copy_nonoverlapping(a.as_ptr(), pinned.ptr(), page);
+        s.copy_to_device(dev.addr(), a.as_ptr(), page).unwrap();
+    }
+    // dev = dev + pinned = 2a.
+    let args = [
+        Arg::Ptr(dev.addr()),
+        Arg::Ptr(dev.addr()),
+        Arg::Ptr(pinned.ptr() as u64),
+        Arg::U64(n as u64),
+    ];
+    launch(&*s, &*f, n, &args).unwrap();
+    let got = download(&*s, dev.addr(), page);
+    for (i, c) in got.chunks_exact(4).enumerate() {
+        assert_eq!(
+            u32::from_le_bytes(c.try_into().unwrap()),
+            2 * i as u32,
+            "{i}"
+        );
+    }
+}

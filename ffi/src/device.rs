@@ -145,14 +145,8 @@ mod tests {
     /// the GPU: NULL, a stream, and non-blocking with qcclWait) and one on host buffers: every
     /// rank ends with the same bits, close to the float64 sum, error feedback carried over
     /// four calls.
-    /// The two tests below, run at the same time in this process, crash an emulated stream
-    /// now and then (SIGSEGV inside an emulated kernel, seen since 3f15c6e, cause not found
-    /// yet); one at a time they pass. Serialised until it is understood.
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
     #[test]
     fn compressed_calls_run_their_codecs_on_the_device() {
-        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
         let n = 3;
         let mut comms = vec![null_mut(); n];
@@ -295,7 +289,6 @@ mod tests {
     /// and in non-blocking calls.
     #[test]
     fn c_calls_take_device_buffers() {
-        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
         let n = 3;
         let mut comms = vec![null_mut(); n];

@@ -354,14 +354,26 @@ pub struct PinnedTable {
 }
 
 impl PinnedTable {
-    /// True when `addr` lies in a live range, or just past its end (where a zero-length
-    /// piece at the end of a buffer starts).
+    /// True when `addr` lies in a live range.
     pub fn contains(&self, addr: u64) -> bool {
+        self.last_at_or_below(addr)
+            .is_some_and(|(start, len)| addr - start < len as u64)
+    }
+
+    /// True when `addr` is just past the end of a live range (where a zero-length piece at
+    /// the end of a buffer starts). Another mapping may begin at that very address, so ask
+    /// this only once `addr` is in no allocation.
+    pub fn ends_at(&self, addr: u64) -> bool {
+        self.last_at_or_below(addr.wrapping_sub(1))
+            .is_some_and(|(start, len)| addr.checked_sub(start) == Some(len as u64))
+    }
+
+    fn last_at_or_below(&self, addr: u64) -> Option<(u64, usize)> {
         let ranges = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
         ranges
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&start, &len)| addr - start <= len as u64)
+            .map(|(&start, &len)| (start, len))
     }
 }
 

@@ -586,17 +586,23 @@ impl EmuStream {
                 )));
             }
             let Arg::Ptr(addr) = *arg else { continue };
-            if addr == 0 || self.shared.pinned.contains(addr) {
+            let (memory, pinned) = (&self.shared.memory, &self.shared.pinned);
+            if addr == 0 {
                 continue;
             }
-            // A pointer just past the end of an allocation is its own (a piece of 0 elements
-            // at the end of a buffer).
-            let alloc = self.shared.memory.find(addr).or_else(|| {
-                self.shared
-                    .memory
+            // A pointer just past the end of an allocation or page-locked range is its own (a
+            // piece of 0 elements at the end of a buffer), unless it is inside another: the
+            // next mapping may start at that very address.
+            let alloc = match memory.find(addr) {
+                Some(a) => Some(a),
+                None if pinned.contains(addr) => continue,
+                None => memory
                     .find(addr - 1)
-                    .filter(|a| addr == a.addr + a.len as u64)
-            });
+                    .filter(|a| addr == a.addr + a.len as u64),
+            };
+            if alloc.is_none() && pinned.ends_at(addr) {
+                continue;
+            }
             match alloc {
                 Some(a) if a.ordinal == ordinal => {
                     let offset = (addr - a.addr) as usize;

@@ -647,3 +647,18 @@ fn allocations_order_later_work_behind_every_stream() {
     other.synchronize(T).unwrap();
     held.synchronize(T).unwrap();
 }
+
+/// A page-locked range answers for its own bytes; its end is only "just past" it, since the
+/// next mapping (device memory, say) may start at that address.
+#[test]
+fn pinned_ranges_do_not_claim_the_address_after_them() {
+    let table = Arc::new(PinnedTable::default());
+    let pinned = EmuPinned::new(4096, &table).unwrap();
+    let p = pinned.ptr() as u64;
+    assert!(table.contains(p) && table.contains(p + 4095));
+    assert!(!table.contains(p + 4096) && !table.contains(p - 1));
+    assert!(table.ends_at(p + 4096));
+    assert!(!table.ends_at(p + 4095) && !table.ends_at(p));
+    drop(pinned);
+    assert!(!table.contains(p) && !table.ends_at(p + 4096));
+}
