@@ -563,3 +563,48 @@ fn out_of_place_gives_the_bits_in_place_gives() {
         }
     }
 }
+
+/// Avg is the sum divided by the number of ranks, bit for bit, whichever schedule runs (SRA
+/// divides each slice once it is final, the others after the call): deterministic codecs, so
+/// two calls encode the same values; small slices, so SRA runs several.
+#[test]
+fn avg_is_the_sum_divided_by_the_ranks_on_every_schedule() {
+    let count = 20_011;
+    let config = Config {
+        buffsize: Some(4096),
+        ..Config::default()
+    };
+    for spec in ["fp16", "qsgd:bits=4,bucket=64,rounding=nearest"] {
+        for (hosts, algo) in [
+            (&["a", "a", "a"][..], Algo::Sra),
+            (&["a", "a", "a", "a", "a"], Algo::Sra),
+            (&["a", "a", "a"], Algo::Ring),
+            (&["a", "a", "a"], Algo::Tree),
+            (&["a", "a", "a"], Algo::AllGather),
+            (&["a", "b", "a", "b"], Algo::Hier),
+        ] {
+            let n = hosts.len();
+            let outs = on_hosts(hosts, config.clone(), move |comm| {
+                let c = Compression::parse(spec).unwrap().algo(algo);
+                let input = grad(comm.rank(), count, 5);
+                let mut sum = input.clone();
+                comm.all_reduce_compressed(&mut sum, ReduceOp::Sum, &c)
+                    .unwrap();
+                let mut avg = vec![f32::NAN; count];
+                comm.all_reduce_compressed_out_of_place(&input, &mut avg, ReduceOp::Avg, &c)
+                    .unwrap();
+                (sum, avg)
+            });
+            for (r, (sum, avg)) in outs.iter().enumerate() {
+                let same = sum
+                    .iter()
+                    .zip(avg)
+                    .all(|(s, a)| (s / n as f32).to_bits() == a.to_bits());
+                assert!(
+                    same,
+                    "{spec} {algo:?} on {n} ranks: rank {r}'s avg is not sum / {n}"
+                );
+            }
+        }
+    }
+}

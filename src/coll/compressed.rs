@@ -1,6 +1,7 @@
 //! Compressed collectives over an f32 work buffer: build the descriptor
 //! (which carries the codec plan's fingerprint, so ranks using different codecs are named),
-//! run. Sums only; the caller divides for Avg and converts other float types.
+//! run. Sums; the all-reduce also averages (`Coded::avg`), the others leave Avg to the caller,
+//! which also converts other float types.
 
 use super::Engine;
 use crate::algo::compressed::{self as coded, Coder};
@@ -8,6 +9,7 @@ use crate::algo::Algo;
 use crate::algo::Ctx;
 use crate::codec::layout::CodecMap;
 use crate::codec::Site;
+use crate::reduce;
 use crate::transport::frame::CollKind;
 use crate::tuning::Flat;
 use crate::types::{DType, ReduceOp};
@@ -29,6 +31,9 @@ pub struct Coded<'a> {
     /// Out of place: the input, aligned with `work`, which then holds nothing yet. Read where
     /// the schedule first reads each element, so no pass copies it into `work` first.
     pub input: Option<&'a [f32]>,
+    /// Avg: the all-reduce divides its sums by the number of ranks (SRA as each slice is
+    /// final, while it is in cache; the other schedules after the last exchange).
+    pub avg: bool,
 }
 
 impl<'a> Coded<'a> {
@@ -48,12 +53,19 @@ impl<'a> Coded<'a> {
             residual,
             dtype,
             input: None,
+            avg: false,
         }
     }
 
     /// Out of place: `work` holds nothing yet, the data is `input` (None: in place).
     pub fn input(mut self, input: Option<&'a [f32]>) -> Coded<'a> {
         self.input = input;
+        self
+    }
+
+    /// Whether the all-reduce averages (divides its sums by the number of ranks).
+    pub fn avg(mut self, on: bool) -> Coded<'a> {
+        self.avg = on;
         self
     }
 }
@@ -79,13 +91,14 @@ impl Engine {
         ctx
     }
 
-    /// Compressed all-reduce (sum) of `work` in place with schedule `algo` (chosen by
-    /// `tuning`).
+    /// Compressed all-reduce (sum, or average with `c.avg`) of `work` in place with schedule
+    /// `algo` (chosen by `tuning`).
     pub fn all_reduce_coded(&mut self, work: &mut [f32], c: Coded<'_>, algo: Flat) -> Result<()> {
         if work.is_empty() {
             return Ok(());
         }
-        let input = c.input;
+        let (input, n) = (c.input, self.size);
+        let avg = c.avg.then_some(n);
         if algo != Flat::Sra {
             fill(work, input);
         }
@@ -97,9 +110,12 @@ impl Engine {
             Flat::Tree => coded::tree::all_reduce(&mut ctx, &mut cd, work),
             Flat::AllGather => coded::gather::all_reduce(&mut ctx, &mut cd, work),
             // Reads the input where it encodes it, and copies only its own chunk.
-            Flat::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, input, work),
+            Flat::Sra => coded::sra::all_reduce(&mut ctx, &mut cd, input, work, avg),
         };
         self.scratch.decoded = cd.into_scratch();
+        if avg.is_some() && algo != Flat::Sra && done.is_ok() {
+            reduce::finish_avg(DType::Float32, bytemuck::cast_slice_mut(work), n);
+        }
         done
     }
 

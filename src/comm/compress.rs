@@ -496,23 +496,29 @@ impl PreparedAllReduce {
                 (input, work),
                 who,
                 |e, input, work, site, res| match &self.schedule {
-                    Schedule::Hier(h) => h
-                        .all_reduce_coded(input, work, plan, site, res, self.intra_host, dtype)
-                        .map(|(wire, inter)| Report {
-                            algo: Algo::Hier,
-                            wire,
-                            inter: Some(inter),
-                        }),
+                    Schedule::Hier(h) => {
+                        let report = h
+                            .all_reduce_coded(input, work, plan, site, res, self.intra_host, dtype)
+                            .map(|(wire, inter)| Report {
+                                algo: Algo::Hier,
+                                wire,
+                                inter: Some(inter),
+                            })?;
+                        let work = bytemuck::cast_slice_mut(work);
+                        reduce::finish(DType::Float32, self.op, work, self.size);
+                        Ok(report)
+                    }
                     Schedule::Flat(f) => {
+                        // The schedule averages as it goes (SRA: per slice, in cache).
                         let w0 = e.wire;
-                        let coded = Coded::new(plan, site, 0, res, dtype).input(input);
+                        let coded = Coded::new(plan, site, 0, res, dtype)
+                            .input(input)
+                            .avg(self.op == ReduceOp::Avg);
                         e.all_reduce_coded(work, coded, *f)
                             .map(|()| Report::flat(f.algo(), e.wire - w0))
                     }
                 },
             )?;
-            let work = bytemuck::cast_slice_mut(work);
-            reduce::finish(DType::Float32, self.op, work, self.size);
             Ok(report)
         })
     }

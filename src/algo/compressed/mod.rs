@@ -6,7 +6,8 @@
 //! which then replaces its own copy with the decoded value (CGX), and every other rank decodes
 //! those same bytes; decoded contributions are always added in a fixed order.
 //!
-//! All schedules work on an f32 `work` buffer and sum (Avg divides afterwards, in the caller).
+//! All schedules work on an f32 `work` buffer and sum; an average divides each final value by
+//! the number of ranks (SRA as each slice is final, the others after their last exchange).
 
 pub mod gather;
 pub mod ring;

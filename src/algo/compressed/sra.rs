@@ -17,8 +17,9 @@
 use super::{chunk, nslices, slice, Coder};
 use crate::algo::wire::WireBuf;
 use crate::algo::Ctx;
+use crate::reduce;
 use crate::transport::{RecvReq, SendReq};
-use crate::Result;
+use crate::{DType, Result};
 use std::ops::Range;
 
 /// Sets of send buffers in flight: slice j's are set `j % SETS`, filled while the set of
@@ -69,14 +70,17 @@ pub trait Side {
 }
 
 /// Compressed SRA all-reduce (sum) of `work`: in place, or out of place from `input` (read
-/// where it is encoded; only this rank's own chunk is copied into `work`).
+/// where it is encoded; only this rank's own chunk is copied into `work`). With `avg` (the
+/// number of ranks) each slice is divided by it once final, while it is in cache: the same
+/// division as a pass after the call, without the pass.
 pub fn all_reduce(
     ctx: &mut Ctx<'_>,
     cd: &mut Coder<'_>,
     input: Option<&[f32]>,
     work: &mut [f32],
+    avg: Option<usize>,
 ) -> Result<()> {
-    host(ctx, cd, input, work, true)
+    host(ctx, cd, input, work, true, avg)
 }
 
 /// Compressed reduce-scatter (sum): afterwards chunk `rank` of `work` (`chunk(count, n, rank)`)
@@ -88,7 +92,7 @@ pub fn reduce_scatter(
     input: Option<&[f32]>,
     work: &mut [f32],
 ) -> Result<()> {
-    host(ctx, cd, input, work, false)
+    host(ctx, cd, input, work, false, None)
 }
 
 fn host(
@@ -97,9 +101,11 @@ fn host(
     input: Option<&[f32]>,
     work: &mut [f32],
     gather: bool,
+    avg: Option<usize>,
 ) -> Result<()> {
     let count = work.len();
     if ctx.size == 1 {
+        // One rank: its sum is its input, and dividing by 1 changes no value.
         if let Some(i) = input {
             work.copy_from_slice(i);
         }
@@ -114,6 +120,7 @@ fn host(
         out: (0..SETS * n).map(|_| ctx.wire_buf()).collect(),
         result: ctx.wire_buf(),
         land: vec![Vec::new(); n],
+        avg,
     };
     let done = run(ctx, &mut side, count, gather);
     ctx.give_wire(side.out.into_iter().chain([side.result]));
@@ -173,6 +180,21 @@ struct HostSide<'a, 'c> {
     /// This rank's encoded sum (gather).
     result: WireBuf,
     land: Vec<Vec<u8>>,
+    /// Avg: the number of ranks each final slice is divided by.
+    avg: Option<usize>,
+}
+
+impl HostSide<'_, '_> {
+    /// Elements `r` of the work buffer hold their final sum: divides them for Avg.
+    fn finish(&mut self, r: Range<usize>) {
+        if let Some(n) = self.avg {
+            reduce::finish_avg(
+                DType::Float32,
+                bytemuck::cast_slice_mut(&mut self.work[r]),
+                n,
+            );
+        }
+    }
 }
 
 impl Side for HostSide<'_, '_> {
@@ -201,11 +223,16 @@ impl Side for HostSide<'_, '_> {
     fn encode_own(&mut self, _set: usize, r: Range<usize>) -> Result<()> {
         // Sent by the next swap, before the next encode_own: one buffer serves every set.
         let len = self.cd.len(&r);
-        self.cd.encode_own(self.work, r, self.result.fit(len))
+        self.cd
+            .encode_own(self.work, r.clone(), self.result.fit(len))?;
+        self.finish(r);
+        Ok(())
     }
 
     fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.cd.decode(&self.land[p], self.work, r, false)
+        self.cd.decode(&self.land[p], self.work, r.clone(), false)?;
+        self.finish(r);
+        Ok(())
     }
 
     fn swap(
