@@ -30,9 +30,9 @@
 //!   this driver borrows it (same FIFO); anything else is `InvalidArgument`. The legacy
 //!   default stream does not synchronise with other streams: qccl's streams are
 //!   non-blocking, as `create_stream` promises.
-//! - Copies with pageable host memory are asynchronous as with page-locked memory; CUDA's
-//!   return only once their stream ran them (never while it is held at a word): code that
-//!   copies pageable memory behind a held stream passes here and hangs on a GPU.
+//! - A copy with pageable host memory (not from `alloc_pinned`) on a stream held at a word
+//!   returns only once the stream ran it, as CUDA's does (here at most 30 s, then an error
+//!   naming it); elsewhere it is asynchronous, where CUDA's would wait for the stream too.
 //! - Allocating page-locked or device memory synchronises implicitly, as CUDA documents:
 //!   work enqueued afterwards on any stream of the device waits for the work enqueued
 //!   before on all of them (`implicit_sync`), so a stream held at a word holds everything

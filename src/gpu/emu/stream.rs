@@ -71,6 +71,9 @@ struct DeviceCopyOp {
     len: usize,
 }
 
+/// How long a copy with pageable host memory behind a held stream waits (CUDA: forever).
+const PAGEABLE_WAIT: Duration = Duration::from_secs(30);
+
 enum Op {
     Copy(CopyOp),
     DeviceCopy(DeviceCopyOp),
@@ -92,6 +95,8 @@ struct Queue {
     closed: bool,
     /// Events recorded so far, to name them.
     events: u64,
+    /// `WaitWord`s enqueued and not yet passed.
+    word_waits: usize,
 }
 
 /// A stream's FIFO and worker, shared by its owner and its borrowers.
@@ -123,6 +128,7 @@ impl StreamCore {
                 error: None,
                 closed: false,
                 events: 0,
+                word_waits: 0,
             }),
             cond: Condvar::new(),
             abandon: AtomicBool::new(false),
@@ -162,10 +168,18 @@ impl StreamCore {
         if let Some(e) = self.refusal(&q) {
             return Err(e);
         }
+        if matches!(op, Op::WaitWord(..)) {
+            q.word_waits += 1;
+        }
         q.ops.push_back(op);
         q.enqueued += 1;
         self.cond.notify_all();
         Ok(())
+    }
+
+    /// True while a `wait_word` enqueued on it has not been passed.
+    pub fn held_at_a_word(&self) -> bool {
+        self.lock().word_waits > 0
     }
 
     /// Makes the work enqueued after this wait for `event`.
@@ -262,6 +276,7 @@ impl StreamCore {
                 };
                 (op, q.error.clone())
             };
+            let word = matches!(op, Op::WaitWord(..));
             let failed = failed.or_else(|| {
                 self.abandon.load(Ordering::Acquire).then(|| {
                     Error::Aborted(format!(
@@ -282,6 +297,9 @@ impl StreamCore {
             };
             let mut q = self.lock();
             q.done += 1;
+            if word {
+                q.word_waits -= 1;
+            }
             if let Err(e) = result {
                 q.error.get_or_insert(e);
             }
@@ -512,7 +530,25 @@ impl EmuStream {
             host,
             len,
             fault,
-        }))
+        }))?;
+        if self.shared.pinned.contains(host as u64) || !self.core.held_at_a_word() {
+            return Ok(());
+        }
+        // CUDA's copy with pageable host memory returns only once its stream ran it (to the
+        // host), or ran its earlier work (from the host): behind a word nobody has stored
+        // yet it waits for the store, forever if the caller was to store it. Modelled for a
+        // stream held at a word only (bounded by PAGEABLE_WAIT).
+        let done = EmuEvent {
+            state: self.core.record()?,
+        };
+        done.synchronize(PAGEABLE_WAIT).map_err(|e| match e {
+            Error::Timeout(_) => Error::Timeout(format!(
+                "{name}: a {len}-byte copy with pageable host memory {host:p}, behind a \
+                 wait for a word, returns only once the stream ran it (CUDA's semantics): \
+                 still pending after {PAGEABLE_WAIT:?}; copy from page-locked memory"
+            )),
+            e => e,
+        })
     }
 }
 

@@ -592,7 +592,13 @@ fn a_stream_waits_for_a_word() {
     // SAFETY: the gate outlives the wait (synchronized below).
     unsafe { s.wait_word(gate.ptr() as *const u32, 2) }.unwrap();
     let data = pattern(4096, 3);
-    to_device(&*s, mem.addr(), &data).unwrap();
+    // Page-locked: a copy from pageable memory behind the word would return only once the
+    // word is stored (`pageable_copies_behind_a_held_stream_wait_for_it`).
+    let staged = d.alloc_pinned(4096).unwrap();
+    // SAFETY: `staged` holds 4096 bytes, ours alone until the copy is enqueued.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staged.ptr(), 4096) };
+    // SAFETY: `staged` lives until the synchronize below.
+    unsafe { s.copy_to_device(mem.addr(), staged.ptr(), 4096) }.unwrap();
     let done = s.record().unwrap();
     std::thread::sleep(Duration::from_millis(50));
     assert!(!done.query().unwrap(), "ran before the word was stored");
@@ -661,4 +667,41 @@ fn pinned_ranges_do_not_claim_the_address_after_them() {
     assert!(!table.ends_at(p + 4095) && !table.ends_at(p));
     drop(pinned);
     assert!(!table.contains(p) && !table.ends_at(p + 4096));
+}
+
+/// A copy with pageable host memory on a stream held at a word returns only once the word is
+/// stored and the copy ran, as CUDA's; one with page-locked memory returns at once.
+#[test]
+fn pageable_copies_behind_a_held_stream_wait_for_it() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let d = EmuDriver::new(1);
+    let s = d.create_stream(0).unwrap();
+    let mem = d.alloc_device(0, 4096).unwrap();
+    let gate = d.alloc_pinned(4096).unwrap();
+    // SAFETY: page-locked, page-aligned, ours.
+    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
+    word.store(0, Ordering::Release);
+    // SAFETY: the gate outlives the wait (synchronized below).
+    unsafe { s.wait_word(gate.ptr() as *const u32, 1) }.unwrap();
+    let staged = d.alloc_pinned(4096).unwrap();
+    // SAFETY: `staged` holds 4096 bytes and lives until the synchronize below.
+    unsafe { s.copy_to_device(mem.addr(), staged.ptr(), 4096) }.unwrap();
+    assert!(!s.record().unwrap().query().unwrap(), "held");
+    let data = pattern(4096, 9);
+    let t = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            word.store(1, Ordering::Release);
+        });
+        to_device(&*s, mem.addr(), &data).unwrap();
+    });
+    assert!(
+        t.elapsed() >= Duration::from_millis(100),
+        "returned while held"
+    );
+    let mut back = vec![0u8; 4096];
+    to_host(&*s, &mut back, mem.addr()).unwrap();
+    s.synchronize(T).unwrap();
+    assert_eq!(back, data);
 }
