@@ -11,6 +11,31 @@ const T: Duration = Duration::from_secs(20);
 /// Set in a child process run by a test of this file; names what the child does.
 const CHILD_ENV: &str = "QCCL_GPU_EMU_TEST_CHILD";
 
+/// A page-locked word, 0 until the test stores to it, that a stream was told to wait for:
+/// how the tests hold a stream. Each test synchronizes the stream before the gate drops.
+struct Gate {
+    mem: Box<dyn Pinned>,
+}
+
+impl Gate {
+    /// Makes `s` wait until the word holds `value`.
+    fn hold(d: &EmuDriver, s: &dyn Stream, value: u32) -> Gate {
+        let gate = Gate {
+            mem: d.alloc_pinned(8).unwrap(),
+        };
+        gate.word().store(0, std::sync::atomic::Ordering::Release);
+        // SAFETY: page-locked and aligned; the gate outlives the wait (see above).
+        unsafe { s.wait_word(gate.mem.ptr() as *const u32, value) }.unwrap();
+        gate
+    }
+
+    /// The word, to store to.
+    fn word(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: page-locked, page-aligned and ours for as long as `self` lives.
+        unsafe { &*(self.mem.ptr() as *const std::sync::atomic::AtomicU32) }
+    }
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
@@ -581,16 +606,12 @@ fn device_pointer_is_not_host_memory() {
 /// block; a misaligned word is refused.
 #[test]
 fn a_stream_waits_for_a_word() {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::Ordering;
     let d = EmuDriver::new(1);
     let s = d.create_stream(0).unwrap();
     let mem = d.alloc_device(0, 4096).unwrap();
-    let gate = d.alloc_pinned(8).unwrap();
-    // SAFETY: page-locked, page-aligned, ours.
-    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
-    word.store(0, Ordering::Release);
-    // SAFETY: the gate outlives the wait (synchronized below).
-    unsafe { s.wait_word(gate.ptr() as *const u32, 2) }.unwrap();
+    let gate = Gate::hold(&d, &*s, 2);
+    let word = gate.word();
     let data = pattern(4096, 3);
     // Page-locked: a copy from pageable memory behind the word would return only once the
     // word is stored (`pageable_copies_behind_a_held_stream_wait_for_it`).
@@ -612,7 +633,7 @@ fn a_stream_waits_for_a_word() {
     s.synchronize(T).unwrap();
     assert_eq!(back, data);
     // SAFETY: never dereferenced: refused first.
-    let r = unsafe { s.wait_word(gate.ptr().add(1) as *const u32, 1) };
+    let r = unsafe { s.wait_word(gate.mem.ptr().add(1) as *const u32, 1) };
     is_invalid(r, &["aligned"]);
 }
 
@@ -620,16 +641,12 @@ fn a_stream_waits_for_a_word() {
 /// stream waits for a stream held at a word, work enqueued before it does not.
 #[test]
 fn allocations_order_later_work_behind_every_stream() {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::Ordering;
     let d = EmuDriver::new(1);
     let (held, other) = (d.create_stream(0).unwrap(), d.create_stream(0).unwrap());
     let mem = d.alloc_device(0, 4096).unwrap();
-    let gate = d.alloc_pinned(8).unwrap();
-    // SAFETY: page-locked, page-aligned, ours.
-    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
-    word.store(0, Ordering::Release);
-    // SAFETY: the gate outlives the wait (synchronized below).
-    unsafe { held.wait_word(gate.ptr() as *const u32, 1) }.unwrap();
+    let gate = Gate::hold(&d, &*held, 1);
+    let word = gate.word();
     let data = pattern(4096, 5);
     to_device(&*other, mem.addr(), &data).unwrap();
     let before = other.record().unwrap();
@@ -673,16 +690,12 @@ fn pinned_ranges_do_not_claim_the_address_after_them() {
 /// stored and the copy ran, as CUDA's; one with page-locked memory returns at once.
 #[test]
 fn pageable_copies_behind_a_held_stream_wait_for_it() {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::Ordering;
     let d = EmuDriver::new(1);
     let s = d.create_stream(0).unwrap();
     let mem = d.alloc_device(0, 4096).unwrap();
-    let gate = d.alloc_pinned(4096).unwrap();
-    // SAFETY: page-locked, page-aligned, ours.
-    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
-    word.store(0, Ordering::Release);
-    // SAFETY: the gate outlives the wait (synchronized below).
-    unsafe { s.wait_word(gate.ptr() as *const u32, 1) }.unwrap();
+    let gate = Gate::hold(&d, &*s, 1);
+    let word = gate.word();
     let staged = d.alloc_pinned(4096).unwrap();
     // SAFETY: `staged` holds 4096 bytes and lives until the synchronize below.
     unsafe { s.copy_to_device(mem.addr(), staged.ptr(), 4096) }.unwrap();
