@@ -1,4 +1,5 @@
-//! Codec throughput on one thread: encode and decode_add of a Gaussian f32 buffer (64 MiB by
+//! Codec throughput on one thread: encode, decode_add and encode_own (encode keeping the
+//! decoded value in place, as the owner of a sum does) of a Gaussian f32 buffer (64 MiB by
 //! default: DRAM-bound) next to a single-thread memcpy of the same buffer in the same run.
 //!
 //! `cargo bench --bench codecs [-- SPEC...]`, e.g. `-- qsgd:bits=4 efsign`; the buffer size in
@@ -60,8 +61,8 @@ fn main() {
     );
     println!();
     println!(
-        "{:<28} {:>8} {:>9} {:>8} {:>10} {:>8} {:>9}",
-        "spec", "ratio", "enc GB/s", "x memcpy", "dec+ GB/s", "x memcpy", "rel err"
+        "{:<28} {:>8} {:>9} {:>8} {:>10} {:>8} {:>10} {:>9}",
+        "spec", "ratio", "enc GB/s", "x memcpy", "dec+ GB/s", "x memcpy", "own GB/s", "rel err"
     );
     for text in &specs {
         let spec = match CodecSpec::parse(text) {
@@ -89,6 +90,15 @@ fn main() {
                 .decode_add(black_box(&enc), black_box(&mut out))
                 .unwrap();
         });
+        // Encode keeping the decoded value in place (the owner of a sum): repeated on its
+        // own output, which encodes at the same speed.
+        let mut own = x.clone();
+        let to = best_of(runs, || {
+            let mut rng = Rng::new(site);
+            codec
+                .encode_own(black_box(&mut own), &mut rng, black_box(&mut enc))
+                .unwrap();
+        });
         // One clean round trip for the error column.
         codec.decode_into(&enc, &mut out).unwrap();
         let (mut num, mut den) = (0.0f64, 0.0f64);
@@ -98,7 +108,7 @@ fn main() {
         }
         let (ge, gd) = (gbps(bytes, te), gbps(bytes, td));
         println!(
-            "{:<28} {:>7.1}x {:>9.2} {:>8.2} {:>10.2} {:>8.2} {:>9.4}",
+            "{:<28} {:>7.1}x {:>9.2} {:>8.2} {:>10.2} {:>8.2} {:>10.2} {:>9.4}",
             codec
                 .spec()
                 .replace(",scale=maxmin,rounding=stochastic", ""),
@@ -107,6 +117,7 @@ fn main() {
             ge / copy_gbps,
             gd,
             gd / copy_gbps,
+            gbps(bytes, to),
             (num / den).sqrt()
         );
         out.fill(0.5);

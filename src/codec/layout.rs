@@ -239,6 +239,31 @@ impl CodecMap {
         Ok(at)
     }
 
+    /// Encodes range `r` of the plan (`data`, `r.len()` elements) into `out` as `encode` does,
+    /// and replaces `data` with its decoding; returns the bytes written.
+    pub fn encode_own(
+        &self,
+        r: Range<usize>,
+        data: &mut [f32],
+        site: Site,
+        out: &mut [u8],
+    ) -> Result<usize> {
+        debug_assert_eq!(data.len(), r.len());
+        let mut at = 0;
+        for (p, c) in self.pieces(r.clone()) {
+            let mut rng = Rng::new(Site {
+                chunk: p.start as u64,
+                ..site
+            });
+            at += c.encode_own(
+                &mut data[p.start - r.start..p.end - r.start],
+                &mut rng,
+                &mut out[at..],
+            )?;
+        }
+        Ok(at)
+    }
+
     /// Subtracts the decoding of range `r` from `out` (error feedback), `scratch` as room.
     pub fn decode_sub(
         &self,

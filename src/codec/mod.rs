@@ -62,6 +62,14 @@ pub trait Codec: Send + Sync + std::fmt::Debug {
     /// randomness from `rng`.
     fn encode_payload(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]);
 
+    /// Encodes `data` as [`Codec::encode_payload`] does and replaces it with the decoding of
+    /// that payload (bit for bit what [`Codec::decode_payload`] gives): the rank that encodes
+    /// a sum keeps what its receivers will hold. Codecs override it to do both in one pass.
+    fn encode_payload_own(&self, data: &mut [f32], rng: &mut Rng, out: &mut [u8]) -> Result<()> {
+        self.encode_payload(data, rng, out);
+        self.decode_payload(out, data, false)
+    }
+
     /// Decodes a payload of `out.len()` elements whose length was already checked: into `out`
     /// (`add` false) or added to it (`add` true). Content that cannot be valid (an index out of
     /// range, a bad scale) is an error, never a panic or an out-of-bounds read.
@@ -82,17 +90,16 @@ pub trait Codec: Send + Sync + std::fmt::Debug {
 
     /// Encodes `input` with its header into `out`; returns the bytes written.
     fn encode(&self, input: &[f32], rng: &mut Rng, out: &mut [u8]) -> Result<usize> {
-        let n = input.len();
-        let len = self.max_encoded_len(n);
-        if out.len() < len {
-            return Err(Error::invalid(format!(
-                "{}: output of {} bytes cannot hold the {len}-byte encoding of {n} elements",
-                self.spec(),
-                out.len()
-            )));
-        }
-        write_header(self, n, out);
+        let len = framed(self, input.len(), out)?;
         self.encode_payload(input, rng, &mut out[HEADER_LEN..len]);
+        Ok(len)
+    }
+
+    /// Encodes `data` with its header into `out` and replaces `data` with the decoding
+    /// ([`Codec::encode_payload_own`]); returns the bytes written.
+    fn encode_own(&self, data: &mut [f32], rng: &mut Rng, out: &mut [u8]) -> Result<usize> {
+        let len = framed(self, data.len(), out)?;
+        self.encode_payload_own(data, rng, &mut out[HEADER_LEN..len])?;
         Ok(len)
     }
 
@@ -119,6 +126,21 @@ pub trait Codec: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+}
+
+/// Writes the header of an `n`-element chunk into `out` once it is checked to hold the
+/// chunk; returns the chunk's length.
+fn framed<C: Codec + ?Sized>(codec: &C, n: usize, out: &mut [u8]) -> Result<usize> {
+    let len = codec.max_encoded_len(n);
+    if out.len() < len {
+        return Err(Error::invalid(format!(
+            "{}: output of {} bytes cannot hold the {len}-byte encoding of {n} elements",
+            codec.spec(),
+            out.len()
+        )));
+    }
+    write_header(codec, n, out);
+    Ok(len)
 }
 
 /// Writes the header of `codec`'s chunk of `n` elements into the first [`HEADER_LEN`] bytes

@@ -132,7 +132,7 @@ impl Qsgd {
 
     /// Encode through the given path, or the best one below it that this CPU has (tests
     /// compare them).
-    fn encode_with(&self, path: Path, input: &[f32], rng: &Rng, out: &mut [u8]) {
+    fn encode_with<D: Data>(&self, path: Path, input: D, rng: &Rng, out: &mut [u8]) {
         let key = rng.key();
         #[cfg(target_arch = "x86_64")]
         {
@@ -247,6 +247,13 @@ impl Codec for Qsgd {
         self.encode_with(Path::Avx512, input, rng, out)
     }
 
+    /// One pass: each element's decoded value is computed from its level and written back
+    /// while the tile is in cache, with the decoder's arithmetic (bit for bit).
+    fn encode_payload_own(&self, data: &mut [f32], rng: &mut Rng, out: &mut [u8]) -> Result<()> {
+        self.encode_with(Path::Avx512, data, rng, out);
+        Ok(())
+    }
+
     fn decode_payload(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<()> {
         self.decode_with(true, payload, out, add)
     }
@@ -354,17 +361,75 @@ fn floor_small(t: f32) -> u8 {
     m.to_bits().wrapping_sub(up) as u8
 }
 
+/// What the encoder reads, and whether it writes each element's decoded value back over it:
+/// the input alone (`encode_payload`), or one buffer read and then overwritten
+/// (`encode_payload_own`).
+pub(super) trait Data {
+    /// Decoded values are written back.
+    const OWN: bool;
+    /// The elements to encode (those not yet overwritten, for the encoder reads ahead).
+    fn x(&self) -> &[f32];
+    /// Elements `r`, to overwrite with their decoded values (empty unless `OWN`).
+    fn keep(&mut self, r: std::ops::Range<usize>) -> &mut [f32];
+}
+
+impl Data for &[f32] {
+    const OWN: bool = false;
+    #[inline(always)]
+    fn x(&self) -> &[f32] {
+        self
+    }
+    #[inline(always)]
+    fn keep(&mut self, _: std::ops::Range<usize>) -> &mut [f32] {
+        &mut []
+    }
+}
+
+impl Data for &mut [f32] {
+    const OWN: bool = true;
+    #[inline(always)]
+    fn x(&self) -> &[f32] {
+        self
+    }
+    #[inline(always)]
+    fn keep(&mut self, r: std::ops::Range<usize>) -> &mut [f32] {
+        &mut self[r]
+    }
+}
+
+/// The decoder's value of level `l` in a bucket with bounds (lo, hi), `mid` = lo/2 + hi/2 and
+/// `hs` = (hi/2 − lo/2) / L: mid + (2l − L)·hs, clamped to [lo, hi] (so rounding never leaves
+/// the bucket's range, nor overflows). NaN bounds give NaN. Shared by the decoder and the
+/// encoder that keeps what it sent, so both give the same bits.
+#[inline(always)]
+fn level_value(l: u8, top: i32, (lo, hi, mid, hs): (f32, f32, f32, f32)) -> f32 {
+    let k = (2 * l as i32 - top) as f32;
+    let v = mid + k * hs;
+    let v = if v < hi { v } else { hi };
+    if v > lo {
+        v
+    } else {
+        lo
+    }
+}
+
+/// The dequantizer (lo, hi, mid, hs) of a bucket with bounds (`l`, `h`) (see [`level_value`]).
+#[inline(always)]
+fn dequantizer(l: f32, h: f32, top: i32) -> (f32, f32, f32, f32) {
+    (l, h, l * 0.5 + h * 0.5, (h * 0.5 - l * 0.5) / top as f32)
+}
+
 /// The encoder's kernel (dispatched in `Qsgd::encode_with`): `out` is the whole payload; `fill`
 /// is [`fill_uniforms`] or a SIMD copy of it.
 #[inline(always)]
-pub(super) fn encode_kernel(
+pub(super) fn encode_kernel<D: Data>(
     q: &Qsgd,
-    input: &[f32],
+    mut data: D,
     key: u64,
     out: &mut [u8],
     fill: impl Fn(u64, usize, &mut [f32]),
 ) {
-    let n = input.len();
+    let n = data.x().len();
     let b = q.bucket as usize;
     let nbits = q.bits as usize;
     let top = q.top() as f32;
@@ -376,12 +441,14 @@ pub(super) fn encode_kernel(
     // The current bucket's quantizer: t = (x/2 − lo/2) · inv, in halves so that no difference
     // of finite values overflows.
     let (mut lo2, mut inv) = (0.0f32, 0.0f32);
+    // Its dequantizer, for `D::OWN`.
+    let mut deq = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
     let mut t0 = 0;
     while t0 < n {
         let len = TILE.min(n - t0);
         let padded = len.next_multiple_of(8);
         let ahead = (t0 + len + TILE).min(n);
-        bits::prefetch(&input[t0 + len..ahead]);
+        bits::prefetch(&data.x()[t0 + len..ahead]);
         if stochastic {
             fill(key, t0, &mut u[..padded]);
         }
@@ -390,7 +457,7 @@ pub(super) fn encode_kernel(
             let bi = p / b;
             let end = ((bi + 1) * b).min(t0 + len);
             if p == bi * b {
-                let (l, h) = bucket_bounds(q.scale, &input[p..((bi + 1) * b).min(n)]);
+                let (l, h) = bucket_bounds(q.scale, &data.x()[p..((bi + 1) * b).min(n)]);
                 match q.scale {
                     Scale::MaxMin => {
                         meta[8 * bi..8 * bi + 4].copy_from_slice(&l.to_le_bytes());
@@ -405,9 +472,18 @@ pub(super) fn encode_kernel(
                 } else {
                     (0.0, 0.0)
                 };
+                if D::OWN {
+                    // The bounds as the decoder reads them back (maxabs stores only h: a NaN
+                    // bucket's lower bound is then −NaN, whose sign decoding keeps).
+                    let l = match q.scale {
+                        Scale::MaxMin => l,
+                        Scale::MaxAbs => -h,
+                    };
+                    deq = dequantizer(l, h, q.top() as i32);
+                }
             }
             let (xs, us, ls) = (
-                &input[p..end],
+                &data.x()[p..end],
                 &u[p - t0..end - t0],
                 &mut lv[p - t0..end - t0],
             );
@@ -417,6 +493,12 @@ pub(super) fn encode_kernel(
                 let t = if t > 0.0 { t } else { 0.0 };
                 let t = if t < top { t } else { top };
                 *l = floor_small(t);
+            }
+            if D::OWN {
+                let top = q.top() as i32;
+                for (o, &l) in data.keep(p..end).iter_mut().zip(&lv[p - t0..end - t0]) {
+                    *o = level_value(l, top, deq);
+                }
             }
             p = end;
         }
@@ -445,9 +527,8 @@ pub(super) fn decode_kernel<const ADD: bool>(q: &Qsgd, payload: &[u8], out: &mut
     let top = q.top() as i32;
     let (meta, stream) = payload.split_at(q.meta_bytes(n));
     let mut lv = [0u8; TILE];
-    // The current bucket's dequantizer: x = mid + (2q − L) · hs, clamped to [lo, hi] (so
-    // rounding never leaves the bucket's range, nor overflows). NaN bounds give NaN.
-    let (mut lo, mut hi, mut mid, mut hs) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
+    // The current bucket's dequantizer ([`level_value`]).
+    let mut deq = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
     let mut t0 = 0;
     while t0 < n {
         let len = TILE.min(n - t0);
@@ -469,16 +550,11 @@ pub(super) fn decode_kernel<const ADD: bool>(q: &Qsgd, payload: &[u8], out: &mut
                 // Checked by the caller; a failure here cannot happen, and would only
                 // leave the previous bucket's (valid) dequantizer in place.
                 if let Ok((l, h)) = q.bounds(meta, bi) {
-                    (lo, hi) = (l, h);
-                    mid = l * 0.5 + h * 0.5;
-                    hs = (h * 0.5 - l * 0.5) / top as f32;
+                    deq = dequantizer(l, h, top);
                 }
             }
             for (o, &l) in out[p..end].iter_mut().zip(&lv[p - t0..end - t0]) {
-                let k = (2 * l as i32 - top) as f32;
-                let v = mid + k * hs;
-                let v = if v < hi { v } else { hi };
-                let v = if v > lo { v } else { lo };
+                let v = level_value(l, top, deq);
                 *o = if ADD { *o + v } else { v };
             }
             p = end;

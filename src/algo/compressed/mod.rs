@@ -87,16 +87,18 @@ impl<'a> Coder<'a> {
         r: Range<usize>,
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        self.encode_inner(work, &r, out)?;
-        if self.residual.is_none() {
-            // Nothing to remember: decode straight over the input (no scratch, no copy).
-            return self.decode(out, work, r, false);
-        }
-        self.decode_scratch(&r, out)?;
+        let at = self.at(&r);
+        out.resize(self.plan.encoded_len(at.clone()), 0);
         if let Some(res) = self.residual.as_deref_mut() {
-            ef::record(&mut res[r.clone()], &work[r.clone()], &self.decoded);
+            // The input, kept to record what the encode lost.
+            self.decoded.clear();
+            self.decoded.extend_from_slice(&work[r.clone()]);
+            self.plan
+                .encode_own(at, &mut work[r.clone()], self.site, out)?;
+            ef::record(&mut res[r.clone()], &self.decoded, &work[r]);
+        } else {
+            self.plan.encode_own(at, &mut work[r], self.site, out)?;
         }
-        work[r].copy_from_slice(&self.decoded);
         Ok(())
     }
 
@@ -105,12 +107,6 @@ impl<'a> Coder<'a> {
         out.resize(self.plan.encoded_len(at.clone()), 0);
         self.plan.encode(at, &work[r.clone()], self.site, out)?;
         Ok(())
-    }
-
-    fn decode_scratch(&mut self, r: &Range<usize>, bytes: &[u8]) -> Result<()> {
-        self.decoded.resize(r.len(), 0.0);
-        self.plan
-            .decode(self.at(r), bytes, &mut self.decoded, false)
     }
 
     /// Decodes `bytes` (the encoding of `work[r]`) into `work[r]`, or adds it when `add`.

@@ -126,6 +126,40 @@ fn every_width_and_odd_sizes_agree_across_paths() {
 }
 
 #[test]
+fn encoding_own_data_keeps_exactly_what_the_decoder_gives() {
+    // Gaussian data with extremes, non-finite values and a constant bucket in it.
+    let mut x = gaussian(5000, 11);
+    x[17] = f32::NAN;
+    x[3000] = f32::INFINITY;
+    x[4500] = -f32::MAX;
+    x[4501] = f32::MAX;
+    x[256..384].fill(0.75);
+    for bits in [1, 2, 4, 8] {
+        for bucket in [1u32, 7, 128, 2049, 9000] {
+            for n in [0usize, 1, 9, 2048, 2049, 5000] {
+                let c = q(bits, bucket, SCALES[n % 2], ROUNDINGS[bucket as usize % 2]);
+                let sent = encode(&c, &x[..n], 3);
+                let kept = decode(&c, &sent, n);
+                for path in [Path::Portable, Path::Avx2, Path::Avx512] {
+                    let mut own = x[..n].to_vec();
+                    let mut bytes = vec![0u8; c.payload_len(n)];
+                    c.encode_with(path, &mut own[..], &Rng::from_u64(3), &mut bytes);
+                    assert_eq!(bytes, sent[HEADER_LEN..], "{} n={n} {path:?}", c.spec());
+                    assert_eq!(bits_of(&own), bits_of(&kept), "{} n={n} {path:?}", c.spec());
+                }
+                let mut own = x[..n].to_vec();
+                let mut framed = vec![0u8; c.max_encoded_len(n)];
+                let len = c
+                    .encode_own(&mut own, &mut Rng::from_u64(3), &mut framed)
+                    .unwrap();
+                assert_eq!((len, &framed), (sent.len(), &sent), "{}", c.spec());
+                assert_eq!(bits_of(&own), bits_of(&kept), "{} n={n}", c.spec());
+            }
+        }
+    }
+}
+
+#[test]
 fn levels_and_layout_on_a_small_vector() {
     // Bucket of 4 with min 0 and max 3 at 2 bits: levels are the values themselves.
     let c = q(2, 4, Scale::MaxMin, Rounding::Nearest);
