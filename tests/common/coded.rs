@@ -3,9 +3,41 @@
 
 use super::mix;
 use qccl::{Algo, Comm, Compression, ReduceOp};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+/// Large inputs and references, computed once per test process: the sweeps ask for the same
+/// ones for every codec, schedule and layout, and computing them was most of their time.
+type Memo<T> = LazyLock<Mutex<HashMap<(usize, usize, u64), Arc<Vec<T>>>>>;
+static GRADS: Memo<f32> = LazyLock::new(Default::default);
+static REFERENCES: Memo<f64> = LazyLock::new(Default::default);
+
+/// From 64 Ki elements on: smaller ones are cheaper to compute than to keep.
+const MEMO_FROM: usize = 1 << 16;
+
+fn memo<T: Clone>(
+    table: &Memo<T>,
+    key: (usize, usize, u64),
+    make: impl FnOnce() -> Vec<T>,
+) -> Vec<T> {
+    if key.1 < MEMO_FROM {
+        return make();
+    }
+    let hit = table.lock().unwrap().get(&key).cloned();
+    let v = hit.unwrap_or_else(|| {
+        let v = Arc::new(make());
+        table.lock().unwrap().insert(key, v.clone());
+        v
+    });
+    v.as_ref().clone()
+}
 
 /// Rank `rank`'s gradient: roughly Gaussian values (a sum of four uniforms), per salt.
 pub fn grad(rank: usize, count: usize, salt: u64) -> Vec<f32> {
+    memo(&GRADS, (rank, count, salt), || make_grad(rank, count, salt))
+}
+
+fn make_grad(rank: usize, count: usize, salt: u64) -> Vec<f32> {
     (0..count)
         .map(|i| {
             let u = |k: u64| {
@@ -18,13 +50,15 @@ pub fn grad(rank: usize, count: usize, salt: u64) -> Vec<f32> {
 
 /// The float64 sum over `n` ranks' gradients.
 pub fn reference(n: usize, count: usize, salt: u64) -> Vec<f64> {
-    let mut r = vec![0.0f64; count];
-    for rank in 0..n {
-        for (a, b) in r.iter_mut().zip(grad(rank, count, salt)) {
-            *a += b as f64;
+    memo(&REFERENCES, (n, count, salt), || {
+        let mut r = vec![0.0f64; count];
+        for rank in 0..n {
+            for (a, b) in r.iter_mut().zip(grad(rank, count, salt)) {
+                *a += b as f64;
+            }
         }
-    }
-    r
+        r
+    })
 }
 
 /// ‖out − exact‖ / ‖exact‖ (0 for a zero reference).

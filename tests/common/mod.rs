@@ -68,6 +68,7 @@ fn push_int(dtype: DType, v: i64, out: &mut Vec<u8>) {
 }
 
 /// Element `i` of `b` as f64 (floats only).
+#[inline]
 pub fn float_at(dtype: DType, b: &[u8], i: usize) -> f64 {
     let s = dtype.size();
     let e = &b[i * s..(i + 1) * s];
@@ -81,6 +82,7 @@ pub fn float_at(dtype: DType, b: &[u8], i: usize) -> f64 {
 }
 
 /// Element `i` of `b` as i128, sign- or zero-extended per its type (integers only).
+#[inline]
 pub fn int_at(dtype: DType, b: &[u8], i: usize) -> i128 {
     let s = dtype.size();
     let e = &b[i * s..(i + 1) * s];
@@ -126,52 +128,126 @@ pub fn check_reduce(
     range: std::ops::Range<usize>,
     got: &[u8],
 ) -> Result<(), String> {
-    let n = inputs.len();
-    for (k, i) in range.clone().enumerate() {
-        if dtype.is_float() {
-            let xs: Vec<f64> = inputs.iter().map(|b| float_at(dtype, b, i)).collect();
-            let want = match op {
-                ReduceOp::Sum => xs.iter().sum::<f64>(),
-                ReduceOp::Avg => xs.iter().sum::<f64>() / n as f64,
-                ReduceOp::Prod => xs.iter().product::<f64>(),
-                ReduceOp::Max => xs.iter().cloned().fold(f64::MIN, f64::max),
-                ReduceOp::Min => xs.iter().cloned().fold(f64::MAX, f64::min),
-                other => return Err(format!("no float64 reference for {other}")),
-            };
-            let scale = match op {
-                ReduceOp::Sum | ReduceOp::Avg => xs.iter().map(|x| x.abs()).sum::<f64>().max(1.0),
-                ReduceOp::Prod => want.abs().max(1e-3) * 2.0,
-                _ => 0.0,
-            };
-            let tol = (n as f64 + 1.0) * eps(dtype) * scale;
-            let g = float_at(dtype, got, k);
-            if (g - want).abs() > tol {
-                return Err(format!(
-                    "{dtype} {op} element {i}: got {g}, float64 reference {want} (tolerance {tol}), inputs {xs:?}"
-                ));
-            }
-        } else {
-            let xs: Vec<i128> = inputs.iter().map(|b| int_at(dtype, b, i)).collect();
-            let want = wrap(
-                dtype,
-                match op {
-                    ReduceOp::Sum => xs.iter().fold(0i128, |a, &x| a.wrapping_add(x)),
-                    ReduceOp::Prod => xs.iter().fold(1i128, |a, &x| a.wrapping_mul(x)),
-                    ReduceOp::Max => *xs.iter().max().unwrap(),
-                    ReduceOp::Min => *xs.iter().min().unwrap(),
-                    ReduceOp::Avg => unreachable!("avg on integers is rejected"),
-                    other => return Err(format!("no reference for {other}")),
-                },
-            );
-            let g = int_at(dtype, got, k);
-            if g != want {
-                return Err(format!(
-                    "{dtype} {op} element {i}: got {g}, reference {want}, inputs {xs:?}"
+    Reference::new(dtype, op, inputs, range)?.check(got)
+}
+
+/// The reference reduction of a range of the ranks' inputs, computed once and checked
+/// against every result of the same reduction (suites check several algorithms and roots of
+/// millions of elements each; recomputing it per check was most of their time).
+pub struct Reference<'a> {
+    dtype: DType,
+    op: ReduceOp,
+    inputs: &'a [Vec<u8>],
+    range: std::ops::Range<usize>,
+    /// Floats: the float64 value and its tolerance per element; integers: the exact value.
+    want: Vec<(f64, f64)>,
+    exact: Vec<i128>,
+}
+
+impl<'a> Reference<'a> {
+    /// The reduction with `op` of `range` of `inputs` (one buffer per rank): float64 for
+    /// floats (with a tolerance of (n + 1) ulps of the type on the magnitudes summed),
+    /// wrapping arithmetic in i128 for integers.
+    pub fn new(
+        dtype: DType,
+        op: ReduceOp,
+        inputs: &'a [Vec<u8>],
+        range: std::ops::Range<usize>,
+    ) -> Result<Reference<'a>, String> {
+        let n = inputs.len();
+        let (mut want, mut exact) = (Vec::new(), Vec::new());
+        let mut xf: Vec<f64> = Vec::with_capacity(n);
+        let mut xi: Vec<i128> = Vec::with_capacity(n);
+        for i in range.clone() {
+            if dtype.is_float() {
+                xf.clear();
+                xf.extend(inputs.iter().map(|b| float_at(dtype, b, i)));
+                let v = match op {
+                    ReduceOp::Sum => xf.iter().sum::<f64>(),
+                    ReduceOp::Avg => xf.iter().sum::<f64>() / n as f64,
+                    ReduceOp::Prod => xf.iter().product::<f64>(),
+                    ReduceOp::Max => xf.iter().cloned().fold(f64::MIN, f64::max),
+                    ReduceOp::Min => xf.iter().cloned().fold(f64::MAX, f64::min),
+                    other => return Err(format!("no float64 reference for {other}")),
+                };
+                let scale = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        xf.iter().map(|x| x.abs()).sum::<f64>().max(1.0)
+                    }
+                    ReduceOp::Prod => v.abs().max(1e-3) * 2.0,
+                    _ => 0.0,
+                };
+                want.push((v, (n as f64 + 1.0) * eps(dtype) * scale));
+            } else {
+                xi.clear();
+                xi.extend(inputs.iter().map(|b| int_at(dtype, b, i)));
+                exact.push(wrap(
+                    dtype,
+                    match op {
+                        ReduceOp::Sum => xi.iter().fold(0i128, |a, &x| a.wrapping_add(x)),
+                        ReduceOp::Prod => xi.iter().fold(1i128, |a, &x| a.wrapping_mul(x)),
+                        ReduceOp::Max => *xi.iter().max().unwrap(),
+                        ReduceOp::Min => *xi.iter().min().unwrap(),
+                        ReduceOp::Avg => unreachable!("avg on integers is rejected"),
+                        other => return Err(format!("no reference for {other}")),
+                    },
                 ));
             }
         }
+        Ok(Reference {
+            dtype,
+            op,
+            inputs,
+            range,
+            want,
+            exact,
+        })
     }
-    Ok(())
+
+    /// Checks `got` (the reduced range); Err names the first wrong element.
+    pub fn check(&self, got: &[u8]) -> Result<(), String> {
+        let (dtype, op) = (self.dtype, self.op);
+        let inputs = |i: usize| -> String {
+            if dtype.is_float() {
+                format!(
+                    "{:?}",
+                    self.inputs
+                        .iter()
+                        .map(|b| float_at(dtype, b, i))
+                        .collect::<Vec<_>>()
+                )
+            } else {
+                format!(
+                    "{:?}",
+                    self.inputs
+                        .iter()
+                        .map(|b| int_at(dtype, b, i))
+                        .collect::<Vec<_>>()
+                )
+            }
+        };
+        for (k, i) in self.range.clone().enumerate() {
+            if dtype.is_float() {
+                let (want, tol) = self.want[k];
+                let g = float_at(dtype, got, k);
+                if (g - want).abs() > tol {
+                    return Err(format!(
+                        "{dtype} {op} element {i}: got {g}, float64 reference {want} (tolerance {tol}), inputs {}",
+                        inputs(i)
+                    ));
+                }
+            } else {
+                let (want, g) = (self.exact[k], int_at(dtype, got, k));
+                if g != want {
+                    return Err(format!(
+                        "{dtype} {op} element {i}: got {g}, reference {want}, inputs {}",
+                        inputs(i)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The ops that apply to `dtype`.

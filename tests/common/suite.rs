@@ -1,7 +1,7 @@
 //! Every collective, out-of-place and in-place, checked on each rank against references
 //! that the rank computes alone from every rank's (reproducible) input.
 
-use super::{check_reduce, input, ops_for};
+use super::{check_reduce, input, ops_for, Reference};
 use qccl::{Algo, Comm, DType, ReduceOp};
 use std::hash::{Hash, Hasher};
 
@@ -88,8 +88,9 @@ pub fn run_case(comm: &Comm, c: &Case, salt: u64) -> Result<(), String> {
     if comm.num_nodes() > 1 {
         algos.push(Algo::Hier);
     }
+    let reference = Reference::new(dt, op, &ins, 0..count)?;
     for algo in algos {
-        check_all_reduce(comm, c, &ins, algo)?;
+        check_all_reduce(comm, c, &ins, &reference, algo)?;
     }
 
     // reduce_scatter: inputs of n·count, this rank's part r.
@@ -131,16 +132,12 @@ pub fn run_case(comm: &Comm, c: &Case, salt: u64) -> Result<(), String> {
             "",
         ))?;
         if r == root {
-            check_reduce(dt, op, &ins, 0..count, &out).map_err(ctx(
-                "reduce",
-                c,
-                &format!("root {root}"),
-            ))?;
-            check_reduce(dt, op, &ins, 0..count, &buf).map_err(ctx(
-                "reduce in-place",
-                c,
-                &format!("root {root}"),
-            ))?;
+            reference
+                .check(&out)
+                .map_err(ctx("reduce", c, &format!("root {root}")))?;
+            reference
+                .check(&buf)
+                .map_err(ctx("reduce in-place", c, &format!("root {root}")))?;
         } else if buf != ins[r] {
             return Err(ctx("reduce in-place", c, "")(
                 "a non-root buffer changed".into(),
@@ -239,7 +236,13 @@ pub fn run_case(comm: &Comm, c: &Case, salt: u64) -> Result<(), String> {
 /// Runs `cases` in order; returns the first failure.
 /// One all-reduce case with `algo`, out of place and in place, checked against the reference
 /// and for identical bits on every rank.
-pub fn check_all_reduce(comm: &Comm, c: &Case, ins: &[Vec<u8>], algo: Algo) -> Result<(), String> {
+pub fn check_all_reduce(
+    comm: &Comm,
+    c: &Case,
+    ins: &[Vec<u8>],
+    reference: &Reference<'_>,
+    algo: Algo,
+) -> Result<(), String> {
     let (dt, op, count) = (c.dtype, c.op, c.count);
     let r = comm.rank();
     let mut out = vec![0u8; count * dt.size()];
@@ -248,7 +251,9 @@ pub fn check_all_reduce(comm: &Comm, c: &Case, ins: &[Vec<u8>], algo: Algo) -> R
         c,
         algo.name(),
     ))?;
-    check_reduce(dt, op, ins, 0..count, &out).map_err(ctx("all_reduce", c, algo.name()))?;
+    reference
+        .check(&out)
+        .map_err(ctx("all_reduce", c, algo.name()))?;
     same_on_all_ranks(comm, &out, "all_reduce").map_err(ctx("all_reduce", c, algo.name()))?;
     let mut buf = ins[r].clone();
     q(comm.all_reduce_raw(None, &mut buf, count, dt, op, Some(algo))).map_err(ctx(
@@ -282,6 +287,7 @@ pub fn run_huge(comm: &Comm) -> Result<(), String> {
     let ins: Vec<Vec<u8>> = (0..n)
         .map(|p| input(c.dtype, c.op, p, c.count, 99))
         .collect();
+    let reference = Reference::new(c.dtype, c.op, &ins, 0..c.count)?;
     for algo in [Algo::Ring, Algo::Sra, Algo::Tree] {
         let mut out = vec![0u8; c.count * 4];
         q(comm.all_reduce_raw(
@@ -293,22 +299,18 @@ pub fn run_huge(comm: &Comm) -> Result<(), String> {
             Some(algo),
         ))
         .map_err(ctx("all_reduce 16Mi", &c, algo.name()))?;
-        check_reduce(c.dtype, c.op, &ins, 0..c.count, &out).map_err(ctx(
-            "all_reduce 16Mi",
-            &c,
-            algo.name(),
-        ))?;
+        reference
+            .check(&out)
+            .map_err(ctx("all_reduce 16Mi", &c, algo.name()))?;
         same_on_all_ranks(comm, &out, "all_reduce 16Mi")?;
     }
     // In place too: past 4 MiB the arena streams results over the input it staged from.
     let mut out = ins[comm.rank()].clone();
     q(comm.all_reduce_raw(None, &mut out, c.count, c.dtype, c.op, Some(Algo::Sra)))
         .map_err(ctx("all_reduce 16Mi in place", &c, "sra"))?;
-    check_reduce(c.dtype, c.op, &ins, 0..c.count, &out).map_err(ctx(
-        "all_reduce 16Mi in place",
-        &c,
-        "sra",
-    ))?;
+    reference
+        .check(&out)
+        .map_err(ctx("all_reduce 16Mi in place", &c, "sra"))?;
     same_on_all_ranks(comm, &out, "all_reduce 16Mi in place")?;
     Ok(())
 }
