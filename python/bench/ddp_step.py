@@ -11,6 +11,12 @@ DDP waits for) and optimizer step, and the process's CPU time per step. `--hook 
 each bucket untouched, with no communication at all: the step's floor (compute and DDP's own
 copies), against which the others' communication cost reads. `--threads` sets torch's
 intra-op threads (torchrun sets OMP_NUM_THREADS=1 when it starts several ranks on a machine).
+
+`--interleave` runs the comparison the #21 goal asks for inside one job: the same model twice,
+one copy under DDP on a "gloo" group, the other under DDP with the qsgd hook (backend "qccl"),
+their steps alternating, so both see the same machine from second to second (a shared VM's
+speed drifts between separate runs more than the margin being measured). Rank 0 prints each
+one's mean step and the ratio.
 """
 
 import argparse
@@ -31,6 +37,52 @@ def _noop_hook(_state, bucket):
     return fut
 
 
+def _model(width):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(1024, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+        torch.nn.ReLU(), torch.nn.Linear(width, 1024),
+    )
+
+
+def _step(ddp, opt, x, y, group):
+    """One timed training step (after a barrier on `group`): its seconds."""
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+    return time.perf_counter() - t0
+
+
+def interleaved(a):
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    qccl_group = dist.new_group(backend="qccl")
+    gloo_ddp = DDP(_model(a.width))
+    hooked = _model(a.width)
+    qccl_ddp = DDP(hooked, process_group=qccl_group)
+    state = hooks.CompressionState(qccl_group, spec="qsgd:bits=4,bucket=128", start_iter=2, model=hooked)
+    qccl_ddp.register_comm_hook(state, hooks.compressed_allreduce_hook)
+    runs = [("gloo", gloo_ddp, None), ("qccl + qsgd:bits=4,bucket=128 hook", qccl_ddp, qccl_group)]
+    opts = [torch.optim.SGD(d.parameters(), lr=0.01) for _, d, _ in runs]
+    x, y = torch.randn(a.batch, 1024), torch.randn(a.batch, 1024)
+    times = [[], []]
+    for step in range(a.warmup + a.steps):
+        for k, (_, ddp, group) in enumerate(runs):
+            t = _step(ddp, opts[k], x, y, group)
+            if step >= a.warmup:
+                times[k].append(t)
+    if dist.get_rank() == 0:
+        mean = [1e3 * sum(t) / len(t) for t in times]
+        each = ", ".join(f"{name} {m:.0f} (min {1e3 * min(t):.0f})" for (name, _, _), m, t in zip(runs, mean, times))
+        print(
+            f"ddp_step interleaved ranks={dist.get_world_size()} batch={a.batch} "
+            f"threads={torch.get_num_threads()} steps={a.steps} step_ms: {each}; gloo/hook {mean[0] / mean[1]:.2f}"
+        )
+    state.close()
+    dist.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="qccl")
@@ -41,15 +93,15 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--width", type=int, default=4096,
                     help="hidden width (4096: ~25M parameters; smaller for a quick check)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="gloo and the qccl qsgd hook in one job, steps alternating (ignores --backend, --hook)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.interleave:
+        return interleaved(a)
     dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=300))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(1024, a.width), torch.nn.ReLU(), torch.nn.Linear(a.width, a.width),
-        torch.nn.ReLU(), torch.nn.Linear(a.width, 1024),
-    )
+    model = _model(a.width)
     params = sum(p.numel() for p in model.parameters())
     ddp = DDP(model)
     state = None

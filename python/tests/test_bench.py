@@ -44,6 +44,18 @@ def test_ddp_step_prints_every_mode():
         assert f"ddp_step backend={backend}" in out and "step_ms=" in out and "forward" in out, out
 
 
+def test_ddp_step_interleaves_gloo_and_the_hook():
+    holder, port = reserve_port()
+    holder.close()
+    out = _ranks(
+        "ddp_step.py",
+        2,
+        ["--interleave", "--batch", "4", "--threads", "1", "--warmup", "3", "--steps", "1", "--width", "512"],
+        port,
+    )
+    assert "ddp_step interleaved" in out and "gloo/hook" in out, out
+
+
 def test_dist_allreduce_prints_its_table():
     out = subprocess.run(
         [sys.executable, os.path.join(BENCH, "dist_allreduce.py"), "-np", "2", "--min", "4K", "--max", "16K", "--iters", "2"],
