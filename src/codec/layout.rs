@@ -224,19 +224,7 @@ impl CodecMap {
         out: &mut [u8],
     ) -> Result<usize> {
         debug_assert_eq!(input.len(), r.len());
-        let mut at = 0;
-        for (p, c) in self.pieces(r.clone()) {
-            let mut rng = Rng::new(Site {
-                chunk: p.start as u64,
-                ..site
-            });
-            at += c.encode(
-                &input[p.start - r.start..p.end - r.start],
-                &mut rng,
-                &mut out[at..],
-            )?;
-        }
-        Ok(at)
+        self.encode_pieces(r, site, out, |q, c, rng, o| c.encode(&input[q], rng, o))
     }
 
     /// Encodes range `r` of the plan (`data`, `r.len()` elements) into `out` as `encode` does,
@@ -249,14 +237,30 @@ impl CodecMap {
         out: &mut [u8],
     ) -> Result<usize> {
         debug_assert_eq!(data.len(), r.len());
+        self.encode_pieces(r, site, out, |q, c, rng, o| {
+            c.encode_own(&mut data[q], rng, o)
+        })
+    }
+
+    /// Runs `f` on each piece of range `r` in order: the piece's elements relative to `r`,
+    /// its codec, its random stream (`site` with `chunk` = its start element) and the rest of
+    /// `out`, where it writes and returns its bytes; returns the bytes written in all.
+    fn encode_pieces(
+        &self,
+        r: Range<usize>,
+        site: Site,
+        out: &mut [u8],
+        mut f: impl FnMut(Range<usize>, &dyn Codec, &mut Rng, &mut [u8]) -> Result<usize>,
+    ) -> Result<usize> {
         let mut at = 0;
         for (p, c) in self.pieces(r.clone()) {
             let mut rng = Rng::new(Site {
                 chunk: p.start as u64,
                 ..site
             });
-            at += c.encode_own(
-                &mut data[p.start - r.start..p.end - r.start],
+            at += f(
+                p.start - r.start..p.end - r.start,
+                &**c,
                 &mut rng,
                 &mut out[at..],
             )?;

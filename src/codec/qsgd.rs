@@ -433,6 +433,8 @@ pub(super) fn encode_kernel<D: Data>(
     let b = q.bucket as usize;
     let nbits = q.bits as usize;
     let top = q.top() as f32;
+    // The decoder's integer form of it (`level_value`), for `D::OWN`.
+    let top_level = q.top() as i32;
     let (meta, stream) = out.split_at_mut(q.meta_bytes(n));
     let stochastic = q.rounding == Rounding::Stochastic;
     // Nearest rounding is stochastic rounding with u = 1/2 throughout.
@@ -479,7 +481,7 @@ pub(super) fn encode_kernel<D: Data>(
                         Scale::MaxMin => l,
                         Scale::MaxAbs => -h,
                     };
-                    deq = dequantizer(l, h, q.top() as i32);
+                    deq = dequantizer(l, h, top_level);
                 }
             }
             let (xs, us, ls) = (
@@ -495,9 +497,8 @@ pub(super) fn encode_kernel<D: Data>(
                 *l = floor_small(t);
             }
             if D::OWN {
-                let top = q.top() as i32;
                 for (o, &l) in data.keep(p..end).iter_mut().zip(&lv[p - t0..end - t0]) {
-                    *o = level_value(l, top, deq);
+                    *o = level_value(l, top_level, deq);
                 }
             }
             p = end;
