@@ -46,6 +46,8 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "enqueue" => enqueue_and_return(&comm, &dev),
         "errors" => errors(&comm, &dev),
         "coded" => coded(&comm, &dev),
+        "coded_enqueue" => coded_enqueue_and_return(&comm, &dev),
+        "coded_peer_gone" => coded_peer_gone(&comm, &dev),
         "bounded" => bounded_staging(&comm, &dev),
         "threads" => threads_on_one_device(),
         other => Err(format!("unknown scenario {other}")),
@@ -240,63 +242,24 @@ fn stream_ordering(comm: &Comm, dev: &Dev) -> Result<(), String> {
 /// call must have enqueued every copy it needs before returning (seen hanging on an H200
 /// when the comm's worker enqueued the copies out after the collective).
 fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
-    use std::sync::atomic::{AtomicU32, Ordering};
     let (n, r) = (comm.size(), comm.rank());
     let count = 1 << 18;
     let len = 4 * count;
     let e = |e: qccl::Error| e.to_string();
-    let user = dev.gpu.create_stream(0).map_err(e)?;
-    let gate = dev.gpu.alloc_pinned(4).map_err(e)?;
-    // SAFETY: page-locked, page-aligned, ours.
-    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
-    word.store(0, Ordering::Release);
-    let zeros = vec![0u8; len];
-    let d = dev.upload(&zeros)?;
-    // SAFETY: the gate outlives the stream's wait (it is stored below, then synchronized).
-    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
-    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
-    // Page-locked: a copy from pageable memory returns only once done, which behind the
-    // gate would be never.
-    let staged = dev.gpu.alloc_pinned(len).map_err(e)?;
-    // SAFETY: `staged` holds `len` bytes, ours alone until the copy below is enqueued.
-    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr().cast::<u8>(), staged.ptr(), len) };
-    // Behind the gate: what the calls must read.
-    // SAFETY: `staged` lives until the synchronize below.
-    unsafe { user.copy_to_device(d.addr(), staged.ptr(), len) }.map_err(e)?;
-    for _ in 0..2 {
-        let bufs = [buf(d.addr(), len, true, true)];
+    let d = gated_twice(comm, dev, count, |d, user| {
+        let bufs = [buf(d, len, true, true)];
         let call = comm
             .prepare_all_reduce(count, DType::Float32, ReduceOp::Sum, None)
             .map_err(e)?;
-        // SAFETY: `d` lives until the stream passed the calls (synchronized below).
+        // SAFETY: `d` lives until the stream passed the calls (`gated_twice` synchronizes).
         unsafe {
-            comm.on_stream(&bufs, user.raw(), move |eng, h| {
+            comm.on_stream(&bufs, user, move |eng, h| {
                 call.run(eng, None, bytes(h[0], len)).map(|_| ())
             })
         }
-        .map_err(e)?;
-    }
-    if word.load(Ordering::Acquire) != 0 {
-        return Err("the gate moved by itself".into());
-    }
-    let _scratch = dev.gpu.alloc_device(0, 4096).map_err(e)?;
-    word.store(1, Ordering::Release);
-    let mut out = vec![0f32; count];
-    // SAFETY: `out` outlives the synchronize.
-    unsafe { user.copy_to_host(out.as_mut_ptr().cast(), d.addr(), len) }.map_err(e)?;
-    user.synchronize(WAIT).map_err(e)?;
-    if let Some(err) = comm.async_error() {
-        return Err(format!("async error: {err}"));
-    }
-    for (i, &x) in out.iter().enumerate() {
-        let once: usize = (0..n).map(|p| (p + i) % 5).sum();
-        if x != (once * n) as f32 {
-            return Err(format!("element {i} is {x}, want {}", once * n));
-        }
-    }
-    if let Some(err) = comm.async_error() {
-        return Err(format!("async error: {err}"));
-    }
+        .map_err(e)
+    })?;
+    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
     // Queued (the C ABI's non-blocking and grouped calls): staged in the comm's turn; a
     // blocking call on another buffer made meanwhile waits behind it without sharing its
     // staging (it holds the blocking calls' staging while it waits for its turn).
@@ -325,6 +288,149 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
             }
         }
     }
+    Ok(())
+}
+
+/// The gated pattern of the enqueue-and-return scenarios: a stream of the caller's held
+/// shut (waiting for a word stored later) and, behind the gate, a copy of this rank's
+/// `(rank + i) % 5` into a device buffer of `count` f32s; `call(buffer, stream)` twice (each
+/// an in-place sum on the stream that must return while the gate is shut); an allocation
+/// (CUDA then orders all later work behind the held stream); the gate opened and the buffer
+/// read back on the stream: both calls ran, in order, on what the stream held when they
+/// were made (`n` times the sum). Returns the buffer.
+fn gated_twice(
+    comm: &Comm,
+    dev: &Dev,
+    count: usize,
+    mut call: impl FnMut(u64, *mut std::ffi::c_void) -> Result<(), String>,
+) -> Result<Box<dyn DeviceMem>, String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let (n, r) = (comm.size(), comm.rank());
+    let len = 4 * count;
+    let e = |e: qccl::Error| e.to_string();
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    let gate = dev.gpu.alloc_pinned(4).map_err(e)?;
+    // SAFETY: page-locked, page-aligned, ours.
+    let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
+    word.store(0, Ordering::Release);
+    let d = dev.upload(&vec![0u8; len])?;
+    // SAFETY: the gate outlives the stream's wait (it is stored below, then synchronized).
+    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
+    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
+    // Page-locked: a copy from pageable memory returns only once done, which behind the
+    // gate would be never.
+    let staged = dev.gpu.alloc_pinned(len).map_err(e)?;
+    // SAFETY: `staged` holds `len` bytes, ours alone until the copy below is enqueued.
+    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr().cast::<u8>(), staged.ptr(), len) };
+    // Behind the gate: what the calls must read.
+    // SAFETY: `staged` lives until the synchronize below.
+    unsafe { user.copy_to_device(d.addr(), staged.ptr(), len) }.map_err(e)?;
+    for _ in 0..2 {
+        call(d.addr(), user.raw())?;
+    }
+    if word.load(Ordering::Acquire) != 0 {
+        return Err("the gate moved by itself".into());
+    }
+    let _scratch = dev.gpu.alloc_device(0, 4096).map_err(e)?;
+    word.store(1, Ordering::Release);
+    let mut out = vec![0f32; count];
+    // SAFETY: `out` outlives the synchronize.
+    unsafe { user.copy_to_host(out.as_mut_ptr().cast(), d.addr(), len) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    if let Some(err) = comm.async_error() {
+        return Err(format!("async error: {err}"));
+    }
+    for (i, &x) in out.iter().enumerate() {
+        let once: usize = (0..n).map(|p| (p + i) % 5).sum();
+        if x != (once * n) as f32 {
+            return Err(format!("element {i} is {x}, want {}", once * n));
+        }
+    }
+    Ok(d)
+}
+
+/// A compressed all-reduce with the codecs on the GPU, on a caller's stream, returns once
+/// enqueued: the stream is held shut, two in-place calls (the second with error feedback)
+/// are made on it and return, the application allocates device memory (after which CUDA
+/// orders all later work behind the held stream), then the stream is opened and read back:
+/// both ran, in order, on what the stream held when they were called. The calls' kernels
+/// were all enqueued when they were made; the comm's worker enqueues nothing, so nothing of
+/// theirs waits behind the held stream.
+fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    // Small integers: fp16 holds them and their sums exactly.
+    let count = (1 << 16) + 3;
+    let e = |e: qccl::Error| e.to_string();
+    let before = comm.device_stats().map_err(e)?;
+    let mut specs = ["fp16", "fp16:ef=1"].into_iter();
+    gated_twice(comm, dev, count, |d, user| {
+        let spec = specs.next().ok_or("a third call")?;
+        let c = Compression::parse(spec)
+            .map_err(e)?
+            .algo(Algo::Sra)
+            .key("gated");
+        let p = comm
+            .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
+            .map_err(e)?;
+        // SAFETY: `d` lives until the stream passed the calls (`gated_twice` synchronizes).
+        unsafe { comm.all_reduce_compressed_at(p, None, d, user) }
+            .map(drop)
+            .map_err(e)
+    })?;
+    let after = comm.device_stats().map_err(e)?;
+    if after.calls - before.calls != 2 || after.enqueued - before.enqueued != 2 {
+        return Err(format!(
+            "{} calls with the codecs on the GPU, {} returned once enqueued; want 2 and 2",
+            after.calls - before.calls,
+            after.enqueued - before.enqueued
+        ));
+    }
+    Ok(())
+}
+
+/// A peer leaves while a compressed call with the codecs on the GPU is in flight on a
+/// caller's stream: the call has returned, its exchanges fail in the comm's worker, and the
+/// stream must still pass the call (every progress value it waits for is stored) with the
+/// failure in `async_error`, not hang.
+fn coded_peer_gone(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    // Connected first (links are made on first use; dialling a rank that never answers
+    // waits out the comm's timeout).
+    let mut one = [1f32];
+    comm.all_reduce_in_place(&mut one, ReduceOp::Sum)
+        .map_err(e)?;
+    if comm.rank() == 1 {
+        // Gone without a word, as a crashed process.
+        std::process::exit(0);
+    }
+    let count = 4099;
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    let d = dev.upload(&vec![0u8; 4 * count])?;
+    let c = Compression::parse("qsgd:bits=4,bucket=128,ef=1")
+        .map_err(e)?
+        .algo(Algo::Sra)
+        .key("gone");
+    let p = comm
+        .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
+        .map_err(e)?;
+    // SAFETY: `d` lives until the stream passed the call (synchronized below).
+    unsafe { comm.all_reduce_compressed_at(p, None, d.addr(), user.raw()) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    let deadline = std::time::Instant::now() + WAIT;
+    while comm.async_error().is_none() {
+        if std::time::Instant::now() >= deadline {
+            return Err("no async error after the peer left".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A failed comm refuses the next call before enqueueing anything.
+    let p = comm
+        .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
+        .map_err(e)?;
+    // SAFETY: as above.
+    if unsafe { comm.all_reduce_compressed_at(p, None, d.addr(), user.raw()) }.is_ok() {
+        return Err("a call on the failed comm was accepted".into());
+    }
+    user.synchronize(WAIT).map_err(e)?;
     Ok(())
 }
 
@@ -682,6 +788,12 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     if count > 0 && case.must_gpu && !gpu_ran {
                         return Err(format!("{what}: the GPU path did not run ({ran} calls)"));
                     }
+                    let early = after.enqueued - before.enqueued;
+                    if gpu_ran && early != u64::from(!stream.is_null() && !queued) {
+                        return Err(format!(
+                            "{what}: {early} calls returned once enqueued (stream {stream:?})"
+                        ));
+                    }
                     if gpu_ran && n > 1 {
                         // Two exchanges per slice; slice j+1 encoded before slice j moves.
                         let last = count - count * (n - 1) / n;
@@ -973,6 +1085,18 @@ fn the_callers_stream_orders_the_call() {
 #[test]
 fn a_call_on_a_stream_returns_once_enqueued_and_queued_calls_stage_in_turn() {
     run_job(3, "enqueue", "1");
+}
+
+#[test]
+fn a_compressed_call_with_the_codecs_on_the_gpu_returns_once_enqueued() {
+    for n in [1, 3] {
+        run_job(n, "coded_enqueue", "1");
+    }
+}
+
+#[test]
+fn a_compressed_call_on_a_stream_whose_peer_left_does_not_hang_the_stream() {
+    run_job(2, "coded_peer_gone", "1");
 }
 
 #[test]

@@ -193,6 +193,46 @@ fn ef_compensate_matches_rust() {
     }
 }
 
+/// ef.cu's zero (a new device residual: +0.0 everywhere) and wire.cu's header (32 bytes
+/// from four little-endian words, at any byte offset of page-locked memory, nothing around
+/// them touched).
+#[test]
+fn ef_zero_and_put_header_write_what_they_say() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let zero = d.function(0, "qccl_ef_zero").unwrap();
+    let mut g = Gen::new(23);
+    for n in COUNTS {
+        let dr = upload(&d, &*s, &random(&mut g, DType::Float32, n));
+        launch(&*s, &*zero, n, &[Arg::Ptr(dr.addr()), Arg::U64(n as u64)]).unwrap();
+        assert_eq!(download(&*s, dr.addr(), 4 * n), vec![0u8; 4 * n], "n={n}");
+    }
+    let put = d.function(0, "qccl_put_header").unwrap();
+    let words = [
+        0x0123_4567_89ab_cdef_u64,
+        u64::MAX,
+        0,
+        0x8000_0000_0000_0001,
+    ];
+    let want: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let pinned = d.alloc_pinned(64).unwrap();
+    for at in 0..8 {
+        // SAFETY: 64 bytes of page-locked memory, idle (synchronised after each launch).
+        unsafe { std::ptr::write_bytes(pinned.ptr(), 0xa5, 64) };
+        let mut args = vec![Arg::Ptr(pinned.ptr() as u64 + at as u64)];
+        args.extend(words.iter().map(|&w| Arg::U64(w)));
+        launch(&*s, &*put, 32, &args).unwrap();
+        s.synchronize(WAIT).unwrap();
+        // SAFETY: as above; the launch is done.
+        let got = unsafe { std::slice::from_raw_parts(pinned.ptr(), 64) };
+        assert_eq!(&got[at..at + 32], &want[..], "offset {at}");
+        assert!(
+            got[..at].iter().chain(&got[at + 32..]).all(|&b| b == 0xa5),
+            "offset {at}: bytes around the header changed"
+        );
+    }
+}
+
 fn floats(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_ne_bytes(c.try_into().expect("4 bytes")))

@@ -39,8 +39,9 @@ pub struct Engine {
     /// Compressed calls executed so far: the `step` of their random streams.
     pub(crate) coded_calls: u64,
     /// Compressed all-reduces on device buffers with the codecs on the GPU: their stream,
-    /// buffers and residuals (made by the first such call).
-    pub(crate) gpu: Option<crate::gpu::sra::state::DeviceState>,
+    /// buffers and residuals (made by the first such call), shared with the comm, which
+    /// enqueues such a call's device work on the caller's thread.
+    pub(crate) gpu: std::sync::Arc<crate::gpu::sra::state::GpuLane>,
 }
 
 impl Engine {

@@ -150,7 +150,7 @@ impl Comm {
     /// after every call submitted before it); true if there was one.
     pub fn forget_residual(&self, key: &TensorKey) -> Result<bool> {
         self.queue.run(|e| {
-            let device = e.gpu.as_mut().is_some_and(|g| g.forget(key));
+            let device = e.gpu.forget(key);
             Ok(e.residuals.remove(key) | device)
         })
     }
@@ -395,9 +395,9 @@ fn coded_turn<R>(
     let step = e.coded_calls;
     e.coded_calls += 1;
     let key = key.filter(|_| plan.error_feedback());
-    if let (Some(k), Some(g)) = (key, e.gpu.as_mut()) {
+    if let Some(k) = key {
         // A key used on device buffers before starts again from zero on the host.
-        g.forget(k);
+        e.gpu.forget_later(k);
     }
     let mut residual = key.map(|k| std::mem::take(e.residuals.get(k, work.len())));
     let input = match residual.as_deref_mut() {

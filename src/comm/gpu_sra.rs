@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::gpu::sra::{DeviceStats, GpuAllReduce};
 use crate::gpu::staging::{self, Placement};
 use std::ffi::c_void;
+use std::sync::Arc;
 
 impl Comm {
     /// The GPU path of compressed all-reduce `call` on `send` (None: in place) and `recv`, if
@@ -41,7 +42,13 @@ impl Comm {
             return Ok(None);
         }
         self.check_device(ordinal)?;
-        match GpuAllReduce::new(driver, ordinal, shape, send, recv, self.config.timeout) {
+        let comm = (
+            self.size,
+            self.rank,
+            self.config.slice_bytes(),
+            self.config.timeout,
+        );
+        match GpuAllReduce::new(driver, ordinal, shape, (send, recv), comm) {
             Ok(g) => Ok(Some(g)),
             Err(e) => {
                 crate::qlog!(
@@ -55,27 +62,76 @@ impl Comm {
         }
     }
 
-    /// Runs `g` ordered on the caller's `stream` (after its earlier work) and returns once
-    /// the result is on the device: its report with null, None on a stream. Unlike a staged
-    /// call, it does not return once enqueued: its kernels are enqueued as the exchanges go,
-    /// and work enqueued while the caller's stream is held for it would wait behind the held
-    /// stream after any implicitly synchronising call (an application's `cudaMalloc`), a
-    /// deadlock (see `gpu::staging`).
+    /// Runs `g` ordered on the caller's `stream` (after its earlier work). On a stream it
+    /// returns None once the call is enqueued, as NCCL's: every kernel and copy of the call
+    /// is enqueued now on the comm's stream behind an event of the caller's, and the
+    /// caller's stream waits for the call's last kernel; the comm's worker moves the bytes
+    /// in its turn, enqueueing nothing (`gpu::sra`). With null, or where the call's step is
+    /// not known yet (an earlier queued operation may run compressed calls: `Queue::
+    /// submit_declared`), or with another rank of the comm in this process (see
+    /// `on_stream`), it returns once the result is on the device: its report with null.
     ///
     /// # Safety
-    /// `g`'s buffers must stay valid until this returns, and `stream` be null or a live
-    /// stream of their device.
+    /// `g`'s buffers must stay valid until the stream passed the call (until this returns
+    /// with null), and `stream` be null or a live stream of their device.
     pub(super) unsafe fn run_gpu_all_reduce(
         &self,
         g: GpuAllReduce,
         stream: *mut c_void,
     ) -> Result<Option<Report>> {
+        let g = Arc::new(g);
+        if !stream.is_null() && !self.place.process_peers {
+            // SAFETY: the caller's promise, passed on.
+            if unsafe { self.start_gpu_all_reduce(&g, stream) }? {
+                return Ok(None);
+            }
+        }
         let nothing = Placement { device: Vec::new() };
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let st = self.staging_on(&mut guard, g.driver(), g.ordinal())?;
         // SAFETY: nothing is staged; the caller's promise about the stream.
         let report = unsafe { st.run(&[], &nothing, stream, |_| self.execute(|e| g.run(e))) }?;
         Ok(stream.is_null().then_some(report))
+    }
+
+    /// Enqueues `g` on the caller's `stream` and queues the moving of its bytes; false
+    /// (nothing done) when its step is not known yet. An error after the call took its turn
+    /// fails the comm: its peers expect this rank in it.
+    ///
+    /// # Safety
+    /// As `run_gpu_all_reduce`, `stream` not null.
+    unsafe fn start_gpu_all_reduce(
+        &self,
+        g: &Arc<GpuAllReduce>,
+        stream: *mut c_void,
+    ) -> Result<bool> {
+        self.check_device(g.ordinal())?;
+        if let Some(e) = self.queue.failed() {
+            return Err(e);
+        }
+        // SAFETY: the caller's promise about the stream.
+        let caller = unsafe { g.driver().borrow_stream(g.ordinal(), stream)? };
+        let mover = g.clone();
+        let Some((step, tx)) = self
+            .queue
+            .submit_declared(self.config.timeout, move |e, step, script| {
+                mover.finish(e, step, script)
+            })?
+        else {
+            return Ok(false);
+        };
+        let enqueued = g.enqueue(&self.gpu_lane, step, &*caller);
+        let failed = enqueued.as_ref().err().cloned();
+        if failed.is_none() {
+            self.gpu_lane.count_enqueued();
+        }
+        // A send fails only when the comm failed meanwhile (its job dropped): the script's
+        // drop then releases the stream.
+        let _ = tx.send(enqueued);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(true),
+        }
     }
 
     /// Queues `g` behind the comm's earlier operations and returns at once (the C ABI's
@@ -90,9 +146,10 @@ impl Comm {
         g: GpuAllReduce,
     ) -> Result<crate::Request<()>> {
         let nothing = Placement { device: Vec::new() };
+        let (driver, ordinal) = (g.driver(), g.ordinal());
         // SAFETY: no buffer is staged; the caller's promise covers `g`'s.
         unsafe {
-            self.submit_staged(g.driver(), g.ordinal(), Vec::new(), nothing, move |e, _| {
+            self.submit_staged(driver, ordinal, Vec::new(), nothing, move |e, _| {
                 g.run(e).map(drop)
             })
         }
@@ -101,7 +158,6 @@ impl Comm {
     /// What compressed all-reduces with the codecs on the GPU did on this comm so far.
     #[doc(hidden)]
     pub fn device_stats(&self) -> Result<DeviceStats> {
-        self.queue
-            .run(|e| Ok(e.gpu.as_ref().map(|g| g.stats()).unwrap_or_default()))
+        self.queue.run(|e| Ok(e.gpu.stats()))
     }
 }

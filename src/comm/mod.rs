@@ -125,6 +125,8 @@ pub struct Comm {
     queued_staging: Arc<std::sync::Mutex<Option<crate::gpu::staging::Staging>>>,
     /// Page-locked buffers of calls on callers' streams, capped (QCCL_STAGING_BYTES).
     pinned_pool: Arc<crate::gpu::staging::Pool>,
+    /// Compressed all-reduces with the codecs on the GPU (shared with the engine).
+    gpu_lane: Arc<crate::gpu::sra::state::GpuLane>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -397,6 +399,7 @@ impl Comm {
             topo.ranks_of_node.iter().map(Vec::len).collect(),
             topo.local_size,
         );
+        let gpu_lane: Arc<crate::gpu::sra::state::GpuLane> = Default::default();
         let engine = Engine {
             t: transport,
             scratch: Default::default(),
@@ -407,7 +410,7 @@ impl Comm {
             wire: Default::default(),
             residuals: Default::default(),
             coded_calls: 0,
-            gpu: None,
+            gpu: gpu_lane.clone(),
         };
         let (queue, jobs) = Queue::new(engine, abort);
         let q = queue.clone();
@@ -449,6 +452,7 @@ impl Comm {
             staging: Default::default(),
             queued_staging: Default::default(),
             pinned_pool,
+            gpu_lane,
         })
     }
 

@@ -19,6 +19,12 @@ struct Turns {
     /// Threads waiting on `turn_changed`: with none, a finished turn skips the notify, which
     /// is a futex syscall every time (most calls find their turn already there).
     waiting: usize,
+    /// The engine's `coded_calls` when its last operation ended.
+    coded_done: u64,
+    /// Operations submitted and not ended: those that declared the one compressed call they
+    /// run (`submit_declared`), and the others, which may run any number.
+    declared: u64,
+    undeclared: u64,
 }
 
 /// The op queue of one comm: tickets, the engine, and the failure state.
@@ -42,6 +48,9 @@ impl Queue {
                 serving: 0,
                 failed: None,
                 waiting: 0,
+                coded_done: 0,
+                declared: 0,
+                undeclared: 0,
             }),
             turn_changed: Condvar::new(),
             rank: engine.rank,
@@ -61,9 +70,10 @@ impl Queue {
         let ticket = {
             let mut t = self.lock_turns();
             t.next += 1;
+            t.undeclared += 1;
             t.next - 1
         };
-        self.execute(ticket, f)
+        self.execute(ticket, false, f)
     }
 
     /// Queues `f` for the worker; the returned request yields its result.
@@ -84,11 +94,50 @@ impl Queue {
     ) -> Result<Request<R>> {
         let (tx, rx) = bounded(1);
         let job: Job = Box::new(move |q: &Queue, ticket: u64| {
-            let r = q.execute(ticket, |e| f(e, &mut hold));
+            let r = q.execute(ticket, false, |e| f(e, &mut hold));
             drop(hold);
             let _ = tx.send(r);
         });
         let mut t = self.lock_turns();
+        self.send_job(&mut t, job)?;
+        t.undeclared += 1;
+        Ok(Request { rx, done: None })
+    }
+
+    /// Queues one compressed call whose step (the engine's `coded_calls` when it runs) is
+    /// known now: `f` gets the engine, that step and what the caller sends on the returned
+    /// channel (its device work, enqueued after this returns; the job waits for it at most
+    /// `timeout`, and a dropped sender fails it). None when an earlier operation not ended yet
+    /// may run compressed calls of its own: the step is not known before it ends.
+    pub fn submit_declared<H: Send + 'static>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&mut Engine, u64, H) -> Result<()> + Send + 'static,
+    ) -> Result<Option<(u64, Sender<Result<H>>)>> {
+        let mut t = self.lock_turns();
+        if t.undeclared > 0 {
+            return Ok(None);
+        }
+        let step = t.coded_done + t.declared;
+        let (tx, rx) = bounded::<Result<H>>(1);
+        let job: Job = Box::new(move |q: &Queue, ticket: u64| {
+            let _ = q.execute(ticket, true, |e| {
+                let h = rx.recv_timeout(timeout).unwrap_or_else(|_| {
+                    Err(Error::Timeout(format!(
+                        "a compressed call's device work was not enqueued after {timeout:?}"
+                    )))
+                })?;
+                f(e, step, h)
+            });
+        });
+        self.send_job(&mut t, job)?;
+        t.declared += 1;
+        Ok(Some((step, tx)))
+    }
+
+    /// Hands `job` to the worker with the next ticket (`t` held, so tickets reach the
+    /// worker in order).
+    fn send_job(&self, t: &mut Turns, job: Job) -> Result<()> {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         let sender = jobs
             .as_ref()
@@ -97,7 +146,7 @@ impl Queue {
             .send((t.next, job))
             .map_err(|_| Error::Internal("the comm's worker thread is gone".into()))?;
         t.next += 1;
-        Ok(Request { rx, done: None })
+        Ok(())
     }
 
     /// Worker side: runs one queued job with the ticket it was given at submission.
@@ -105,7 +154,13 @@ impl Queue {
         job(self, ticket);
     }
 
-    fn execute<R>(&self, ticket: u64, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
+    /// Runs `f` in turn `ticket`; `declared`: submitted by `submit_declared`.
+    fn execute<R>(
+        &self,
+        ticket: u64,
+        declared: bool,
+        f: impl FnOnce(&mut Engine) -> Result<R>,
+    ) -> Result<R> {
         let mut t = self.lock_turns();
         while t.serving != ticket {
             t.waiting += 1;
@@ -114,6 +169,7 @@ impl Queue {
         }
         let failed = t.failed.clone();
         drop(t);
+        let mut coded = None;
         let result = match failed {
             Some(e) => Err(e),
             None => {
@@ -136,10 +192,19 @@ impl Queue {
                     engine.t.abort(&abort_reason(self.rank, e));
                     self.lock_turns().failed.get_or_insert_with(|| e.clone());
                 }
+                coded = Some(engine.coded_calls);
                 r
             }
         };
         let mut t = self.lock_turns();
+        if let Some(c) = coded {
+            t.coded_done = c;
+        }
+        if declared {
+            t.declared -= 1;
+        } else {
+            t.undeclared -= 1;
+        }
         t.serving += 1;
         if t.waiting > 0 {
             self.turn_changed.notify_all();

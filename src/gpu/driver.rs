@@ -205,8 +205,8 @@ pub trait Stream: Send {
     /// stream of the same device); does not block the caller.
     fn wait_event(&self, event: &dyn Event) -> Result<()>;
 
-    /// Enqueues a wait until the 32-bit word at `word` is at least `value` (unsigned;
-    /// `cuStreamWaitValue32` with GEQ): work enqueued after it waits, the caller does not
+    /// Enqueues a wait until the 32-bit word at `word` is at least `value` (cyclically, as
+    /// `cuStreamWaitValue32` with GEQ: `(int32_t)(*word - value) >= 0`): work enqueued after it waits, the caller does not
     /// block. The host releases the stream by storing the value (how a call on a stream
     /// returns at once and the stream waits for qccl's worker).
     ///

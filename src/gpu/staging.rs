@@ -21,8 +21,9 @@
 //! worker both waited until the comm's timeout). For the same reason the pool pins and frees
 //! memory only once this comm's earlier calls on streams are done (`quiesce`).
 //!
-//! A call with no buffer to copy (`run`/`start` with none) only orders work on the caller's
-//! stream: the compressed SRA with its codecs on the GPU (`gpu::sra`) is run so.
+//! A call with no buffer to copy (`run` with none) only orders work on the caller's stream:
+//! the compressed SRA with its codecs on the GPU (`gpu::sra`) is run so where it cannot be
+//! enqueued when it is made (NULL stream, or its step not known yet).
 //!
 //! Page-locked memory: the calls that wait share one set of buffers, grown to the largest
 //! call; the calls on a caller's stream, which return before they are done, take theirs from

@@ -39,7 +39,9 @@ pub enum Phase {
 /// buffer; `p` is a peer's rank; `set` (below [`SETS`]) the set of send buffers an encode
 /// fills and an exchange sends. Methods may only enqueue work (a device), as long as `swap`
 /// sends what the encodes of its set wrote and decodes read the bytes of the latest `swap`.
-pub trait Side {
+/// `X` is what an exchange runs on: the host's `Ctx`, or nothing for a side that only
+/// enqueues a call's device work (`gpu::sra`, whose bytes another side moves later).
+pub trait Side<X: ?Sized> {
     /// Bytes of the encoding of elements `r`.
     fn len(&self, r: &Range<usize>) -> usize;
     /// Encodes elements `r` of the input (of the work buffer when in place) into the bytes
@@ -61,12 +63,46 @@ pub trait Side {
     /// `land(p)` bytes received from each.
     fn swap(
         &mut self,
-        ctx: &mut Ctx<'_>,
+        x: &mut X,
         set: usize,
         peers: &[usize],
         phase: Phase,
         land: &dyn Fn(usize) -> usize,
     ) -> Result<()>;
+}
+
+/// The schedule's shape: ranks, this rank, slices per chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Ranks (> 1).
+    pub n: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Slices each chunk is cut into.
+    pub nsl: usize,
+}
+
+impl Shape {
+    /// The shape of a call of `count` elements on `n` ranks with slices of `slice` bytes
+    /// (what `ctx` has for the host's calls).
+    pub fn new(count: usize, n: usize, rank: usize, slice: usize) -> Shape {
+        let last = chunk(count, n, n - 1).len();
+        Shape {
+            n,
+            rank,
+            nsl: (4 * last).div_ceil(slice.max(1)).max(1),
+        }
+    }
+
+    /// The shape of a call of `count` elements on `ctx`.
+    pub fn of(ctx: &Ctx<'_>, count: usize) -> Shape {
+        let last = chunk(count, ctx.size, ctx.size - 1).len();
+        Shape {
+            n: ctx.size,
+            rank: ctx.rank,
+            nsl: nslices(ctx, last),
+        }
+    }
 }
 
 /// Compressed SRA all-reduce (sum) of `work`: in place, or out of place from `input` (read
@@ -122,20 +158,26 @@ fn host(
         land: vec![Vec::new(); n],
         avg,
     };
-    let done = run(ctx, &mut side, count, gather);
+    let shape = Shape::of(ctx, count);
+    let done = run(ctx, shape, &mut side, count, gather);
     ctx.give_wire(side.out.into_iter().chain([side.result]));
     done
 }
 
-/// The schedule over `count` elements, for `ctx.size` > 1 ranks; with `gather` false it stops
-/// after the scatter-reduce (a reduce-scatter).
-pub fn run(ctx: &mut Ctx<'_>, side: &mut dyn Side, count: usize, gather: bool) -> Result<()> {
-    let (n, r) = (ctx.size, ctx.rank);
+/// The schedule over `count` elements for `shape.n` > 1 ranks, its exchanges on `x`; with
+/// `gather` false it stops after the scatter-reduce (a reduce-scatter).
+pub fn run<X: ?Sized>(
+    x: &mut X,
+    shape: Shape,
+    side: &mut dyn Side<X>,
+    count: usize,
+    gather: bool,
+) -> Result<()> {
+    let (n, r, nsl) = (shape.n, shape.rank, shape.nsl);
     let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
-    let nsl = nslices(ctx, chunks[n - 1].len());
     let peers: Vec<usize> = (0..n).filter(|&p| p != r).collect();
     // Scatter: every peer's slice, encoded once, to its owner.
-    let encode_scatter = |side: &mut dyn Side, j: usize| -> Result<()> {
+    let encode_scatter = |side: &mut dyn Side<X>, j: usize| -> Result<()> {
         for &p in &peers {
             side.encode_for(j % SETS, p, slice(&chunks[p], nsl, j))?;
         }
@@ -150,7 +192,7 @@ pub fn run(ctx: &mut Ctx<'_>, side: &mut dyn Side, count: usize, gather: bool) -
             encode_scatter(side, j + 1)?;
         }
         let own = side.len(&s(r));
-        side.swap(ctx, set, &peers, Phase::Scatter, &|_| own)?;
+        side.swap(x, set, &peers, Phase::Scatter, &|_| own)?;
         // Own data exact, then the peers in rank order: the same arithmetic on every run.
         side.keep_own(s(r))?;
         for &p in &peers {
@@ -162,7 +204,7 @@ pub fn run(ctx: &mut Ctx<'_>, side: &mut dyn Side, count: usize, gather: bool) -
         // All-gather: the owner's sum, encoded once, to everyone.
         side.encode_own(set, s(r))?;
         let lens: Vec<usize> = (0..n).map(|c| side.len(&s(c))).collect();
-        side.swap(ctx, set, &peers, Phase::Gather, &|p| lens[p])?;
+        side.swap(x, set, &peers, Phase::Gather, &|p| lens[p])?;
         for &p in &peers {
             side.take_from(p, s(p))?;
         }
@@ -197,7 +239,7 @@ impl HostSide<'_, '_> {
     }
 }
 
-impl Side for HostSide<'_, '_> {
+impl<'c> Side<Ctx<'c>> for HostSide<'_, '_> {
     fn len(&self, r: &Range<usize>) -> usize {
         self.cd.len(r)
     }
@@ -237,7 +279,7 @@ impl Side for HostSide<'_, '_> {
 
     fn swap(
         &mut self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Ctx<'c>,
         set: usize,
         peers: &[usize],
         phase: Phase,

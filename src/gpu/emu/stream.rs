@@ -332,7 +332,8 @@ impl StreamCore {
                 // stays allocated until this wait is done; read atomically, as the host
                 // stores it from another thread.
                 let word = unsafe { &*(word as *const std::sync::atomic::AtomicU32) };
-                while word.load(Ordering::Acquire) < value {
+                // CU_STREAM_WAIT_VALUE_GEQ is cyclic: (int32_t)(*word - value) >= 0.
+                while (word.load(Ordering::Acquire).wrapping_sub(value) as i32) < 0 {
                     if self.abandon.load(Ordering::Acquire) {
                         return Err(Error::Aborted(format!(
                             "{}: destroyed while waiting for a word to reach {value}",

@@ -2,35 +2,43 @@
 //! CPU schedule (`algo::compressed::sra::run`), with a `Side` whose data stays in device
 //! memory. A slice leaving this rank is encoded by its codec's kernels (error feedback fused)
 //! into aligned device scratch and only its payload is copied to page-locked memory, after
-//! the 32-byte header the host wrote there; a received chunk's header is checked on the host,
-//! its payload copied into device scratch and decoded (added) there. Only encoded bytes cross
-//! PCIe, and they are the CPU codecs' bytes: host and device ranks of one job end
-//! bit-identical.
+//! the 32-byte header a kernel writes there (`qccl_put_header`); a received chunk's header is
+//! checked on the host, its payload copied into device scratch and decoded (added) there.
+//! Only encoded bytes cross PCIe, and they are the CPU codecs' bytes: host and device ranks
+//! of one job end bit-identical.
 //!
 //! The arithmetic is the CPU's, step for step: the input plus the residual (`qccl_ef_compensate`
 //! for this rank's own slice, `encode_ef` for the peers'), own data exact and then the peers'
 //! decoded contributions in rank order, the owner's sum encoded once and replaced by its
 //! decoded value, Avg's division after the sum (`qccl_finish_avg_f32`).
 //!
-//! Every kernel and copy of a call runs on one stream of the comm's, in order, pipelined with
-//! the exchanges (`side.rs`): the schedule enqueues slice j+1's scatter encodes before slice
-//! j's exchange, into the other of `sra::SETS` sets of page-locked send and receive slots, so
-//! the GPU encodes while the network moves bytes. An event follows each peer's encode and
-//! copy; the exchange posts its receives at once and hands each peer's bytes to the progress
-//! engine as that event completes (`sends.rs`), not after a whole-stream synchronise. The
-//! decodes of an exchange's bytes run during the next exchange, which receives into the other
-//! set; an event after them is waited for before their set receives again. The stream is
-//! synchronised only at the end (and on an error, before the buffers go back to the caller).
-//! `DeviceStats` counts the exchanges that began with encodes still queued.
+//! A call made on a caller's stream runs the schedule twice. `enqueue` (on the caller's
+//! thread, NCCL's enqueue-and-return) runs it over `side.rs`, which enqueues every kernel
+//! and copy of the call on the comm's stream: slice j+1's scatter encodes before slice j's
+//! exchange, into the other of `sra::SETS` sets of page-locked send and receive slots, and
+//! each exchange as a wait for a progress value (`wait_word`) before the copies and decodes
+//! of the bytes it receives. The comm's worker then runs it over `moves.rs` in the comm's
+//! turn: each exchange hands a peer's bytes to the progress engine as the event after their
+//! encode completes (`sends.rs`), receives into the set whose decodes' event completed,
+//! checks the received headers and stores the progress value. The worker enqueues nothing:
+//! behind a caller's stream held for the call (CUDA orders all work enqueued after an
+//! implicitly synchronising call, such as an application's `cudaMalloc`, behind it) nothing
+//! of the call waits for the host but the network. The caller's stream waits for an event
+//! after the call's last kernel. A failure stores every progress value the call's stream
+//! waits for (`Script`'s drop): the stream runs on to an undefined result, the comm failed.
+//! A call that waits for its result (`run`: NULL stream, queued, another rank of the comm
+//! in this process) runs both sides in step instead (`moves.rs::Lockstep`), with no progress
+//! waits on the stream. `DeviceStats` counts the exchanges that began with encodes still
+//! queued.
 //!
 //! The residual of a tensor key lives in device memory, kept across calls; a key used on host
 //! buffers before starts again from zero here (and the reverse).
 
-use super::driver::{Arg, Driver};
+use super::driver::{Arg, Driver, Stream};
 use super::plans::{grid_for, plan_for, CodecPlan, BLOCK};
-use crate::algo::compressed::sra;
-use crate::algo::compressed::{chunk, nslices, slice};
-use crate::algo::{Algo, Ctx};
+use crate::algo::compressed::sra::{self, Shape};
+use crate::algo::compressed::{chunk, slice};
+use crate::algo::Algo;
 use crate::codec::ef::TensorKey;
 use crate::codec::layout::CodecMap;
 use crate::codec::{Codec, Site};
@@ -44,17 +52,21 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod moves;
+mod script;
 mod sends;
 mod side;
-// Kept by the engine across calls (its own file, so the engine need not import the call).
+// Kept by the comm and its engine across calls (its own file, so the engine need not import
+// the call).
 pub(crate) mod state;
 
+use moves::{Lockstep, MoveSide, Mover};
+use script::Script;
 use side::DeviceSide;
-use state::Sizes;
+use state::{lock, GpuLane, Sizes};
 pub use state::{DeviceState, DeviceStats};
 
-/// A compressed all-reduce on device buffers, checked and with its kernels loaded; runs on
-/// its comm's engine (`run`).
+/// A compressed all-reduce on device buffers, checked and with its kernels loaded.
 pub struct GpuAllReduce {
     driver: Arc<dyn Driver>,
     ordinal: usize,
@@ -67,24 +79,29 @@ pub struct GpuAllReduce {
     send: Option<u64>,
     recv: u64,
     seed: u64,
+    /// The comm's ranks, this rank and its slice bytes (QCCL_BUFFSIZE).
+    n: usize,
+    rank: usize,
+    slice: usize,
     timeout: Duration,
 }
 
 /// The call's shape: (plan, tensor key, op, count, seed).
-pub(crate) type Shape<'a> = (&'a CodecMap, Option<&'a TensorKey>, ReduceOp, usize, u64);
+pub(crate) type CallShape<'a> = (&'a CodecMap, Option<&'a TensorKey>, ReduceOp, usize, u64);
+
+/// Where the call runs: (ranks, rank, slice bytes, timeout).
+pub(crate) type CommShape = (usize, usize, usize, Duration);
 
 impl GpuAllReduce {
     /// The all-reduce of `count` (> 0) f32s of device memory `recv` (in place) or from `send`,
     /// both on device `ordinal` and 4-byte aligned. `Unsupported` when a codec of the plan
     /// has no launch plan, or the kernels cannot be loaded (the caller then stages the call).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         driver: Arc<dyn Driver>,
         ordinal: usize,
-        (plan, key, op, count, seed): Shape<'_>,
-        send: Option<u64>,
-        recv: u64,
-        timeout: Duration,
+        (plan, key, op, count, seed): CallShape<'_>,
+        (send, recv): (Option<u64>, u64),
+        (n, rank, slice, timeout): CommShape,
     ) -> Result<GpuAllReduce> {
         let mut plans = HashMap::new();
         for c in plan.codecs() {
@@ -105,6 +122,9 @@ impl GpuAllReduce {
             send,
             recv,
             seed,
+            n,
+            rank,
+            slice,
             timeout,
         })
     }
@@ -128,112 +148,282 @@ impl GpuAllReduce {
 
     /// Runs the call on `e` (its comm's engine, in its turn), after the caller's earlier work
     /// on the buffers is done; returns once the result is in `recv`. As the host's
-    /// `coded_turn`: takes the call's step and the tensor's residual.
+    /// `coded_turn`: takes the call's step and the tensor's residual. Each step's device
+    /// work is enqueued as the schedule reaches it (`Lockstep`): no progress waits, so
+    /// nothing on the stream waits for the host while another rank of this process
+    /// allocates memory (after which CUDA orders its work behind everything enqueued
+    /// before on the device).
     ///
     /// The buffers must stay valid, and be touched by nothing else, until this returns (the
     /// promise `Comm::run_gpu_all_reduce`'s caller made).
     pub fn run(&self, e: &mut Engine) -> Result<Report> {
+        let step = e.coded_calls;
+        e.coded_calls += 1;
+        self.forget_host_residual(e);
+        let lane = e.gpu.clone();
+        let w0 = e.wire;
+        let mut stats = DeviceStats::default();
+        let script = self.on_lane(&lane, step, None, |st, script, res, site| {
+            let Some(shape) = self.shape() else {
+                return self.alone(st, res);
+            };
+            let coded = Coded::new(&self.plan, site, 0, None, DType::Float32);
+            let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
+            let dev = DeviceSide::new(st, self, site, res, script, false);
+            let mover = Mover::new(self, self.n);
+            let mut side = Lockstep { mover, dev };
+            let ran = sra::run(&mut ctx, shape, &mut side, self.count, true);
+            lane.add_bytes(side.dev.to_host, side.dev.to_device);
+            stats = side.mover.stats;
+            ran
+        })?;
+        self.wait_done(e, script, Ok(stats))?;
+        Ok(Report::flat(Algo::Sra, e.wire - w0))
+    }
+
+    /// The worker's part of a call whose device work was enqueued when it was made
+    /// (`enqueue`, step `step`): moves its bytes in the comm's turn and returns once the
+    /// device work is done (the caller's stream waits for it on its own).
+    pub(crate) fn finish(&self, e: &mut Engine, step: u64, mut script: Script) -> Result<()> {
+        if e.coded_calls != step {
+            return Err(Error::Internal(format!(
+                "a compressed call enqueued as step {step} runs as step {}",
+                e.coded_calls
+            )));
+        }
+        e.coded_calls += 1;
+        self.forget_host_residual(e);
+        let moved = self.move_bytes(e, &mut script);
+        self.wait_done(e, script, moved)
+    }
+
+    /// Enqueues every kernel and copy of the call as step `step` on the comm's stream (the
+    /// caller's thread, when the call is made): behind the work on `caller` (the caller's
+    /// stream) so far, each exchange's decodes behind a progress value (`side.rs`), and the
+    /// caller's stream then waits for the call's last kernel. Returns what the worker needs
+    /// to move its bytes (`finish`).
+    pub(crate) fn enqueue(&self, lane: &GpuLane, step: u64, caller: &dyn Stream) -> Result<Script> {
+        self.on_lane(lane, step, Some(caller), |st, script, res, site| {
+            let Some(shape) = self.shape() else {
+                return self.alone(st, res);
+            };
+            let mut side = DeviceSide::new(st, self, site, res, script, true);
+            let ran = sra::run(&mut (), shape, &mut side, self.count, true);
+            lane.add_bytes(side.to_host, side.to_device);
+            ran
+        })
+    }
+
+    /// The schedule's shape on more than one rank.
+    fn shape(&self) -> Option<Shape> {
+        (self.n > 1).then(|| Shape::new(self.count, self.n, self.rank, self.slice))
+    }
+
+    /// One rank: as the host's, the residual added (or the input copied), nothing sent.
+    fn alone(&self, st: &mut DeviceState, res: Option<u64>) -> Result<()> {
+        st.compensate(self.send.unwrap_or(self.recv), res, self.recv, self.count)
+    }
+
+    /// A key used on host buffers before starts again from zero here.
+    fn forget_host_residual(&self, e: &mut Engine) {
+        if let Some(k) = self.key.as_ref().filter(|_| self.plan.error_feedback()) {
+            e.residuals.remove(k);
+        }
+    }
+
+    /// Runs `work` (the call's schedule on the device) on the comm's device state as step
+    /// `step`, behind `caller`'s work so far when given: the state made on first use, the
+    /// tensor's residual and room for the call found first, the division for Avg and the
+    /// `done` event after it (the caller's stream made to wait for it). `work` gets the
+    /// state, the call's script, its residual and site. On an error, whatever was enqueued
+    /// runs to its end before the error returns.
+    fn on_lane(
+        &self,
+        lane: &GpuLane,
+        step: u64,
+        caller: Option<&dyn Stream>,
+        work: impl FnOnce(&mut DeviceState, &mut Script, Option<u64>, Site) -> Result<()>,
+    ) -> Result<Script> {
         crate::qlog!(
             Trace,
             "rank {}: all_reduce(count={}, {}, {}): compressed, codecs on device {}",
-            e.rank,
+            self.rank,
             self.count,
             DType::Float32,
             self.op,
             self.ordinal
         );
-        let step = e.coded_calls;
-        e.coded_calls += 1;
-        let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
-        if let Some(k) = key {
-            // A key used on host buffers before starts again from zero here.
-            e.residuals.remove(k);
+        let mut guard = lock(&lane.state);
+        if guard.is_none() {
+            *guard = Some(DeviceState::new(&*self.driver, self.ordinal)?);
         }
-        let mut st = match e.gpu.take() {
-            Some(st) => st,
-            None => DeviceState::new(&*self.driver, self.ordinal)?,
+        let st = guard.as_mut().expect("made above");
+        let wait = (&*lane.moved, self.timeout);
+        let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
+        let res = st.residual(&*self.driver, key, self.count, lane.take_forgotten(), wait)?;
+        let shape = self.shape();
+        let slot = match shape {
+            Some(shape) => {
+                let sizes = self.sizes(shape)?;
+                st.reserve(&*self.driver, &sizes, self.n, &lane.moved, self.timeout)?;
+                sizes.slot
+            }
+            None => 0,
         };
-        let out = st.all_reduce(e, self, step, key);
-        e.gpu = Some(st);
-        out
-    }
-}
-
-impl DeviceState {
-    fn all_reduce(
-        &mut self,
-        e: &mut Engine,
-        g: &GpuAllReduce,
-        step: u64,
-        key: Option<&TensorKey>,
-    ) -> Result<Report> {
-        let (count, n, rank) = (g.count, e.size, e.rank);
-        let res = match key {
-            Some(k) => Some(self.residual(&*g.driver, k, count, g.timeout)?),
-            None => None,
-        };
+        if let Some(c) = caller {
+            st.stream.wait_event(&*c.record()?)?;
+        }
+        let wire = st.wire.as_ref().map_or(std::ptr::null_mut(), |w| w.ptr());
+        let exchanges = shape.map_or(0, |s| 2 * s.nsl);
+        let base = st.seq;
+        st.seq = base.wrapping_add(exchanges as u32);
+        st.issued += 1;
+        let mut script = Script::new(
+            (wire, slot, self.n),
+            st.words.clone(),
+            base,
+            (lane.moved.clone(), self.timeout),
+        );
         let site = Site {
-            seed: g.seed,
+            seed: self.seed,
             step,
             chunk: 0,
-            rank: rank as u64,
+            rank: self.rank as u64,
         };
-        let w0 = e.wire;
-        // SAFETY: page-locked memory of ours; the stream is idle.
-        unsafe { self.bad_word().write_volatile(0) };
-        if n == 1 {
-            // As the host's: the residual added (or the input copied), nothing sent.
-            self.compensate(g.send.unwrap_or(g.recv), res, g.recv, count)?;
-        } else {
-            let coded = Coded::new(&g.plan, site, 0, None, DType::Float32);
-            let mut ctx = e.coded_ctx(CollKind::AllReduce, count, &coded, Algo::Sra);
-            let sizes = sizes(&ctx, g)?;
-            self.reserve(&*g.driver, &sizes, n)?;
-            let mut side = DeviceSide::new(self, g, site, res, sizes.slot, (n, rank));
-            let ran = sra::run(&mut ctx, &mut side, count, true);
-            drop(side);
-            if ran.is_err() {
-                // The caller's buffers and the wire go back only once the stream is done with
-                // them; the call's error is the one to report.
-                let _ = self.stream.synchronize(g.timeout);
+        let enqueued = work(st, &mut script, res, site).and_then(|()| {
+            if script.exchanges.len() != exchanges {
+                return Err(Error::Internal(format!(
+                    "the schedule made {} exchanges, {exchanges} expected",
+                    script.exchanges.len()
+                )));
             }
-            ran?;
+            self.finish_on(st, caller)
+        });
+        match enqueued {
+            Ok(done) => {
+                script.done = Some(done);
+                Ok(script)
+            }
+            Err(e) => {
+                // What was enqueued runs to its end before the buffers count as free.
+                script.release(script.exchanges.len());
+                script.finished = st.stream.synchronize(self.timeout).is_ok();
+                Err(e)
+            }
         }
-        if g.op == ReduceOp::Avg {
-            let args = [Arg::Ptr(g.recv), Arg::U64(count as u64), Arg::U64(n as u64)];
+    }
+
+    /// Enqueues Avg's division, then records the call's `done` event (and makes `caller`
+    /// wait for it).
+    fn finish_on(
+        &self,
+        st: &mut DeviceState,
+        caller: Option<&dyn Stream>,
+    ) -> Result<Box<dyn super::driver::Event>> {
+        let count = self.count;
+        if self.op == ReduceOp::Avg {
+            let args = [
+                Arg::Ptr(self.recv),
+                Arg::U64(count as u64),
+                Arg::U64(self.n as u64),
+            ];
             // SAFETY: reduce.cu's qccl_finish_avg_f32(float* x, uint64_t count, uint64_t n)
-            // over the call's `count` f32s; as `compensate`.
+            // over the call's `count` f32s, valid until the call's `done` event.
             unsafe {
-                self.stream
-                    .launch(&*self.avg, grid_for(count.div_ceil(4)), BLOCK, &args)?
+                st.stream
+                    .launch(&*st.avg, grid_for(count.div_ceil(4)), BLOCK, &args)?
             };
         }
-        self.sync(g.timeout)?;
-        self.stats.calls += 1;
-        Ok(Report::flat(Algo::Sra, e.wire - w0))
+        let done = st.stream.record()?;
+        if let Some(c) = caller {
+            c.wait_event(&*done)?;
+        }
+        Ok(done)
+    }
+
+    /// Moves the bytes of the call `script` enqueued, on `e` in the comm's turn: the
+    /// schedule's exchanges, each released to the stream once its headers are checked.
+    fn move_bytes(&self, e: &mut Engine, script: &mut Script) -> Result<DeviceStats> {
+        if script.words.bad() {
+            // An earlier call's decode refused its bytes after its exchanges ended.
+            return Err(bad_chunk());
+        }
+        let Some(shape) = self.shape() else {
+            return Ok(DeviceStats::default());
+        };
+        let site = Site {
+            seed: self.seed,
+            step: 0,
+            chunk: 0,
+            rank: self.rank as u64,
+        };
+        let coded = Coded::new(&self.plan, site, 0, None, DType::Float32);
+        let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
+        let mut side = MoveSide {
+            mover: Mover::new(self, self.n),
+            script,
+        };
+        sra::run(&mut ctx, shape, &mut side, self.count, true)?;
+        Ok(side.mover.stats)
+    }
+
+    /// Ends a call whose bytes were moved (`moved`: what the exchanges did, or their
+    /// error): every progress value stored (after a failure the stream runs on, to an
+    /// undefined result), then waits for the call's device work, so the caller's buffers go
+    /// back only once the stream is done with them.
+    fn wait_done(
+        &self,
+        e: &mut Engine,
+        mut script: Script,
+        moved: Result<DeviceStats>,
+    ) -> Result<()> {
+        script.release(script.exchanges.len());
+        let synced = match script.done.as_ref() {
+            Some(d) => d.synchronize(self.timeout),
+            None => Err(Error::Internal(
+                "a compressed call's device work has no done event".into(),
+            )),
+        };
+        script.finished = synced.is_ok();
+        let stats = moved?;
+        synced?;
+        if script.words.bad() {
+            return Err(bad_chunk());
+        }
+        let mut all = lock(&e.gpu.stats);
+        all.calls += 1;
+        all.exchanges += stats.exchanges;
+        all.overlapped += stats.overlapped;
+        all.late_sends += stats.late_sends;
+        Ok(())
+    }
+
+    /// The room the call needs on `shape`: the same chunks and slices as `sra::run`.
+    fn sizes(&self, shape: Shape) -> Result<Sizes> {
+        let (n, nsl) = (shape.n, shape.nsl);
+        let mut s = Sizes {
+            slot: 0,
+            payload: 0,
+            scratch: 0,
+        };
+        for c in (0..n).map(|c| chunk(self.count, n, c)) {
+            for j in 0..nsl {
+                let r = slice(&c, nsl, j);
+                s.slot = s.slot.max(self.plan.encoded_len(r.clone()));
+                for (q, codec) in self.plan.pieces(r) {
+                    let p = self.plan_of(&**codec)?;
+                    s.payload = s.payload.max(p.payload_len(q.len()));
+                    s.scratch = s.scratch.max(p.scratch_len(q.len()));
+                }
+            }
+        }
+        Ok(s)
     }
 }
 
-/// The room `g` needs on `ctx`: the same chunks and slices as `sra::run`.
-fn sizes(ctx: &Ctx<'_>, g: &GpuAllReduce) -> Result<Sizes> {
-    let n = ctx.size;
-    let chunks: Vec<_> = (0..n).map(|c| chunk(g.count, n, c)).collect();
-    let nsl = nslices(ctx, chunks[n - 1].len());
-    let mut s = Sizes {
-        slot: 0,
-        payload: 0,
-        scratch: 0,
-    };
-    for c in &chunks {
-        for j in 0..nsl {
-            let r = slice(c, nsl, j);
-            s.slot = s.slot.max(g.plan.encoded_len(r.clone()));
-            for (q, codec) in g.plan.pieces(r) {
-                let p = g.plan_of(&**codec)?;
-                s.payload = s.payload.max(p.payload_len(q.len()));
-                s.scratch = s.scratch.max(p.scratch_len(q.len()));
-            }
-        }
-    }
-    Ok(s)
+fn bad_chunk() -> Error {
+    Error::invalid(
+        "compressed all-reduce on device buffers: a received chunk failed its codec's checks \
+         on the device",
+    )
 }

@@ -30,11 +30,11 @@ impl<'a> EncodedSends<'a> {
         n: usize,
         timeout: Duration,
         bad: *const i32,
-        bytes: impl IntoIterator<Item = (usize, Option<&'a dyn Event>, *mut u8, usize)>,
+        bytes: impl IntoIterator<Item = (usize, Option<&'a dyn Event>, *const u8, usize)>,
     ) -> EncodedSends<'a> {
         let mut slots = vec![None; n];
         for (p, e, at, len) in bytes {
-            slots[p] = Some((e, at.cast_const(), len));
+            slots[p] = Some((e, at, len));
         }
         let now = Instant::now();
         EncodedSends {

@@ -1,17 +1,17 @@
-//! One call's side of the SRA schedule on the device (`sra::Side`), pipelined: every encode
-//! and decode only enqueues work on the comm's stream; an event after each encode lets the
-//! exchange send those bytes as soon as they are written (`sends.rs`), and an event after the
-//! decodes of each receive set lets it receive there again.
+//! One call's side of the SRA schedule on the device (`sra::Side`), run once when the call is
+//! made: every encode, copy and decode of the call is enqueued on the comm's stream, and each
+//! exchange becomes a wait for the progress value the comm's worker stores once that
+//! exchange's bytes arrived (`moves.rs`). An event after each encode lets the worker send
+//! those bytes as soon as they are written, and an event after the decodes of each receive
+//! set lets it receive there again (`Script`).
 
-use super::sends::EncodedSends;
+use super::script::{Exchange, Script};
 use super::state::DeviceState;
 use super::GpuAllReduce;
 use crate::algo::compressed::sra::{Phase, Side, SETS};
-use crate::algo::Ctx;
-use crate::codec::{checked_payload, write_header, Site, HEADER_LEN};
+use crate::codec::{write_header, Site, HEADER_LEN};
 use crate::error::{Error, Result};
-use crate::gpu::driver::Event;
-use crate::transport::{LateSend, RecvReq};
+use crate::gpu::driver::Arg;
 use std::ops::Range;
 
 /// This rank's side of the schedule on the device: work is `g.recv`, the input `g.send`
@@ -23,80 +23,88 @@ pub(super) struct DeviceSide<'a> {
     g: &'a GpuAllReduce,
     site: Site,
     res: Option<u64>,
-    wire: *mut u8,
-    slot: usize,
-    n: usize,
     rank: usize,
     payload: u64,
     scratch: u64,
     /// Bytes encoded into each send slot (`set·n + i`).
     sent: Vec<usize>,
-    /// The event after the encode of each send slot (`set·n + i`).
-    encoded: Vec<Option<Box<dyn Event>>>,
-    /// Bytes received into each receive slot of the latest exchange.
-    landed: Vec<usize>,
-    /// Exchanges so far: exchange x receives into set `x % SETS`.
-    exchanges: usize,
+    /// The event after the encode of each send slot (`set·n + i`), in `script.events`.
+    encoded: Vec<Option<usize>>,
     /// The event after the decodes that read each receive set, until it receives again.
-    drained: Vec<Option<Box<dyn Event>>>,
+    drained: Vec<Option<usize>>,
     /// The receive set whose decodes were enqueued since the last record.
     decoding: Option<usize>,
+    /// What the worker needs.
+    script: &'a mut Script,
+    /// Each exchange a wait for its progress value (false: the decodes are enqueued only
+    /// once the bytes arrived, `Lockstep`).
+    waits: bool,
+    /// Bytes each way, for the stats.
+    pub(super) to_host: u64,
+    pub(super) to_device: u64,
 }
 
 impl<'a> DeviceSide<'a> {
-    /// The side of call `g` on `st`, whose wire and scratch `reserve` sized with `slot`.
+    /// The side of call `g` on `st`, whose wire and scratch `reserve` sized; `script` is
+    /// the call's, empty, and filled as the work is enqueued.
     pub(super) fn new(
         st: &'a mut DeviceState,
         g: &'a GpuAllReduce,
         site: Site,
         res: Option<u64>,
-        slot: usize,
-        (n, rank): (usize, usize),
+        script: &'a mut Script,
+        waits: bool,
     ) -> DeviceSide<'a> {
-        let wire = st.wire.as_ref().map_or(std::ptr::null_mut(), |w| w.ptr());
         let (payload, scratch) = (
             super::state::addr(&st.payload),
             super::state::addr(&st.scratch),
         );
+        let n = script.n;
         DeviceSide {
             st,
             g,
             site,
             res,
-            wire,
-            slot,
-            n,
-            rank,
+            rank: g.rank,
             payload,
             scratch,
             sent: vec![0; SETS * n],
-            encoded: (0..SETS * n).map(|_| None).collect(),
-            landed: vec![0; n],
-            exchanges: 0,
-            drained: (0..SETS).map(|_| None).collect(),
+            encoded: vec![None; SETS * n],
+            drained: vec![None; SETS],
             decoding: None,
+            script,
+            waits,
+            to_host: 0,
+            to_device: 0,
         }
     }
 
-    fn send_slot(&self, set: usize, i: usize) -> *mut u8 {
-        self.wire.wrapping_add((set * 2 * self.n + i) * self.slot)
+    /// The call's script so far.
+    pub(super) fn script(&self) -> &Script {
+        self.script
     }
 
-    fn recv_slot(&self, set: usize, p: usize) -> *mut u8 {
-        self.send_slot(set, self.n + p)
+    fn send_slot(&self, set: usize, i: usize) -> *mut u8 {
+        let s = &self.script;
+        s.wire.wrapping_add((set * 2 * s.n + i) * s.slot)
+    }
+
+    fn record(&mut self) -> Result<usize> {
+        self.script.events.push(self.st.stream.record()?);
+        Ok(self.script.events.len() - 1)
     }
 
     /// Records the event that the decodes enqueued since the last exchange are done: their
     /// receive set may then take bytes again.
     fn close_decodes(&mut self) -> Result<()> {
         if let Some(set) = self.decoding.take() {
-            self.drained[set] = Some(self.st.stream.record()?);
+            self.drained[set] = Some(self.record()?);
         }
         Ok(())
     }
 
     /// Enqueues the encoding of elements `r` of `src` into send slot `to` of `set`: per
-    /// piece, the header written here, the payload by the codec's kernels into device
+    /// piece, the header (`qccl_put_header`), the payload by the codec's kernels into device
     /// scratch, then copied after the header; an event after it. `own`: the work buffer then
     /// takes the decoded value.
     fn encode(
@@ -110,13 +118,13 @@ impl<'a> DeviceSide<'a> {
         self.close_decodes()?;
         let (g, s) = (self.g, &*self.st.stream);
         let base = self.send_slot(set, to);
-        let bad = self.st.bad_word() as u64;
+        let bad = self.script.words.bad_ptr() as u64;
         let mut at = 0;
         for (q, codec) in g.plan.pieces(r) {
             let plan = g.plan_of(&**codec)?;
             let count = q.len();
             let len = codec.max_encoded_len(count);
-            if plan.payload_len(count) != len - HEADER_LEN || at + len > self.slot {
+            if plan.payload_len(count) != len - HEADER_LEN || at + len > self.script.slot {
                 return Err(Error::Internal(format!(
                     "{}: launch plan's payload of {count} elements is {} bytes, the codec's {}",
                     codec.spec(),
@@ -124,12 +132,20 @@ impl<'a> DeviceSide<'a> {
                     len - HEADER_LEN
                 )));
             }
-            // SAFETY: the slot holds `slot` bytes (checked above) of page-locked memory of
-            // ours. Nothing reads it: its last exchange (SETS exchanges of this set ago) has
-            // returned, and no copy writes it: the previous encode into it completed before
-            // that exchange sent its bytes.
-            let header = unsafe { std::slice::from_raw_parts_mut(base.add(at), HEADER_LEN) };
-            write_header(&**codec, count, header);
+            let mut header = [0u8; HEADER_LEN];
+            write_header(&**codec, count, &mut header);
+            let w = |k: usize| {
+                Arg::U64(u64::from_le_bytes(
+                    header[8 * k..8 * k + 8].try_into().expect("8 bytes"),
+                ))
+            };
+            let args = [
+                Arg::Ptr(base.wrapping_add(at) as u64),
+                w(0),
+                w(1),
+                w(2),
+                w(3),
+            ];
             let off = 4 * q.start as u64;
             let key = Site {
                 chunk: q.start as u64,
@@ -137,12 +153,16 @@ impl<'a> DeviceSide<'a> {
             }
             .key();
             let (payload, scratch) = (self.payload, self.scratch);
-            // SAFETY: `src`, `recv` and the residual hold the call's f32s (`off` + count
-            // within them), `payload` and `scratch` the room `sizes` found, `bad` a
-            // page-locked word; all stay valid and are touched by nothing else until the
-            // stream is synchronised at the end of the call. The slot's bytes are read by
-            // the exchange only after the event recorded below.
+            // SAFETY: wire.cu's qccl_put_header(uint8_t*, 4 × uint64_t) writes the slot's 32
+            // bytes at `at` (within the slot: checked above), page-locked memory that the
+            // stream reaches only after the exchange that last sent from it (its progress
+            // wait precedes this). `src`, `recv` and the residual hold the call's f32s
+            // (`off` + count within them), `payload` and `scratch` the room `sizes` found,
+            // `bad` a page-locked word; all stay valid, and are touched by nothing else,
+            // until the call's `done` event. The worker reads the slot's bytes only after the
+            // event recorded below.
             unsafe {
+                s.launch(&*self.st.header, 1, 32, &args)?;
                 match self.res {
                     Some(res) => {
                         plan.encode_ef(s, src + off, res + off, 0, payload, count, key, scratch)?
@@ -156,76 +176,57 @@ impl<'a> DeviceSide<'a> {
                     plan.decode(s, payload, g.recv + off, count, false, bad, scratch)?;
                 }
             }
-            self.st.stats.to_host += (len - HEADER_LEN) as u64;
+            self.to_host += (len - HEADER_LEN) as u64;
             at += len;
         }
-        let i = set * self.n + to;
+        let i = set * self.script.n + to;
         self.sent[i] = at;
-        self.encoded[i] = Some(self.st.stream.record()?);
+        self.encoded[i] = Some(self.record()?);
+        self.script
+            .encodes
+            .push(self.encoded[i].expect("set above"));
         Ok(())
     }
 
     /// Enqueues the decoding of the bytes received from `p` in the latest exchange (the
-    /// encoding of elements `r`) into the work buffer, or its addition when `add`; headers
-    /// are checked here.
+    /// encoding of elements `r`) into the work buffer, or its addition when `add`. The
+    /// stream reaches it once the worker checked the headers and stored the exchange's
+    /// progress value.
     fn decode(&mut self, p: usize, r: Range<usize>, add: bool) -> Result<()> {
-        let set =
-            self.exchanges.checked_sub(1).ok_or_else(|| {
+        let x =
+            self.script.exchanges.len().checked_sub(1).ok_or_else(|| {
                 Error::Internal("a decode before any exchange of the call".into())
-            })? % SETS;
+            })?;
+        let set = x % SETS;
         let (g, s) = (self.g, &*self.st.stream);
-        let base = self.recv_slot(set, p);
-        let bad = self.st.bad_word() as u64;
+        let base = self.script.recv_slot(set, p);
+        let bad = self.script.words.bad_ptr() as u64;
         let mut at = 0;
-        for (q, codec) in g.plan.pieces(r.clone()) {
+        for (q, codec) in g.plan.pieces(r) {
             let plan = g.plan_of(&**codec)?;
             let count = q.len();
-            let len = codec.max_encoded_len(count);
-            if at + len > self.landed[p] {
-                return Err(Error::invalid(format!(
-                    "encoding of elements {r:?} is {} bytes, shorter than its pieces",
-                    self.landed[p]
-                )));
-            }
-            // SAFETY: within the bytes received from `p` (checked above), which nothing
-            // writes until this set receives again, after the decodes' event.
-            let bytes = unsafe { std::slice::from_raw_parts(base.add(at), len) };
-            let payload = checked_payload(&**codec, bytes, count)?;
+            let payload = codec.max_encoded_len(count) - HEADER_LEN;
             let off = 4 * q.start as u64;
             let (dev, scratch) = (self.payload, self.scratch);
-            // SAFETY: as in `encode`; the payload bytes stay untouched until the event after
-            // these decodes completes (`swap` waits for it before the set receives again).
+            // SAFETY: within receive slot p of `set` (the schedule's lengths fit the slot:
+            // `sizes`), page-locked memory the worker fills before it stores the progress
+            // value this copy waits behind, and does not fill again before the event after
+            // these decodes (`drained`). The device ranges as in `encode`.
             unsafe {
-                if !payload.is_empty() {
-                    s.copy_to_device(dev, payload.as_ptr(), payload.len())?;
+                if payload > 0 {
+                    s.copy_to_device(dev, base.add(at + HEADER_LEN), payload)?;
                 }
                 plan.decode(s, dev, g.recv + off, count, add, bad, scratch)?;
             }
-            self.st.stats.to_device += payload.len() as u64;
-            at += len;
-        }
-        if at != self.landed[p] {
-            return Err(Error::invalid(format!(
-                "encoding of elements {r:?} is {} bytes, expected {at}",
-                self.landed[p]
-            )));
+            self.to_device += payload as u64;
+            at += HEADER_LEN + payload;
         }
         self.decoding = Some(set);
         Ok(())
     }
-
-    /// True when an encode enqueued so far has not run yet (the GPU still busy with it).
-    fn encodes_queued(&self) -> Result<bool> {
-        for e in self.encoded.iter().flatten() {
-            if !e.query()? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
 }
 
-impl Side for DeviceSide<'_> {
+impl Side<()> for DeviceSide<'_> {
     fn len(&self, r: &Range<usize>) -> usize {
         self.g.plan.encoded_len(r.clone())
     }
@@ -255,71 +256,49 @@ impl Side for DeviceSide<'_> {
 
     fn swap(
         &mut self,
-        ctx: &mut Ctx<'_>,
+        _: &mut (),
         set: usize,
         peers: &[usize],
         phase: Phase,
-        land: &dyn Fn(usize) -> usize,
+        _land: &dyn Fn(usize) -> usize,
     ) -> Result<()> {
-        let timeout = self.g.timeout;
         self.close_decodes()?;
-        // The set this exchange receives into: the decodes that read it last are done.
-        let rset = self.exchanges % SETS;
-        if let Some(e) = self.drained[rset].take() {
-            e.synchronize(timeout).map_err(|e| {
-                Error::Timeout(format!(
-                    "compressed all-reduce on device buffers: the decodes of receive set {rset} \
-                     are not done: {e}"
-                ))
-            })?;
-        }
-        self.exchanges += 1;
-        self.st.stats.exchanges += 1;
-        if self.encodes_queued()? {
-            self.st.stats.overlapped += 1;
-        }
-        let mut recvs = Vec::with_capacity(peers.len());
-        for &p in peers {
-            let len = land(p);
-            if len > self.slot {
-                return Err(Error::Internal(format!(
-                    "{len} bytes from rank {p} do not fit a {}-byte slot",
-                    self.slot
-                )));
-            }
-            self.landed[p] = len;
-            // SAFETY: receive slot p of set `rset`, `len` <= `slot` bytes of page-locked
-            // memory of ours, apart from every send slot; no copy reads it any more (waited
-            // for above).
-            recvs.push(RecvReq::new(p, unsafe {
-                std::slice::from_raw_parts_mut(self.recv_slot(rset, p), len)
-            }));
-        }
+        let x = self.script.exchanges.len();
+        let rset = x % SETS;
         // Each peer's bytes: its own slot (scatter) or this rank's encoded sum (gather).
-        let (n, me) = (self.n, self.rank);
+        let (n, me) = (self.script.n, self.rank);
         let from = |p: usize| match phase {
             Phase::Scatter => p,
             Phase::Gather => me,
         };
-        let late: Vec<LateSend> = peers
+        let sends = peers
             .iter()
-            .map(|&p| LateSend {
-                peer: p,
-                len: self.sent[set * n + from(p)],
+            .map(|&p| {
+                let i = set * n + from(p);
+                (
+                    p,
+                    self.send_slot(set, from(p)).cast_const(),
+                    self.sent[i],
+                    self.encoded[i],
+                )
             })
             .collect();
-        let bytes = peers.iter().map(|&p| {
-            let i = from(p);
-            (
-                p,
-                self.encoded[set * n + i].as_deref(),
-                self.send_slot(set, i),
-                self.sent[set * n + i],
-            )
+        self.script.exchanges.push(Exchange {
+            rset,
+            drained: self.drained[rset].take(),
+            sends,
         });
-        let mut sends = EncodedSends::new(n, timeout, self.st.bad_word(), bytes);
-        let done = ctx.exchange_late(&[], &late, &mut sends, &mut recvs);
-        self.st.stats.late_sends += sends.late();
-        done
+        if !self.waits {
+            return Ok(());
+        }
+        let value = self.script.base.wrapping_add(x as u32 + 1);
+        // SAFETY: the progress word is page-locked memory of this driver, aligned, kept
+        // alive by the Script (whose drop stores at least this value) and the comm's state.
+        unsafe {
+            self.st
+                .stream
+                .wait_word(self.script.words.progress_ptr(), value)?
+        };
+        Ok(())
     }
 }

@@ -1,14 +1,16 @@
 //! The device side a comm keeps across compressed all-reduces with the codecs on the GPU
-//! (in its engine): a stream, page-locked wire slots, device scratch, the error-feedback
-//! residuals per tensor key, and the counters; what one call does with it is `mod.rs`.
+//! (`GpuLane`, shared by the comm and its engine): a stream, page-locked wire slots and
+//! words, device scratch, the error-feedback residuals per tensor key, and the counters;
+//! what one call does with it is `mod.rs`.
 
 use crate::algo::compressed::sra::SETS;
 use crate::codec::ef::TensorKey;
 use crate::error::{Error, Result};
 use crate::gpu::driver::{Arg, DeviceMem, Driver, Function, Pinned, Stream};
 use crate::gpu::plans::{grid_for, BLOCK};
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What compressed all-reduces with the codecs on the GPU did on one comm (`Comm::device_stats`).
@@ -16,6 +18,9 @@ use std::time::Duration;
 pub struct DeviceStats {
     /// Calls run this way.
     pub calls: u64,
+    /// Those made on a caller's stream that returned once enqueued (NCCL's semantics), not
+    /// once done.
+    pub enqueued: u64,
     /// Bytes copied from the device to page-locked memory (encoded payloads).
     pub to_host: u64,
     /// Bytes copied from page-locked memory to the device (received payloads).
@@ -30,25 +35,136 @@ pub struct DeviceStats {
     pub late_sends: u64,
 }
 
-/// A comm's device side of these calls, kept in its engine across calls: a stream, the
-/// page-locked wire slots, device scratch and the error-feedback residuals.
+/// A comm's device side of these calls, shared by the comm (which enqueues a call's device
+/// work on the caller's thread) and its engine (which moves the bytes in the comm's turn).
+#[derive(Default)]
+pub struct GpuLane {
+    /// Made by the first such call.
+    pub(super) state: Mutex<Option<DeviceState>>,
+    /// Tensor keys used on host buffers since: their device residuals start again from zero
+    /// (dropped by the next call that enqueues, not by the engine: freeing device memory
+    /// synchronises the device, which the comm's worker must never wait for).
+    forgotten: Mutex<HashSet<TensorKey>>,
+    pub(super) stats: Mutex<DeviceStats>,
+    /// Calls done: bytes moved and device work run (their `Script` dropped).
+    pub(super) moved: Arc<AtomicU64>,
+}
+
+impl GpuLane {
+    /// What it did so far.
+    pub fn stats(&self) -> DeviceStats {
+        *lock(&self.stats)
+    }
+
+    /// Counts the bytes a call copies each way.
+    pub(super) fn add_bytes(&self, to_host: u64, to_device: u64) {
+        let mut s = lock(&self.stats);
+        s.to_host += to_host;
+        s.to_device += to_device;
+    }
+
+    /// Counts a call that returned once enqueued.
+    pub fn count_enqueued(&self) {
+        lock(&self.stats).enqueued += 1;
+    }
+
+    /// `key` was used on host buffers: its device residual starts again from zero.
+    pub fn forget_later(&self, key: &TensorKey) {
+        if lock(&self.state).is_some() {
+            lock(&self.forgotten).insert(key.clone());
+        }
+    }
+
+    /// Forgets the device residual of `key` now (on the caller's thread, in the comm's
+    /// turn: every earlier call is done); true if there was one.
+    pub fn forget(&self, key: &TensorKey) -> bool {
+        lock(&self.forgotten).remove(key);
+        lock(&self.state)
+            .as_mut()
+            .is_some_and(|s| s.residuals.remove(key).is_some())
+    }
+
+    /// The keys to forget before a call enqueues.
+    pub(super) fn take_forgotten(&self) -> HashSet<TensorKey> {
+        std::mem::take(&mut *lock(&self.forgotten))
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Two page-locked words of a comm's device side: the progress word the stream waits on
+/// (the comm's worker stores it as exchanges end) and the word a decode that fails the
+/// codec's checks sets (sticky: such a failure fails the comm).
+pub(super) struct Words {
+    mem: Box<dyn Pinned>,
+}
+
+// SAFETY: the page-locked memory is owned for the value's whole life and only used through
+// atomic loads and stores (and by the device, which reads and sets the words).
+unsafe impl Send for Words {}
+// SAFETY: as above.
+unsafe impl Sync for Words {}
+
+impl Words {
+    fn new(driver: &dyn Driver) -> Result<Words> {
+        let mem = driver.alloc_pinned(64)?;
+        let w = Words { mem };
+        w.progress().store(0, Ordering::Release);
+        w.bad_atomic().store(0, Ordering::Release);
+        Ok(w)
+    }
+
+    /// The progress word (streams wait on it with `wait_word`).
+    pub(super) fn progress(&self) -> &AtomicU32 {
+        // SAFETY: 64 bytes of page-aligned page-locked memory owned by `self`.
+        unsafe { AtomicU32::from_ptr(self.mem.ptr().cast()) }
+    }
+
+    pub(super) fn progress_ptr(&self) -> *const u32 {
+        self.mem.ptr().cast()
+    }
+
+    /// The check word's address, for the decode kernels.
+    pub(super) fn bad_ptr(&self) -> *mut i32 {
+        self.mem.ptr().wrapping_add(4).cast()
+    }
+
+    fn bad_atomic(&self) -> &AtomicI32 {
+        // SAFETY: as `progress`, the next 4 bytes.
+        unsafe { AtomicI32::from_ptr(self.bad_ptr()) }
+    }
+
+    /// True once a decode found a chunk the codec refuses.
+    pub(super) fn bad(&self) -> bool {
+        self.bad_atomic().load(Ordering::Acquire) != 0
+    }
+}
+
+/// A comm's device side of these calls: a stream, the page-locked wire slots and words,
+/// device scratch and the error-feedback residuals.
 pub struct DeviceState {
     // Dropped first: a stream's drop waits for its work, before the memory below is freed.
     pub(super) stream: Box<dyn Stream>,
     pub(super) ordinal: usize,
     pub(super) compensate: Arc<dyn Function>,
     pub(super) avg: Arc<dyn Function>,
+    pub(super) header: Arc<dyn Function>,
+    pub(super) zero: Arc<dyn Function>,
     /// Page-locked slots, `sra::SETS` sets of: the bytes sent to each peer (this rank's own
     /// slot: its encoded sum), then the bytes received from each.
     pub(super) wire: Option<Box<dyn Pinned>>,
-    /// The word a decode that fails the codec's checks sets (page-locked).
-    pub(super) bad: Box<dyn Pinned>,
+    pub(super) words: Arc<Words>,
+    /// The last progress value handed out (a call's exchanges wait for the next ones).
+    pub(super) seq: u32,
+    /// Calls enqueued so far (`GpuLane::moved` counts those whose bytes are moved).
+    pub(super) issued: u64,
     /// One piece's payload (aligned, whatever its offset in the wire bytes).
     pub(super) payload: Option<Box<dyn DeviceMem>>,
     /// The launch plans' scratch.
     pub(super) scratch: Option<Box<dyn DeviceMem>>,
     pub(super) residuals: HashMap<TensorKey, Box<dyn DeviceMem>>,
-    pub(super) stats: DeviceStats,
 }
 
 /// Room a call needs, worked out from its slices before it starts.
@@ -62,53 +178,62 @@ pub(super) struct Sizes {
 }
 
 impl DeviceState {
-    pub(super) fn functions(driver: &dyn Driver, ordinal: usize) -> Result<[Arc<dyn Function>; 2]> {
+    pub(super) fn functions(driver: &dyn Driver, ordinal: usize) -> Result<[Arc<dyn Function>; 4]> {
         Ok([
             driver.function(ordinal, "qccl_ef_compensate")?,
             driver.function(ordinal, "qccl_finish_avg_f32")?,
+            driver.function(ordinal, "qccl_put_header")?,
+            driver.function(ordinal, "qccl_ef_zero")?,
         ])
     }
 
     pub(super) fn new(driver: &dyn Driver, ordinal: usize) -> Result<DeviceState> {
-        let [compensate, avg] = Self::functions(driver, ordinal)?;
+        let [compensate, avg, header, zero] = Self::functions(driver, ordinal)?;
         Ok(DeviceState {
             stream: driver.create_stream(ordinal)?,
             ordinal,
             compensate,
             avg,
+            header,
+            zero,
             wire: None,
-            bad: driver.alloc_pinned(64)?,
+            words: Arc::new(Words::new(driver)?),
+            seq: 0,
+            issued: 0,
             payload: None,
             scratch: None,
             residuals: HashMap::new(),
-            stats: DeviceStats::default(),
         })
     }
 
-    /// What it did so far.
-    pub fn stats(&self) -> DeviceStats {
-        self.stats
-    }
-
-    /// Forgets the device residual of `key`; true if there was one.
-    pub fn forget(&mut self, key: &TensorKey) -> bool {
-        self.residuals.remove(key).is_some()
-    }
-
     /// The device residual of `key` for `count` f32s, zeroed on first use or when the count
-    /// changed (as the host's `Residuals::get`).
+    /// changed (as the host's `Residuals::get`); the residuals of `forgotten` keys dropped.
+    /// A residual in use is dropped only once every earlier call is done (`idle`).
     pub(super) fn residual(
         &mut self,
         driver: &dyn Driver,
-        key: &TensorKey,
+        key: Option<&TensorKey>,
         count: usize,
-        timeout: Duration,
-    ) -> Result<u64> {
+        forgotten: HashSet<TensorKey>,
+        (moved, timeout): (&AtomicU64, Duration),
+    ) -> Result<Option<u64>> {
         let len = 4 * count;
-        if let Some(m) = self.residuals.get(key).filter(|m| m.len() == len) {
-            return Ok(m.addr());
+        let stale = key
+            .and_then(|k| self.residuals.get(k))
+            .is_some_and(|m| m.len() != len);
+        if stale || forgotten.iter().any(|k| self.residuals.contains_key(k)) {
+            self.idle(moved, timeout)?;
+            for k in &forgotten {
+                self.residuals.remove(k);
+            }
         }
-        if let Some(old) = self.residuals.get(key) {
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        if let Some(m) = self.residuals.get(key).filter(|m| m.len() == len) {
+            return Ok(Some(m.addr()));
+        }
+        if let Some(old) = self.residuals.remove(key) {
             crate::qlog!(
                 Info,
                 "error feedback: tensor key {key} was used with {} elements, now with {count}: \
@@ -117,48 +242,70 @@ impl DeviceState {
             );
         }
         let m = driver.alloc_device(self.ordinal, len)?;
-        let zeros = vec![0u8; len];
-        // SAFETY: `zeros` holds `len` bytes and outlives the synchronize below; `m` is fresh
-        // device memory of `len` bytes.
-        unsafe { self.stream.copy_to_device(m.addr(), zeros.as_ptr(), len)? };
-        self.stream.synchronize(timeout)?;
         let addr = m.addr();
+        let args = [Arg::Ptr(addr), Arg::U64(count as u64)];
+        // SAFETY: ef.cu's qccl_ef_zero(float* res, uint64_t count) over the fresh residual's
+        // `count` f32s, kept in `residuals` until every call using it is done.
+        unsafe {
+            self.stream
+                .launch(&*self.zero, grid_for(count), BLOCK, &args)?
+        };
         self.residuals.insert(key.clone(), m);
-        Ok(addr)
+        Ok(Some(addr))
     }
 
-    /// Grows the wire slots and device scratch to `sizes` for `n` ranks (the stream is idle
-    /// between calls, so replaced memory is not in use).
-    pub(super) fn reserve(&mut self, driver: &dyn Driver, sizes: &Sizes, n: usize) -> Result<()> {
+    /// Grows the wire slots and device scratch to `sizes` for `n` ranks. Memory in use is
+    /// replaced only once every earlier call is done (`moved` reached `issued`, and the
+    /// stream is idle), on this thread: the comm's worker never frees it.
+    pub(super) fn reserve(
+        &mut self,
+        driver: &dyn Driver,
+        sizes: &Sizes,
+        n: usize,
+        moved: &AtomicU64,
+        timeout: Duration,
+    ) -> Result<()> {
         let wire = SETS * 2 * n * sizes.slot;
-        if wire > 0 && self.wire.as_ref().is_none_or(|w| w.len() < wire) {
+        let grow_wire = wire > 0 && self.wire.as_ref().is_none_or(|w| w.len() < wire);
+        let grow = |m: &Option<Box<dyn DeviceMem>>, len: usize| {
+            len > 0 && m.as_ref().is_none_or(|m| m.len() < len)
+        };
+        let grow_payload = grow(&self.payload, sizes.payload);
+        let grow_scratch = grow(&self.scratch, sizes.scratch);
+        if !(grow_wire || grow_payload || grow_scratch) {
+            return Ok(());
+        }
+        self.idle(moved, timeout)?;
+        if grow_wire {
+            self.wire = None;
             self.wire = Some(driver.alloc_pinned(wire.max(4096))?);
         }
-        for (mem, len) in [
-            (&mut self.payload, sizes.payload),
-            (&mut self.scratch, sizes.scratch),
-        ] {
-            if len > 0 && mem.as_ref().is_none_or(|m| m.len() < len) {
-                *mem = Some(driver.alloc_device(self.ordinal, len)?);
-            }
+        if grow_payload {
+            self.payload = None;
+            self.payload = Some(driver.alloc_device(self.ordinal, sizes.payload)?);
+        }
+        if grow_scratch {
+            self.scratch = None;
+            self.scratch = Some(driver.alloc_device(self.ordinal, sizes.scratch)?);
         }
         Ok(())
     }
 
-    pub(super) fn bad_word(&self) -> *mut i32 {
-        self.bad.ptr().cast()
-    }
-
-    /// Waits for the stream's work; an error if a decode found a chunk the codec refuses.
-    pub(super) fn sync(&self, timeout: Duration) -> Result<()> {
-        self.stream.synchronize(timeout)?;
-        // SAFETY: page-locked memory of ours, aligned; the stream is idle, so no kernel
-        // writes it now.
-        if unsafe { self.bad_word().read_volatile() } != 0 {
-            return Err(Error::invalid(
-                "compressed all-reduce on device buffers: a received chunk failed its codec's \
-                 checks on the device",
-            ));
+    /// Waits, at most `timeout`, until every call enqueued so far is done: its bytes moved
+    /// and its device work run (a `Script` counts itself done only then). Not a stream
+    /// synchronise: after an allocation that would also wait for the callers' streams.
+    pub(super) fn idle(&self, moved: &AtomicU64, timeout: Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pause = Duration::from_micros(20);
+        while moved.load(Ordering::Acquire) < self.issued {
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "compressed all-reduce on device buffers: this comm's earlier calls were \
+                     not done after {timeout:?} (needed before growing its buffers)"
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
         Ok(())
     }
