@@ -384,6 +384,49 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
             after.enqueued - before.enqueued
         ));
     }
+    // Behind a non-blocking call still queued (it may run compressed calls of its own, which
+    // decide this call's step): the call waits for it to end, then is enqueued and returns.
+    let (n, r) = (comm.size(), comm.rank());
+    let len = 4 * count;
+    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
+    let (a, b) = (
+        dev.upload(bytemuck::cast_slice(&mine))?,
+        dev.upload(bytemuck::cast_slice(&mine))?,
+    );
+    let dense = comm
+        .prepare_all_reduce(count, DType::Float32, ReduceOp::Sum, None)
+        .map_err(e)?;
+    // SAFETY: `a` lives until the request ended (waited below).
+    let req = unsafe {
+        comm.submit_on_buffers(vec![buf(a.addr(), len, true, true)], move |eng, h| {
+            dense.run(eng, None, bytes(h[0], len)).map(|_| ())
+        })
+    }
+    .map_err(e)?;
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    let c = Compression::parse("fp16").map_err(e)?.algo(Algo::Sra);
+    let p = comm
+        .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
+        .map_err(e)?;
+    // SAFETY: `b` lives until the stream passed the call (synchronized below).
+    unsafe { comm.all_reduce_compressed_at(p, None, b.addr(), user.raw()) }.map_err(e)?;
+    req.wait().map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    let last = comm.device_stats().map_err(e)?;
+    if last.enqueued - after.enqueued != 1 {
+        return Err("the call behind a queued one did not return once enqueued".into());
+    }
+    for m in [&a, &b] {
+        let got = floats(&dev.download(&**m, len)?);
+        for (i, &x) in got.iter().enumerate() {
+            let want: usize = (0..n).map(|p| (p + i) % 5).sum();
+            if x != want as f32 {
+                return Err(format!(
+                    "behind a queued call: element {i} is {x}, want {want}"
+                ));
+            }
+        }
+    }
     Ok(())
 }
 

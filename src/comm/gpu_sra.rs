@@ -66,10 +66,11 @@ impl Comm {
     /// returns None once the call is enqueued, as NCCL's: every kernel and copy of the call
     /// is enqueued now on the comm's stream behind an event of the caller's, and the
     /// caller's stream waits for the call's last kernel; the comm's worker moves the bytes
-    /// in its turn, enqueueing nothing (`gpu::sra`). With null, or where the call's step is
-    /// not known yet (an earlier queued operation may run compressed calls: `Queue::
-    /// submit_declared`), or with another rank of the comm in this process (see
-    /// `on_stream`), it returns once the result is on the device: its report with null.
+    /// in its turn, enqueueing nothing (`gpu::sra`); an earlier queued operation that may
+    /// run compressed calls is waited for first (`Queue::submit_declared`: the call's step
+    /// is known only once it ended). With null, after that wait timed out, or with another
+    /// rank of the comm in this process (see `on_stream`), it returns once the result is on
+    /// the device: its report with null.
     ///
     /// # Safety
     /// `g`'s buffers must stay valid until the stream passed the call (until this returns
@@ -95,7 +96,7 @@ impl Comm {
     }
 
     /// Enqueues `g` on the caller's `stream` and queues the moving of its bytes; false
-    /// (nothing done) when its step is not known yet. An error after the call took its turn
+    /// (nothing done) when its step could not be known within the comm's timeout. An error after the call took its turn
     /// fails the comm: its peers expect this rank in it.
     ///
     /// # Safety

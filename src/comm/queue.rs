@@ -107,16 +107,31 @@ impl Queue {
     /// Queues one compressed call whose step (the engine's `coded_calls` when it runs) is
     /// known now: `f` gets the engine, that step and what the caller sends on the returned
     /// channel (its device work, enqueued after this returns; the job waits for it at most
-    /// `timeout`, and a dropped sender fails it). None when an earlier operation not ended yet
-    /// may run compressed calls of its own: the step is not known before it ends.
+    /// `timeout`, and a dropped sender fails it). An earlier operation still running that
+    /// did not declare its compressed calls (a non-blocking call, a staged call on a stream)
+    /// may run some: this first waits for it to end, at most `timeout`; None after that.
     pub fn submit_declared<H: Send + 'static>(
         &self,
         timeout: Duration,
         f: impl FnOnce(&mut Engine, u64, H) -> Result<()> + Send + 'static,
     ) -> Result<Option<(u64, Sender<Result<H>>)>> {
         let mut t = self.lock_turns();
-        if t.undeclared > 0 {
-            return Ok(None);
+        let deadline = Instant::now().checked_add(timeout);
+        while t.undeclared > 0 {
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            if left.is_zero() {
+                return Ok(None);
+            }
+            t.waiting += 1;
+            t = self
+                .turn_changed
+                .wait_timeout(t, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            t.waiting -= 1;
         }
         let step = t.coded_done + t.declared;
         let (tx, rx) = bounded::<Result<H>>(1);
