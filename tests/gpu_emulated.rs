@@ -692,6 +692,74 @@ struct CodedCase {
     /// The GPU path must run (a float codec); otherwise it runs when the codec has a launch
     /// plan, and the call is staged when not.
     must_gpu: bool,
+    /// The buffers' type: float32, or a half type the call runs on an f32 copy of.
+    dtype: DType,
+}
+
+/// `x` as bytes of `dtype` (float32, float16, bfloat16; halves rounded as `half` does).
+fn to_bytes(x: &[f32], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::Float16 => x
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_ne_bytes())
+            .collect(),
+        DType::Bfloat16 => x
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_ne_bytes())
+            .collect(),
+        _ => bytemuck::cast_slice(x).to_vec(),
+    }
+}
+
+/// Bytes of `dtype` as f32 values.
+fn from_bytes(b: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::Float16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_ne_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        DType::Bfloat16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_ne_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => floats(b),
+    }
+}
+
+/// A compressed all-reduce of `mine` (values of `dtype`) on host buffers; the result's bytes.
+fn host_coded(
+    comm: &Comm,
+    c: &Compression,
+    op: ReduceOp,
+    mine: &[f32],
+    in_place: bool,
+    dtype: DType,
+) -> Result<Vec<u8>, qccl::Error> {
+    fn run<T: qccl::Element>(
+        comm: &Comm,
+        c: &Compression,
+        op: ReduceOp,
+        mine: Vec<T>,
+        in_place: bool,
+    ) -> Result<Vec<u8>, qccl::Error> {
+        let mut recv = mine.clone();
+        if in_place {
+            comm.all_reduce_compressed(&mut recv, op, c)?;
+        } else {
+            comm.all_reduce_compressed_out_of_place(&mine, &mut recv, op, c)?;
+        }
+        Ok(bytemuck::cast_slice(&recv).to_vec())
+    }
+    let bytes = to_bytes(mine, dtype);
+    match dtype {
+        DType::Float16 => {
+            run::<half::f16>(comm, c, op, bytemuck::cast_slice(&bytes).to_vec(), in_place)
+        }
+        DType::Bfloat16 => {
+            run::<half::bf16>(comm, c, op, bytemuck::cast_slice(&bytes).to_vec(), in_place)
+        }
+        _ => run::<f32>(comm, c, op, mine.to_vec(), in_place),
+    }
 }
 
 /// Input `i` of rank `p` in call `call` of case `case`: deterministic, in [-1, 1).
@@ -711,7 +779,8 @@ fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// Compressed SRA all-reduces: ranks named in QCCL_TEST_DEVICE_RANKS use device buffers (the
-/// codecs on the GPU: checked through `device_stats`), the others host buffers. Every result
+/// codecs on the GPU: checked through `device_stats`), the others host buffers; float32, and
+/// float16 and bfloat16 buffers (an f32 copy on the device, as the host's). Every result
 /// is compared with the float64 sum of the inputs within the codec's tolerance, and its hash
 /// printed (`QCCL-HASH case call hash`) for the parent to compare across ranks.
 fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
@@ -740,6 +809,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             tolerance: Some(1.0 / 512.0),
             l2: 0.0,
             must_gpu: true,
+            dtype: DType::Float32,
         },
         CodedCase {
             spec: "bf16:ef=1",
@@ -751,6 +821,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             tolerance: Some(1.0 / 32.0),
             l2: 0.0,
             must_gpu: true,
+            dtype: DType::Float32,
         },
         CodedCase {
             spec: "fp16:ef=1",
@@ -762,6 +833,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             tolerance: Some(1.0 / 256.0),
             l2: 0.0,
             must_gpu: true,
+            dtype: DType::Float32,
         },
         CodedCase {
             spec: "qsgd:bits=4,bucket=128,ef=1",
@@ -773,6 +845,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             tolerance: None,
             l2: 0.5,
             must_gpu: true,
+            dtype: DType::Float32,
         },
         CodedCase {
             spec: "topk:density=0.25,ef=1",
@@ -785,6 +858,32 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             // Error feedback re-sends what earlier calls dropped: a sanity bound only.
             l2: 2.0,
             must_gpu: true,
+            dtype: DType::Float32,
+        },
+        CodedCase {
+            spec: "fp16:ef=1",
+            key: Some("half.grad"),
+            layout: None,
+            op: ReduceOp::Avg,
+            counts: vec![1, 4099, 65_537],
+            calls: 3,
+            // The codec's rounding, then the result's own into float16.
+            tolerance: Some(1.0 / 256.0),
+            l2: 0.0,
+            must_gpu: true,
+            dtype: DType::Float16,
+        },
+        CodedCase {
+            spec: "qsgd:bits=4,bucket=128",
+            key: None,
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![7, 4099],
+            calls: 2,
+            tolerance: None,
+            l2: 0.5,
+            must_gpu: true,
+            dtype: DType::Bfloat16,
         },
     ];
     let user = dev.gpu.create_stream(0).map_err(e)?;
@@ -806,7 +905,11 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
         for &count in &case.counts {
             for call in 0..case.calls {
                 let what = format!("{} count {count} call {call}", case.spec);
-                let ins: Vec<Vec<f32>> = (0..n).map(|p| coded_input(ci, call, p, count)).collect();
+                let dt = case.dtype;
+                // The inputs as the buffers hold them (halves rounded).
+                let ins: Vec<Vec<f32>> = (0..n)
+                    .map(|p| from_bytes(&to_bytes(&coded_input(ci, call, p, count), dt), dt))
+                    .collect();
                 let in_place = call % 2 == 1;
                 let got = if on_device {
                     // Odd calls on a stream of the caller's, even ones on NULL.
@@ -818,13 +921,13 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     // Every third call queued, as the C ABI's non-blocking calls.
                     let queued = call % 3 == 2;
                     let before = comm.device_stats().map_err(e)?;
-                    let m =
-                        coded_on_device(comm, dev, &c, case.op, &ins[r], in_place, stream, queued)?;
+                    let how = (case.op, dt, in_place, stream, queued);
+                    let m = coded_on_device(comm, dev, &c, &ins[r], how)?;
                     user.synchronize(WAIT).map_err(e)?;
                     if let Some(err) = comm.async_error() {
                         return Err(format!("{what}: async error: {err}"));
                     }
-                    let got = floats(&dev.download(&*m, 4 * count)?);
+                    let got = from_bytes(&dev.download(&*m, dt.size() * count)?, dt);
                     let after = comm.device_stats().map_err(e)?;
                     let ran = after.calls - before.calls;
                     let gpu_ran = ran == 1;
@@ -872,17 +975,8 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     }
                     got
                 } else {
-                    let mut recv = ins[r].clone();
-                    if in_place {
-                        comm.all_reduce_compressed(&mut recv, case.op, &c)
-                            .map_err(e)?;
-                    } else {
-                        let mut out = vec![0f32; count];
-                        comm.all_reduce_compressed_out_of_place(&ins[r], &mut out, case.op, &c)
-                            .map_err(e)?;
-                        recv = out;
-                    }
-                    recv
+                    let bytes = host_coded(comm, &c, case.op, &ins[r], in_place, dt).map_err(e)?;
+                    from_bytes(&bytes, dt)
                 };
                 println!(
                     "QCCL-HASH {ci} {count} {call} {:016x}",
@@ -933,27 +1027,23 @@ fn check_coded(case: &CodedCase, ins: &[Vec<f32>], got: &[f32], n: usize) -> Res
 /// on `stream` (or queued, as the C ABI's non-blocking calls, when `queued`): with the codecs
 /// on the GPU when the call has that path, else staged. Returns the device buffer holding the
 /// result (read after the stream).
-#[allow(clippy::too_many_arguments)]
 fn coded_on_device(
     comm: &Comm,
     dev: &Dev,
     c: &Compression,
-    op: ReduceOp,
     mine: &[f32],
-    in_place: bool,
-    stream: *mut std::ffi::c_void,
-    queued: bool,
+    (op, dtype, in_place, stream, queued): (ReduceOp, DType, bool, *mut std::ffi::c_void, bool),
 ) -> Result<Box<dyn DeviceMem>, String> {
     let e = |e: qccl::Error| e.to_string();
     let count = mine.len();
-    let send = dev.upload(bytemuck::cast_slice(mine))?;
+    let send = dev.upload(&to_bytes(mine, dtype))?;
     let recv = if in_place {
         None
     } else {
-        Some(dev.upload(&vec![0u8; 4 * count])?)
+        Some(dev.upload(&vec![0u8; dtype.size() * count])?)
     };
     let p = comm
-        .prepare_all_reduce_compressed(count, DType::Float32, op, c)
+        .prepare_all_reduce_compressed(count, dtype, op, c)
         .map_err(e)?;
     let (s, rv) = match &recv {
         Some(rm) => (Some(send.addr()), rm.addr()),

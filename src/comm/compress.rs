@@ -451,18 +451,22 @@ impl PreparedAllReduce {
         (self.count, self.dtype, self.op)
     }
 
-    /// The call as the device path runs it: (plan, tensor key, op, count, seed), when it is
-    /// a flat SRA on float32 (what `gpu::sra` implements); None otherwise.
-    pub(super) fn flat_sra_f32(
-        &self,
-    ) -> Option<(&CodecMap, Option<&TensorKey>, ReduceOp, usize, u64)> {
+    /// The call as the device path runs it: (plan, tensor key, op, count, seed, dtype), when
+    /// it is a flat SRA on float32, float16 or bfloat16 (what `gpu::sra` implements; the
+    /// halves through an f32 copy, as `with_f32`); None otherwise.
+    pub(super) fn flat_sra(&self) -> Option<crate::gpu::sra::CallShape<'_>> {
+        let halves = matches!(
+            self.dtype,
+            DType::Float32 | DType::Float16 | DType::Bfloat16
+        );
         match self.schedule {
-            Schedule::Flat(Flat::Sra) if self.dtype == DType::Float32 => Some((
+            Schedule::Flat(Flat::Sra) if halves => Some((
                 &self.plan,
                 self.key.as_ref(),
                 self.op,
                 self.count,
                 self.seed,
+                self.dtype,
             )),
             _ => None,
         }

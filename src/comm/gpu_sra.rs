@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 impl Comm {
     /// The GPU path of compressed all-reduce `call` on `send` (None: in place) and `recv`, if
-    /// it has one: a flat SRA on float32, more than 0 elements, every buffer 4-byte aligned
-    /// device memory of the comm's device, a launch plan for each of its codecs. None: stage
+    /// it has one: a flat SRA on float32, float16 or bfloat16, more than 0 elements, every
+    /// buffer aligned to its element, device memory of the comm's device, a launch plan for each of its codecs. None: stage
     /// the call as any other. Buffers on another device than the comm's are an error, as for
     /// staged calls.
     pub(super) fn gpu_compressed_all_reduce(
@@ -22,13 +22,14 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<Option<GpuAllReduce>> {
-        let Some(shape) = call.flat_sra_f32() else {
+        let Some(shape) = call.flat_sra() else {
             return Ok(None);
         };
         let Ok(driver) = crate::gpu::select::driver() else {
             return Ok(None);
         };
-        let len = shape.3 * 4;
+        let es = shape.5.size();
+        let len = shape.3 * es;
         if len == 0 {
             return Ok(None);
         }
@@ -38,7 +39,7 @@ impl Comm {
             Some(o) if place.device.iter().all(Option::is_some) => o,
             _ => return Ok(None),
         };
-        if bufs.iter().any(|b| b.addr % 4 != 0) {
+        if bufs.iter().any(|b| b.addr % es as u64 != 0) {
             return Ok(None);
         }
         self.check_device(ordinal)?;

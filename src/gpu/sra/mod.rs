@@ -35,13 +35,13 @@
 //! buffers before starts again from zero here (and the reverse).
 
 use super::driver::{Arg, Driver, Stream};
-use super::plans::{grid_for, plan_for, CodecPlan, BLOCK};
+use super::plans::{grid_for, plan_for, CodecPlan, FloatPlan, BLOCK};
 use crate::algo::compressed::sra::{self, Shape};
 use crate::algo::compressed::{chunk, slice};
 use crate::algo::Algo;
 use crate::codec::ef::TensorKey;
 use crate::codec::layout::CodecMap;
-use crate::codec::{Codec, Site};
+use crate::codec::{Codec, CodecId, Site};
 use crate::coll::compressed::Coded;
 use crate::coll::Engine;
 use crate::comm::Report;
@@ -79,6 +79,12 @@ pub struct GpuAllReduce {
     send: Option<u64>,
     recv: u64,
     seed: u64,
+    /// Float32, or a half-precision type the call runs on an f32 copy of (the CPU's
+    /// `with_f32`), converted by this float codec's kernels: its decode widens exactly, its
+    /// encode rounds as the `half` crate does.
+    convert: Option<FloatPlan>,
+    /// The buffers' type (the frames' descriptor names it, as the host's calls do).
+    dtype: DType,
     /// The comm's ranks, this rank and its slice bytes (QCCL_BUFFSIZE).
     n: usize,
     rank: usize,
@@ -86,20 +92,31 @@ pub struct GpuAllReduce {
     timeout: Duration,
 }
 
-/// The call's shape: (plan, tensor key, op, count, seed).
-pub(crate) type CallShape<'a> = (&'a CodecMap, Option<&'a TensorKey>, ReduceOp, usize, u64);
+/// The call's shape: (plan, tensor key, op, count, seed, dtype).
+pub(crate) type CallShape<'a> = (
+    &'a CodecMap,
+    Option<&'a TensorKey>,
+    ReduceOp,
+    usize,
+    u64,
+    DType,
+);
+
+/// The f32 buffers a call works on: (input, None in place; result).
+type View = (Option<u64>, u64);
 
 /// Where the call runs: (ranks, rank, slice bytes, timeout).
 pub(crate) type CommShape = (usize, usize, usize, Duration);
 
 impl GpuAllReduce {
-    /// The all-reduce of `count` (> 0) f32s of device memory `recv` (in place) or from `send`,
-    /// both on device `ordinal` and 4-byte aligned. `Unsupported` when a codec of the plan
-    /// has no launch plan, or the kernels cannot be loaded (the caller then stages the call).
+    /// The all-reduce of `count` (> 0) elements of `dtype` (float32, float16, bfloat16) in
+    /// device memory `recv` (in place) or from `send`, both on device `ordinal` and aligned
+    /// to their element. `Unsupported` when a codec of the plan has no launch plan, or the
+    /// kernels cannot be loaded (the caller then stages the call).
     pub(crate) fn new(
         driver: Arc<dyn Driver>,
         ordinal: usize,
-        (plan, key, op, count, seed): CallShape<'_>,
+        (plan, key, op, count, seed, dtype): CallShape<'_>,
         (send, recv): (Option<u64>, u64),
         (n, rank, slice, timeout): CommShape,
     ) -> Result<GpuAllReduce> {
@@ -111,6 +128,16 @@ impl GpuAllReduce {
         }
         // Loaded now, outside the comm's turn: a first load may build the kernel file.
         DeviceState::functions(&*driver, ordinal)?;
+        let convert = match dtype {
+            DType::Float32 => None,
+            DType::Float16 => Some(FloatPlan::new(&*driver, ordinal, CodecId::Fp16)?),
+            DType::Bfloat16 => Some(FloatPlan::new(&*driver, ordinal, CodecId::Bf16)?),
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "codecs on the GPU for {other} buffers"
+                )))
+            }
+        };
         Ok(GpuAllReduce {
             driver,
             ordinal,
@@ -122,6 +149,8 @@ impl GpuAllReduce {
             send,
             recv,
             seed,
+            convert,
+            dtype,
             n,
             rank,
             slice,
@@ -163,13 +192,13 @@ impl GpuAllReduce {
         let lane = e.gpu.clone();
         let w0 = e.wire;
         let mut stats = DeviceStats::default();
-        let script = self.on_lane(&lane, step, None, |st, script, res, site| {
+        let script = self.on_lane(&lane, step, None, |st, script, res, site, view| {
             let Some(shape) = self.shape() else {
-                return self.alone(st, res);
+                return self.alone(st, res, view);
             };
-            let coded = Coded::new(&self.plan, site, 0, None, DType::Float32);
+            let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
             let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
-            let dev = DeviceSide::new(st, self, site, res, script, false);
+            let dev = DeviceSide::new((st, self), (site, res), view, script, false);
             let mover = Mover::new(self, self.n);
             let mut side = Lockstep { mover, dev };
             let ran = sra::run(&mut ctx, shape, &mut side, self.count, true);
@@ -203,11 +232,11 @@ impl GpuAllReduce {
     /// caller's stream then waits for the call's last kernel. Returns what the worker needs
     /// to move its bytes (`finish`).
     pub(crate) fn enqueue(&self, lane: &GpuLane, step: u64, caller: &dyn Stream) -> Result<Script> {
-        self.on_lane(lane, step, Some(caller), |st, script, res, site| {
+        self.on_lane(lane, step, Some(caller), |st, script, res, site, view| {
             let Some(shape) = self.shape() else {
-                return self.alone(st, res);
+                return self.alone(st, res, view);
             };
-            let mut side = DeviceSide::new(st, self, site, res, script, true);
+            let mut side = DeviceSide::new((st, self), (site, res), view, script, true);
             let ran = sra::run(&mut (), shape, &mut side, self.count, true);
             lane.add_bytes(side.to_host, side.to_device);
             ran
@@ -219,9 +248,11 @@ impl GpuAllReduce {
         (self.n > 1).then(|| Shape::new(self.count, self.n, self.rank, self.slice))
     }
 
-    /// One rank: as the host's, the residual added (or the input copied), nothing sent.
-    fn alone(&self, st: &mut DeviceState, res: Option<u64>) -> Result<()> {
-        st.compensate(self.send.unwrap_or(self.recv), res, self.recv, self.count)
+    /// One rank: as the host's, the residual added (or the input copied) into the f32 work
+    /// `view`, nothing sent.
+    fn alone(&self, st: &mut DeviceState, res: Option<u64>, view: View) -> Result<()> {
+        let (send, recv) = view;
+        st.compensate(send.unwrap_or(recv), res, recv, self.count)
     }
 
     /// A key used on host buffers before starts again from zero here.
@@ -235,21 +266,22 @@ impl GpuAllReduce {
     /// `step`, behind `caller`'s work so far when given: the state made on first use, the
     /// tensor's residual and room for the call found first, the division for Avg and the
     /// `done` event after it (the caller's stream made to wait for it). `work` gets the
-    /// state, the call's script, its residual and site. On an error, whatever was enqueued
-    /// runs to its end before the error returns.
+    /// state, the call's script, its residual and site, and the f32 buffers it works on
+    /// (the call's, or for half precision an f32 copy, converted in before and out after).
+    /// On an error, whatever was enqueued runs to its end before the error returns.
     fn on_lane(
         &self,
         lane: &GpuLane,
         step: u64,
         caller: Option<&dyn Stream>,
-        work: impl FnOnce(&mut DeviceState, &mut Script, Option<u64>, Site) -> Result<()>,
+        work: impl FnOnce(&mut DeviceState, &mut Script, Option<u64>, Site, View) -> Result<()>,
     ) -> Result<Script> {
         crate::qlog!(
             Trace,
             "rank {}: all_reduce(count={}, {}, {}): compressed, codecs on device {}",
             self.rank,
             self.count,
-            DType::Float32,
+            self.dtype,
             self.op,
             self.ordinal
         );
@@ -262,14 +294,9 @@ impl GpuAllReduce {
         let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
         let res = st.residual(&*self.driver, key, self.count, lane.take_forgotten(), wait)?;
         let shape = self.shape();
-        let slot = match shape {
-            Some(shape) => {
-                let sizes = self.sizes(shape)?;
-                st.reserve(&*self.driver, &sizes, self.n, &lane.moved, self.timeout)?;
-                sizes.slot
-            }
-            None => 0,
-        };
+        let sizes = self.sizes(shape)?;
+        st.reserve(&*self.driver, &sizes, self.n, &lane.moved, self.timeout)?;
+        let slot = sizes.slot;
         if let Some(c) = caller {
             st.stream.wait_event(&*c.record()?)?;
         }
@@ -290,14 +317,15 @@ impl GpuAllReduce {
             chunk: 0,
             rank: self.rank as u64,
         };
-        let enqueued = work(st, &mut script, res, site).and_then(|()| {
+        let enqueued = self.widen(st).and_then(|view| {
+            work(st, &mut script, res, site, view)?;
             if script.exchanges.len() != exchanges {
                 return Err(Error::Internal(format!(
                     "the schedule made {} exchanges, {exchanges} expected",
                     script.exchanges.len()
                 )));
             }
-            self.finish_on(st, caller)
+            self.finish_on(st, view, caller)
         });
         match enqueued {
             Ok(done) => {
@@ -313,17 +341,45 @@ impl GpuAllReduce {
         }
     }
 
-    /// Enqueues Avg's division, then records the call's `done` event (and makes `caller`
-    /// wait for it).
+    /// The f32 buffers the call works on: its own, or for half precision the f32 copy of
+    /// its input (the send buffer, or the receive buffer in place), the conversion enqueued.
+    fn widen(&self, st: &mut DeviceState) -> Result<View> {
+        let Some(plan) = &self.convert else {
+            return Ok((self.send, self.recv));
+        };
+        let work = state::addr(&st.work);
+        let bad = st.words.bad_ptr() as u64;
+        // SAFETY: floats.cu's decode widens `count` halves of the call's input (valid until
+        // its `done` event: the caller's promise) into the f32 copy, which `reserve` sized
+        // and nothing else uses until the call is done; no check can fail on a plain float
+        // payload, `bad` is page-locked anyway.
+        unsafe {
+            plan.decode(
+                &*st.stream,
+                self.send.unwrap_or(self.recv),
+                work,
+                self.count,
+                false,
+                bad,
+                0,
+            )?
+        };
+        Ok((None, work))
+    }
+
+    /// Enqueues Avg's division on the f32 work `view`, the conversion back of a
+    /// half-precision call, then records the call's `done` event (and makes `caller` wait for
+    /// it).
     fn finish_on(
         &self,
         st: &mut DeviceState,
+        (_, work): View,
         caller: Option<&dyn Stream>,
     ) -> Result<Box<dyn super::driver::Event>> {
         let count = self.count;
         if self.op == ReduceOp::Avg {
             let args = [
-                Arg::Ptr(self.recv),
+                Arg::Ptr(work),
                 Arg::U64(count as u64),
                 Arg::U64(self.n as u64),
             ];
@@ -333,6 +389,11 @@ impl GpuAllReduce {
                 st.stream
                     .launch(&*st.avg, grid_for(count.div_ceil(4)), BLOCK, &args)?
             };
+        }
+        if let Some(plan) = &self.convert {
+            // SAFETY: floats.cu's encode rounds the f32 copy's `count` values into the call's
+            // receive buffer (valid until `done`: the caller's promise), as `from_f32` does.
+            unsafe { plan.encode(&*st.stream, work, self.recv, count, 0, 0)? };
         }
         let done = st.stream.record()?;
         if let Some(c) = caller {
@@ -357,7 +418,7 @@ impl GpuAllReduce {
             chunk: 0,
             rank: self.rank as u64,
         };
-        let coded = Coded::new(&self.plan, site, 0, None, DType::Float32);
+        let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
         let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
         let mut side = MoveSide {
             mover: Mover::new(self, self.n),
@@ -398,14 +459,23 @@ impl GpuAllReduce {
         Ok(())
     }
 
-    /// The room the call needs on `shape`: the same chunks and slices as `sra::run`.
-    fn sizes(&self, shape: Shape) -> Result<Sizes> {
-        let (n, nsl) = (shape.n, shape.nsl);
+    /// The room the call needs on `shape` (None: one rank): the same chunks and slices as
+    /// `sra::run`, and the f32 copy of a half-precision call.
+    fn sizes(&self, shape: Option<Shape>) -> Result<Sizes> {
         let mut s = Sizes {
             slot: 0,
             payload: 0,
             scratch: 0,
+            work: if self.convert.is_some() {
+                4 * self.count
+            } else {
+                0
+            },
         };
+        let Some(shape) = shape else {
+            return Ok(s);
+        };
+        let (n, nsl) = (shape.n, shape.nsl);
         for c in (0..n).map(|c| chunk(self.count, n, c)) {
             for j in 0..nsl {
                 let r = slice(&c, nsl, j);

@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 use crate::gpu::driver::Arg;
 use std::ops::Range;
 
-/// This rank's side of the schedule on the device: work is `g.recv`, the input `g.send`
-/// (None: in place). The page-locked wire holds [`SETS`] sets of `2n` slots of `slot` bytes:
+/// This rank's side of the schedule on the device: work is the f32 buffer `recv`, the input
+/// `send` (None: in place) — the call's buffers, or its f32 copy for half-precision calls. The page-locked wire holds [`SETS`] sets of `2n` slots of `slot` bytes:
 /// in set k, slot i the bytes sent to peer i (this rank's own: its encoded sum), slot `n + p`
 /// the bytes received from peer p.
 pub(super) struct DeviceSide<'a> {
@@ -23,6 +23,8 @@ pub(super) struct DeviceSide<'a> {
     g: &'a GpuAllReduce,
     site: Site,
     res: Option<u64>,
+    send: Option<u64>,
+    recv: u64,
     rank: usize,
     payload: u64,
     scratch: u64,
@@ -48,10 +50,9 @@ impl<'a> DeviceSide<'a> {
     /// The side of call `g` on `st`, whose wire and scratch `reserve` sized; `script` is
     /// the call's, empty, and filled as the work is enqueued.
     pub(super) fn new(
-        st: &'a mut DeviceState,
-        g: &'a GpuAllReduce,
-        site: Site,
-        res: Option<u64>,
+        (st, g): (&'a mut DeviceState, &'a GpuAllReduce),
+        (site, res): (Site, Option<u64>),
+        (send, recv): (Option<u64>, u64),
         script: &'a mut Script,
         waits: bool,
     ) -> DeviceSide<'a> {
@@ -65,6 +66,8 @@ impl<'a> DeviceSide<'a> {
             g,
             site,
             res,
+            send,
+            recv,
             rank: g.rank,
             payload,
             scratch,
@@ -173,7 +176,7 @@ impl<'a> DeviceSide<'a> {
                     s.copy_to_host(base.add(at + HEADER_LEN), payload, len - HEADER_LEN)?;
                 }
                 if own {
-                    plan.decode(s, payload, g.recv + off, count, false, bad, scratch)?;
+                    plan.decode(s, payload, self.recv + off, count, false, bad, scratch)?;
                 }
             }
             self.to_host += (len - HEADER_LEN) as u64;
@@ -216,7 +219,7 @@ impl<'a> DeviceSide<'a> {
                 if payload > 0 {
                     s.copy_to_device(dev, base.add(at + HEADER_LEN), payload)?;
                 }
-                plan.decode(s, dev, g.recv + off, count, add, bad, scratch)?;
+                plan.decode(s, dev, self.recv + off, count, add, bad, scratch)?;
             }
             self.to_device += payload as u64;
             at += HEADER_LEN + payload;
@@ -232,14 +235,14 @@ impl Side<()> for DeviceSide<'_> {
     }
 
     fn encode_for(&mut self, set: usize, p: usize, r: Range<usize>) -> Result<()> {
-        self.encode(self.g.send.unwrap_or(self.g.recv), r, set, p, false)
+        self.encode(self.send.unwrap_or(self.recv), r, set, p, false)
     }
 
     fn keep_own(&mut self, r: Range<usize>) -> Result<()> {
         let off = 4 * r.start as u64;
-        let src = self.g.send.unwrap_or(self.g.recv) + off;
+        let src = self.send.unwrap_or(self.recv) + off;
         let res = self.res.map(|a| a + off);
-        self.st.compensate(src, res, self.g.recv + off, r.len())
+        self.st.compensate(src, res, self.recv + off, r.len())
     }
 
     fn add_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
@@ -247,7 +250,7 @@ impl Side<()> for DeviceSide<'_> {
     }
 
     fn encode_own(&mut self, set: usize, r: Range<usize>) -> Result<()> {
-        self.encode(self.g.recv, r, set, self.rank, true)
+        self.encode(self.recv, r, set, self.rank, true)
     }
 
     fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {

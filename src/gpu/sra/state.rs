@@ -164,6 +164,8 @@ pub struct DeviceState {
     pub(super) payload: Option<Box<dyn DeviceMem>>,
     /// The launch plans' scratch.
     pub(super) scratch: Option<Box<dyn DeviceMem>>,
+    /// The f32 copy of a half-precision call's buffer (the CPU's `with_f32`).
+    pub(super) work: Option<Box<dyn DeviceMem>>,
     pub(super) residuals: HashMap<TensorKey, Box<dyn DeviceMem>>,
 }
 
@@ -175,6 +177,8 @@ pub(super) struct Sizes {
     pub(super) payload: usize,
     /// Most plan scratch of one piece.
     pub(super) scratch: usize,
+    /// The f32 copy of a half-precision call's buffer.
+    pub(super) work: usize,
 }
 
 impl DeviceState {
@@ -202,6 +206,7 @@ impl DeviceState {
             issued: 0,
             payload: None,
             scratch: None,
+            work: None,
             residuals: HashMap::new(),
         })
     }
@@ -254,7 +259,7 @@ impl DeviceState {
         Ok(Some(addr))
     }
 
-    /// Grows the wire slots and device scratch to `sizes` for `n` ranks. Memory in use is
+    /// Grows the wire slots and device scratch to `sizes` for `n` ranks (no wire for one). Memory in use is
     /// replaced only once every earlier call is done (`moved` reached `issued`, and the
     /// stream is idle), on this thread: the comm's worker never frees it.
     pub(super) fn reserve(
@@ -272,7 +277,8 @@ impl DeviceState {
         };
         let grow_payload = grow(&self.payload, sizes.payload);
         let grow_scratch = grow(&self.scratch, sizes.scratch);
-        if !(grow_wire || grow_payload || grow_scratch) {
+        let grow_work = grow(&self.work, sizes.work);
+        if !(grow_wire || grow_payload || grow_scratch || grow_work) {
             return Ok(());
         }
         self.idle(moved, timeout)?;
@@ -287,6 +293,10 @@ impl DeviceState {
         if grow_scratch {
             self.scratch = None;
             self.scratch = Some(driver.alloc_device(self.ordinal, sizes.scratch)?);
+        }
+        if grow_work {
+            self.work = None;
+            self.work = Some(driver.alloc_device(self.ordinal, sizes.work)?);
         }
         Ok(())
     }
