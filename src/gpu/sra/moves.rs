@@ -28,6 +28,9 @@ pub(super) struct Mover<'a> {
     pub(super) x: usize,
     /// Bytes received from each peer in the latest exchange.
     landed: Vec<usize>,
+    /// Encodes (`Script::encodes`) known done: one stream runs them in order, so each query
+    /// starts where the last found one still queued.
+    encoded: usize,
     pub(super) stats: DeviceStats,
 }
 
@@ -50,6 +53,7 @@ impl<'a> Mover<'a> {
             g,
             x: 0,
             landed: vec![0; n],
+            encoded: 0,
             stats: DeviceStats::default(),
         }
     }
@@ -117,10 +121,13 @@ impl<'a> Mover<'a> {
             })?;
         }
         self.stats.exchanges += 1;
-        if s.encodes
-            .iter()
-            .any(|&i| !s.events[i].query().unwrap_or(true))
-        {
+        while let Some(&i) = s.encodes.get(self.encoded) {
+            if !s.events[i].query().unwrap_or(true) {
+                break;
+            }
+            self.encoded += 1;
+        }
+        if self.encoded < s.encodes.len() {
             self.stats.overlapped += 1;
         }
         let mut recvs = Vec::with_capacity(peers.len());
