@@ -617,7 +617,14 @@ fn bounded_staging(comm: &Comm, dev: &Dev) -> Result<(), String> {
             }
         }
     }
-    let st = comm.staging_stats();
+    // The stream passes a call's copy-out before the worker's drop of the call gives its
+    // buffers back to the pool: wait (bounded) for that, it must come.
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut st = comm.staging_stats();
+    while st.lent != 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        st = comm.staging_stats();
+    }
     if st.waits == 0 || st.peak > cap || st.peak < 2 * len || st.lent != 0 {
         return Err(format!(
             "staging pool {st:?}: want waits > 0, {} <= peak <= {cap}, nothing lent",
