@@ -1131,10 +1131,16 @@ fn compressed_sra_with_the_codecs_on_the_gpu_matches_host_ranks_bit_for_bit() {
 /// The smallest slices (QCCL_BUFFSIZE=4096: up to 43 slices per chunk): the pipelined device
 /// side (slice j+1 encoded while slice j moves, each send started as its encode completes,
 /// the decodes of one exchange overlapping the next) ends as bit-identical with host ranks,
-/// and its exchanges began with encodes still queued (`coded` checks the counters).
+/// and its exchanges began with encodes still queued (`coded` checks the counters). Streams
+/// hold at most 256 pending operations here, fewer than such a call enqueues on a caller's
+/// stream behind its first progress wait: the worker must move its bytes while the rest is
+/// still being enqueued (a GPU's stream blocks its enqueues past about 1000).
 #[test]
 fn pipelined_compressed_sra_over_many_slices_matches_host_ranks_bit_for_bit() {
-    let small = [("QCCL_BUFFSIZE", "4096")];
+    let small = [
+        ("QCCL_BUFFSIZE", "4096"),
+        ("QCCL_GPU_EMULATE_QUEUE_DEPTH", "256"),
+    ];
     for (n, device) in [(3, "0,1,2"), (5, "0,3"), (1, "0")] {
         let host = run_coded_with(n, "", "1", &small);
         assert_eq!(

@@ -7,6 +7,7 @@ use super::{Comm, PreparedAllReduce, Report};
 use crate::error::Result;
 use crate::gpu::sra::{DeviceStats, GpuAllReduce};
 use crate::gpu::staging::{self, Placement};
+use crossbeam_channel::SendError;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -122,17 +123,31 @@ impl Comm {
         else {
             return Ok(false);
         };
-        let enqueued = g.enqueue(&self.gpu_lane, step, &*caller);
-        let failed = enqueued.as_ref().err().cloned();
-        if failed.is_none() {
-            self.gpu_lane.count_enqueued();
-        }
-        // A send fails only when the comm failed meanwhile (its job dropped): the script's
-        // drop then releases the stream.
-        let _ = tx.send(enqueued);
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(true),
+        // The worker takes the script before the call's work is enqueued and moves each
+        // exchange's bytes as it is posted (`gpu::sra`): a stream holds only so many pending
+        // operations, so it must not wait for the whole call. A send fails only when the comm
+        // failed meanwhile (its job dropped): the script comes back, nothing is enqueued.
+        let mut handed = false;
+        let enqueued = g.enqueue(&self.gpu_lane, step, &*caller, |script| {
+            handed = true;
+            match tx.send(Ok(script)) {
+                Ok(()) => Ok(()),
+                Err(SendError(Ok(script))) => Err(script),
+                Err(SendError(Err(_))) => Ok(()),
+            }
+        });
+        match enqueued {
+            Ok(()) => {
+                self.gpu_lane.count_enqueued();
+                Ok(true)
+            }
+            Err(e) => {
+                if !handed {
+                    // Failed before the worker got anything: it fails the call at once.
+                    let _ = tx.send(Err(e.clone()));
+                }
+                Err(e)
+            }
         }
     }
 

@@ -37,6 +37,9 @@
 //!   work enqueued afterwards on any stream of the device waits for the work enqueued
 //!   before on all of them (`implicit_sync`), so a stream held at a word holds everything
 //!   enqueued after the allocation.
+//! - A stream holds at most 1024 operations pending (QCCL_GPU_EMULATE_QUEUE_DEPTH sets
+//!   another depth): an enqueue past that blocks until one ends, as CUDA's does past some
+//!   1000 pending launches (here at most 60 s, then an error saying the queue is full).
 //! - Dropping a created stream refuses new work, waits up to 10 s for what is enqueued,
 //!   abandons the rest (its events fail), and joins the worker.
 //!

@@ -74,6 +74,34 @@ struct DeviceCopyOp {
 /// How long a copy with pageable host memory behind a held stream waits (CUDA: forever).
 const PAGEABLE_WAIT: Duration = Duration::from_secs(30);
 
+/// Operations a stream holds pending before an enqueue blocks, by default: about what a CUDA
+/// stream holds (an enqueue past some 1000 pending launches waits for one to end), so work
+/// that enqueues more than this behind a wait only it can end deadlocks here as on a GPU.
+pub const QUEUE_DEPTH: u64 = 1024;
+
+/// How long an enqueue on a full stream waits before it fails (CUDA's: forever).
+const FULL_WAIT: Duration = Duration::from_secs(60);
+
+/// The depth of every emulated stream's queue: QCCL_GPU_EMULATE_QUEUE_DEPTH (at least 1),
+/// else [`QUEUE_DEPTH`]. Tests lower it to reach the limit with small calls.
+fn queue_depth() -> u64 {
+    static DEPTH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *DEPTH.get_or_init(|| {
+        let v = std::env::var("QCCL_GPU_EMULATE_QUEUE_DEPTH").ok();
+        match v.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
+            None => QUEUE_DEPTH,
+            Some(v) => v.parse().ok().filter(|&d| d > 0).unwrap_or_else(|| {
+                crate::qlog!(
+                    Warn,
+                    "QCCL_GPU_EMULATE_QUEUE_DEPTH={v}: expected a positive number of \
+                     operations; using {QUEUE_DEPTH}"
+                );
+                QUEUE_DEPTH
+            }),
+        }
+    })
+}
+
 enum Op {
     Copy(CopyOp),
     DeviceCopy(DeviceCopyOp),
@@ -163,11 +191,39 @@ impl StreamCore {
         q.error.clone()
     }
 
-    fn enqueue(&self, op: Op) -> Result<()> {
+    /// The stream's queue with room for one more operation: as CUDA's, an enqueue blocks
+    /// while [`queue_depth`] operations are pending (CUDA's forever; here at most
+    /// [`FULL_WAIT`], then an error saying so). An error when nothing may be enqueued.
+    fn room(&self) -> Result<MutexGuard<'_, Queue>> {
+        let depth = queue_depth();
         let mut q = self.lock();
-        if let Some(e) = self.refusal(&q) {
-            return Err(e);
+        let deadline = deadline_after(FULL_WAIT);
+        loop {
+            if let Some(e) = self.refusal(&q) {
+                return Err(e);
+            }
+            if q.enqueued - q.done < depth {
+                return Ok(q);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(format!(
+                    "{}: {depth} operations pending for {FULL_WAIT:?}, none done: the \
+                     enqueue would block forever on a real device (its queue is full behind \
+                     work that does not end)",
+                    self.name
+                )));
+            }
+            q = self
+                .cond
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
+    }
+
+    fn enqueue(&self, op: Op) -> Result<()> {
+        let mut q = self.room()?;
         if matches!(op, Op::WaitWord(..)) {
             q.word_waits += 1;
         }
@@ -189,10 +245,7 @@ impl StreamCore {
 
     /// Records an event after everything enqueued so far.
     pub fn record(&self) -> Result<Arc<EventState>> {
-        let mut q = self.lock();
-        if let Some(e) = self.refusal(&q) {
-            return Err(e);
-        }
+        let mut q = self.room()?;
         q.events += 1;
         let event = EventState::new(format!("event {} of {}", q.events, self.name));
         q.ops.push_back(Op::Record(event.clone()));

@@ -61,7 +61,7 @@ mod side;
 pub(crate) mod state;
 
 use moves::{Lockstep, MoveSide, Mover};
-use script::Script;
+use script::{Board, Script};
 use side::DeviceSide;
 use state::{lock, GpuLane, Sizes};
 pub use state::{DeviceState, DeviceStats};
@@ -192,20 +192,23 @@ impl GpuAllReduce {
         let lane = e.gpu.clone();
         let w0 = e.wire;
         let mut stats = DeviceStats::default();
-        let script = self.on_lane(&lane, step, None, |st, script, res, site, view| {
-            let Some(shape) = self.shape() else {
-                return self.alone(st, res, view);
-            };
-            let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
-            let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
-            let dev = DeviceSide::new((st, self), (site, res), view, script, false);
-            let mover = Mover::new(self, self.n);
-            let mut side = Lockstep { mover, dev };
-            let ran = sra::run(&mut ctx, shape, &mut side, self.count, true);
-            lane.add_bytes(side.dev.to_host, side.dev.to_device);
-            stats = side.mover.stats;
-            ran
-        })?;
+        let keep = |script| Ok(Some(script));
+        let script = self
+            .on_lane(&lane, step, None, keep, |st, board, res, site, view| {
+                let Some(shape) = self.shape() else {
+                    return self.alone(st, res, view);
+                };
+                let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
+                let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
+                let dev = DeviceSide::new((st, self), (site, res), view, board, false);
+                let mover = Mover::new(self, self.n);
+                let mut side = Lockstep { mover, dev };
+                let ran = sra::run(&mut ctx, shape, &mut side, self.count, true);
+                lane.add_bytes(side.dev.to_host, side.dev.to_device);
+                stats = side.mover.stats;
+                ran
+            })?
+            .ok_or_else(|| Error::Internal("a call in step lost its script".into()))?;
         self.wait_done(e, script, Ok(stats))?;
         Ok(Report::flat(Algo::Sra, e.wire - w0))
     }
@@ -229,18 +232,34 @@ impl GpuAllReduce {
     /// Enqueues every kernel and copy of the call as step `step` on the comm's stream (the
     /// caller's thread, when the call is made): behind the work on `caller` (the caller's
     /// stream) so far, each exchange's decodes behind a progress value (`side.rs`), and the
-    /// caller's stream then waits for the call's last kernel. Returns what the worker needs
-    /// to move its bytes (`finish`).
-    pub(crate) fn enqueue(&self, lane: &GpuLane, step: u64, caller: &dyn Stream) -> Result<Script> {
-        self.on_lane(lane, step, Some(caller), |st, script, res, site, view| {
-            let Some(shape) = self.shape() else {
-                return self.alone(st, res, view);
-            };
-            let mut side = DeviceSide::new((st, self), (site, res), view, script, true);
-            let ran = sra::run(&mut (), shape, &mut side, self.count, true);
-            lane.add_bytes(side.to_host, side.to_device);
-            ran
-        })
+    /// caller's stream then waits for the call's last kernel. What the worker needs to move
+    /// the call's bytes (`finish`) goes to `hand` before the first kernel is enqueued, and
+    /// each exchange is posted to it as it is enqueued (`script.rs` says why); `hand` gives
+    /// the script back when the worker will not take it (the comm failed).
+    pub(crate) fn enqueue(
+        &self,
+        lane: &GpuLane,
+        step: u64,
+        caller: &dyn Stream,
+        hand: impl FnOnce(Script) -> std::result::Result<(), Script>,
+    ) -> Result<()> {
+        let hand = |script| hand(script).map(|()| None);
+        self.on_lane(
+            lane,
+            step,
+            Some(caller),
+            hand,
+            |st, board, res, site, view| {
+                let Some(shape) = self.shape() else {
+                    return self.alone(st, res, view);
+                };
+                let mut side = DeviceSide::new((st, self), (site, res), view, board, true);
+                let ran = sra::run(&mut (), shape, &mut side, self.count, true);
+                lane.add_bytes(side.to_host, side.to_device);
+                ran
+            },
+        )
+        .map(drop)
     }
 
     /// The schedule's shape on more than one rank.
@@ -265,8 +284,10 @@ impl GpuAllReduce {
     /// Runs `work` (the call's schedule on the device) on the comm's device state as step
     /// `step`, behind `caller`'s work so far when given: the state made on first use, the
     /// tensor's residual and room for the call found first, the division for Avg and the
-    /// `done` event after it (the caller's stream made to wait for it). `work` gets the
-    /// state, the call's script, its residual and site, and the f32 buffers it works on
+    /// `done` event after it (the caller's stream made to wait for it). The call's script
+    /// goes to `hand` before its work is enqueued; what `hand` keeps is returned (a script it
+    /// gives back as Err is the comm's failure: nothing is enqueued). `work` gets the
+    /// state, the call's board, its residual and site, and the f32 buffers it works on
     /// (the call's, or for half precision an f32 copy, converted in before and out after).
     /// On an error, whatever was enqueued runs to its end before the error returns.
     fn on_lane(
@@ -274,8 +295,9 @@ impl GpuAllReduce {
         lane: &GpuLane,
         step: u64,
         caller: Option<&dyn Stream>,
-        work: impl FnOnce(&mut DeviceState, &mut Script, Option<u64>, Site, View) -> Result<()>,
-    ) -> Result<Script> {
+        hand: impl FnOnce(Script) -> std::result::Result<Option<Script>, Script>,
+        work: impl FnOnce(&mut DeviceState, &Board, Option<u64>, Site, View) -> Result<()>,
+    ) -> Result<Option<Script>> {
         crate::qlog!(
             Trace,
             "rank {}: all_reduce(count={}, {}, {}): compressed, codecs on device {}",
@@ -305,12 +327,21 @@ impl GpuAllReduce {
         let base = st.seq;
         st.seq = base.wrapping_add(exchanges as u32);
         st.issued += 1;
-        let mut script = Script::new(
-            (wire, slot, self.n),
-            st.words.clone(),
-            base,
-            (lane.moved.clone(), self.timeout),
-        );
+        let board = Board::new((wire, slot, self.n), st.words.clone(), base, exchanges);
+        let script = Script::new(board.clone(), (lane.moved.clone(), self.timeout));
+        let kept = match hand(script) {
+            Ok(kept) => kept,
+            Err(refused) => {
+                let e = Error::Aborted(
+                    "compressed all-reduce on device buffers: the comm failed before the call \
+                     was enqueued"
+                        .into(),
+                );
+                refused.board.end(Err(e.clone()));
+                refused.board.set_finished();
+                return Err(e);
+            }
+        };
         let site = Site {
             seed: self.seed,
             step,
@@ -318,24 +349,27 @@ impl GpuAllReduce {
             rank: self.rank as u64,
         };
         let enqueued = self.widen(st).and_then(|view| {
-            work(st, &mut script, res, site, view)?;
-            if script.exchanges.len() != exchanges {
+            work(st, &board, res, site, view)?;
+            if board.exchanges() != exchanges {
                 return Err(Error::Internal(format!(
                     "the schedule made {} exchanges, {exchanges} expected",
-                    script.exchanges.len()
+                    board.exchanges()
                 )));
             }
             self.finish_on(st, view, caller)
         });
         match enqueued {
             Ok(done) => {
-                script.done = Some(done);
-                Ok(script)
+                board.end(Ok(done));
+                Ok(kept)
             }
             Err(e) => {
                 // What was enqueued runs to its end before the buffers count as free.
-                script.release(script.exchanges.len());
-                script.finished = st.stream.synchronize(self.timeout).is_ok();
+                board.release(exchanges);
+                if st.stream.synchronize(self.timeout).is_ok() {
+                    board.set_finished();
+                }
+                board.end(Err(e.clone()));
                 Err(e)
             }
         }
@@ -405,7 +439,7 @@ impl GpuAllReduce {
     /// Moves the bytes of the call `script` enqueued, on `e` in the comm's turn: the
     /// schedule's exchanges, each released to the stream once its headers are checked.
     fn move_bytes(&self, e: &mut Engine, script: &mut Script) -> Result<DeviceStats> {
-        if script.words.bad() {
+        if script.board.words.bad() {
             // An earlier call's decode refused its bytes after its exchanges ended.
             return Err(bad_chunk());
         }
@@ -432,23 +466,18 @@ impl GpuAllReduce {
     /// error): every progress value stored (after a failure the stream runs on, to an
     /// undefined result), then waits for the call's device work, so the caller's buffers go
     /// back only once the stream is done with them.
-    fn wait_done(
-        &self,
-        e: &mut Engine,
-        mut script: Script,
-        moved: Result<DeviceStats>,
-    ) -> Result<()> {
-        script.release(script.exchanges.len());
-        let synced = match script.done.as_ref() {
-            Some(d) => d.synchronize(self.timeout),
-            None => Err(Error::Internal(
-                "a compressed call's device work has no done event".into(),
-            )),
-        };
-        script.finished = synced.is_ok();
+    fn wait_done(&self, e: &mut Engine, script: Script, moved: Result<DeviceStats>) -> Result<()> {
+        let b = &script.board;
+        b.release(b.total);
+        let synced = b
+            .done(self.timeout)
+            .and_then(|d| d.synchronize(self.timeout));
+        if synced.is_ok() {
+            b.set_finished();
+        }
         let stats = moved?;
         synced?;
-        if script.words.bad() {
+        if b.words.bad() {
             return Err(bad_chunk());
         }
         let mut all = lock(&e.gpu.stats);

@@ -9,7 +9,7 @@
 //! schedule reaches it (`side.rs` without progress waits: a decode is enqueued once its
 //! bytes are checked), for calls that wait for their result.
 
-use super::script::Script;
+use super::script::{Board, Script};
 use super::sends::EncodedSends;
 use super::side::DeviceSide;
 use super::state::DeviceStats;
@@ -28,7 +28,7 @@ pub(super) struct Mover<'a> {
     pub(super) x: usize,
     /// Bytes received from each peer in the latest exchange.
     landed: Vec<usize>,
-    /// Encodes (`Script::encodes`) known done: one stream runs them in order, so each query
+    /// Encodes posted on the board known done: one stream runs them in order, so each query
     /// starts where the last found one still queued.
     encoded: usize,
     pub(super) stats: DeviceStats,
@@ -60,7 +60,7 @@ impl<'a> Mover<'a> {
 
     /// Checks the headers of the bytes received from `p` in the latest exchange against the
     /// pieces of elements `r`, before the stream may decode them.
-    fn check(&self, script: &Script, p: usize, r: Range<usize>) -> Result<()> {
+    fn check(&self, board: &Board, p: usize, r: Range<usize>) -> Result<()> {
         let set =
             self.x.checked_sub(1).ok_or_else(|| {
                 Error::Internal("a decode before any exchange of the call".into())
@@ -69,7 +69,7 @@ impl<'a> Mover<'a> {
         // SAFETY: `landed` (<= slot) bytes of receive slot p of `set`, written by the latest
         // exchange; the stream reads them only after this check.
         let bytes =
-            unsafe { std::slice::from_raw_parts(script.recv_slot(set, p).cast_const(), landed) };
+            unsafe { std::slice::from_raw_parts(board.recv_slot(set, p).cast_const(), landed) };
         let mut at = 0;
         for (q, codec) in self.g.plan.pieces(r.clone()) {
             let len = codec.max_encoded_len(q.len());
@@ -89,21 +89,19 @@ impl<'a> Mover<'a> {
         Ok(())
     }
 
-    /// Exchange `self.x` of `script` on `ctx`, with `peers`, receiving `land(p)` bytes from
-    /// each.
+    /// Exchange `self.x` of `board` on `ctx`, with `peers`, receiving `land(p)` bytes from
+    /// each; waits for it to be posted (it may still be being enqueued).
     fn swap(
         &mut self,
-        script: &Script,
+        board: &Board,
         ctx: &mut Ctx<'_>,
         set: usize,
         peers: &[usize],
         land: &dyn Fn(usize) -> usize,
     ) -> Result<()> {
         let timeout = self.g.timeout;
-        let s = script;
-        let ex = s.exchanges.get(self.x).ok_or_else(|| {
-            Error::Internal(format!("exchange {} of the call was not enqueued", self.x))
-        })?;
+        let s = board;
+        let ex = s.exchange(self.x, timeout)?;
         let expected: Vec<usize> = ex.sends.iter().map(|s| s.0).collect();
         if ex.rset != self.x % SETS || expected != peers || set >= SETS {
             return Err(Error::Internal(format!(
@@ -111,8 +109,8 @@ impl<'a> Mover<'a> {
                 self.x
             )));
         }
-        if let Some(d) = ex.drained {
-            s.events[d].synchronize(timeout).map_err(|e| {
+        if let Some(d) = &ex.drained {
+            d.synchronize(timeout).map_err(|e| {
                 Error::Timeout(format!(
                     "compressed all-reduce on device buffers: the decodes of receive set {} \
                      are not done: {e}",
@@ -121,13 +119,7 @@ impl<'a> Mover<'a> {
             })?;
         }
         self.stats.exchanges += 1;
-        while let Some(&i) = s.encodes.get(self.encoded) {
-            if !s.events[i].query().unwrap_or(true) {
-                break;
-            }
-            self.encoded += 1;
-        }
-        if self.encoded < s.encodes.len() {
+        if s.encodes_queued(&mut self.encoded) {
             self.stats.overlapped += 1;
         }
         let mut recvs = Vec::with_capacity(peers.len());
@@ -156,7 +148,7 @@ impl<'a> Mover<'a> {
         let bytes = ex
             .sends
             .iter()
-            .map(|&(p, at, len, e)| (p, e.map(|i| &*s.events[i]), at, len));
+            .map(|(p, at, len, e)| (*p, e.as_deref(), *at, *len));
         let bad = s.words.bad_ptr().cast_const();
         let mut sends = EncodedSends::new(s.n, timeout, bad, bytes);
         let done = ctx.exchange_late(&[], &late, &mut sends, &mut recvs);
@@ -180,7 +172,7 @@ impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
     }
 
     fn add_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.mover.check(self.script, p, r)
+        self.mover.check(&self.script.board, p, r)
     }
 
     fn encode_own(&mut self, _: usize, _: Range<usize>) -> Result<()> {
@@ -188,7 +180,7 @@ impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
     }
 
     fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.mover.check(self.script, p, r)
+        self.mover.check(&self.script.board, p, r)
     }
 
     fn swap(
@@ -200,8 +192,9 @@ impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
         land: &dyn Fn(usize) -> usize,
     ) -> Result<()> {
         // The previous exchange's headers are checked: the stream may decode its bytes.
-        self.script.release(self.mover.x);
-        self.mover.swap(self.script, ctx, set, peers, land)
+        let board = &self.script.board;
+        board.release(self.mover.x);
+        self.mover.swap(board, ctx, set, peers, land)
     }
 }
 
@@ -219,7 +212,7 @@ impl<'c> Side<Ctx<'c>> for Lockstep<'_> {
     }
 
     fn add_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.mover.check(self.dev.script(), p, r.clone())?;
+        self.mover.check(self.dev.board(), p, r.clone())?;
         self.dev.add_from(p, r)
     }
 
@@ -228,7 +221,7 @@ impl<'c> Side<Ctx<'c>> for Lockstep<'_> {
     }
 
     fn take_from(&mut self, p: usize, r: Range<usize>) -> Result<()> {
-        self.mover.check(self.dev.script(), p, r.clone())?;
+        self.mover.check(self.dev.board(), p, r.clone())?;
         self.dev.take_from(p, r)
     }
 
@@ -241,6 +234,7 @@ impl<'c> Side<Ctx<'c>> for Lockstep<'_> {
         land: &dyn Fn(usize) -> usize,
     ) -> Result<()> {
         self.dev.swap(&mut (), set, peers, phase, land)?;
-        self.mover.swap(self.dev.script(), ctx, set, peers, land)
+        let board = self.dev.board();
+        self.mover.swap(board, ctx, set, peers, land)
     }
 }

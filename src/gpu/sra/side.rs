@@ -5,7 +5,7 @@
 //! those bytes as soon as they are written, and an event after the decodes of each receive
 //! set lets it receive there again (`Script`).
 
-use super::script::{Exchange, Script};
+use super::script::{Board, Exchange};
 use super::state::DeviceState;
 use super::GpuAllReduce;
 use crate::algo::compressed::sra::{Phase, Side, SETS};
@@ -30,14 +30,14 @@ pub(super) struct DeviceSide<'a> {
     scratch: u64,
     /// Bytes encoded into each send slot (`set·n + i`).
     sent: Vec<usize>,
-    /// The event after the encode of each send slot (`set·n + i`), in `script.events`.
+    /// The event after the encode of each send slot (`set·n + i`), posted on the board.
     encoded: Vec<Option<usize>>,
     /// The event after the decodes that read each receive set, until it receives again.
     drained: Vec<Option<usize>>,
     /// The receive set whose decodes were enqueued since the last record.
     decoding: Option<usize>,
-    /// What the worker needs.
-    script: &'a mut Script,
+    /// What the worker needs, posted as it is enqueued.
+    board: &'a Board,
     /// Each exchange a wait for its progress value (false: the decodes are enqueued only
     /// once the bytes arrived, `Lockstep`).
     waits: bool,
@@ -47,20 +47,20 @@ pub(super) struct DeviceSide<'a> {
 }
 
 impl<'a> DeviceSide<'a> {
-    /// The side of call `g` on `st`, whose wire and scratch `reserve` sized; `script` is
+    /// The side of call `g` on `st`, whose wire and scratch `reserve` sized; `board` is
     /// the call's, empty, and filled as the work is enqueued.
     pub(super) fn new(
         (st, g): (&'a mut DeviceState, &'a GpuAllReduce),
         (site, res): (Site, Option<u64>),
         (send, recv): (Option<u64>, u64),
-        script: &'a mut Script,
+        board: &'a Board,
         waits: bool,
     ) -> DeviceSide<'a> {
         let (payload, scratch) = (
             super::state::addr(&st.payload),
             super::state::addr(&st.scratch),
         );
-        let n = script.n;
+        let n = board.n;
         DeviceSide {
             st,
             g,
@@ -75,33 +75,28 @@ impl<'a> DeviceSide<'a> {
             encoded: vec![None; SETS * n],
             drained: vec![None; SETS],
             decoding: None,
-            script,
+            board,
             waits,
             to_host: 0,
             to_device: 0,
         }
     }
 
-    /// The call's script so far.
-    pub(super) fn script(&self) -> &Script {
-        self.script
+    /// The call's board.
+    pub(super) fn board(&self) -> &Board {
+        self.board
     }
 
-    fn send_slot(&self, set: usize, i: usize) -> *mut u8 {
-        let s = &self.script;
-        s.wire.wrapping_add((set * 2 * s.n + i) * s.slot)
-    }
-
-    fn record(&mut self) -> Result<usize> {
-        self.script.events.push(self.st.stream.record()?);
-        Ok(self.script.events.len() - 1)
+    /// Records an event after the work so far and posts it (`encode`: after an encode).
+    fn record(&mut self, encode: bool) -> Result<usize> {
+        Ok(self.board.post_event(self.st.stream.record()?, encode))
     }
 
     /// Records the event that the decodes enqueued since the last exchange are done: their
     /// receive set may then take bytes again.
     fn close_decodes(&mut self) -> Result<()> {
         if let Some(set) = self.decoding.take() {
-            self.drained[set] = Some(self.record()?);
+            self.drained[set] = Some(self.record(false)?);
         }
         Ok(())
     }
@@ -120,14 +115,14 @@ impl<'a> DeviceSide<'a> {
     ) -> Result<()> {
         self.close_decodes()?;
         let (g, s) = (self.g, &*self.st.stream);
-        let base = self.send_slot(set, to);
-        let bad = self.script.words.bad_ptr() as u64;
+        let base = self.board.send_slot(set, to);
+        let bad = self.board.words.bad_ptr() as u64;
         let mut at = 0;
         for (q, codec) in g.plan.pieces(r) {
             let plan = g.plan_of(&**codec)?;
             let count = q.len();
             let len = codec.max_encoded_len(count);
-            if plan.payload_len(count) != len - HEADER_LEN || at + len > self.script.slot {
+            if plan.payload_len(count) != len - HEADER_LEN || at + len > self.board.slot {
                 return Err(Error::Internal(format!(
                     "{}: launch plan's payload of {count} elements is {} bytes, the codec's {}",
                     codec.spec(),
@@ -182,12 +177,9 @@ impl<'a> DeviceSide<'a> {
             self.to_host += (len - HEADER_LEN) as u64;
             at += len;
         }
-        let i = set * self.script.n + to;
+        let i = set * self.board.n + to;
         self.sent[i] = at;
-        self.encoded[i] = Some(self.record()?);
-        self.script
-            .encodes
-            .push(self.encoded[i].expect("set above"));
+        self.encoded[i] = Some(self.record(true)?);
         Ok(())
     }
 
@@ -197,13 +189,13 @@ impl<'a> DeviceSide<'a> {
     /// progress value.
     fn decode(&mut self, p: usize, r: Range<usize>, add: bool) -> Result<()> {
         let x =
-            self.script.exchanges.len().checked_sub(1).ok_or_else(|| {
+            self.board.exchanges().checked_sub(1).ok_or_else(|| {
                 Error::Internal("a decode before any exchange of the call".into())
             })?;
         let set = x % SETS;
         let (g, s) = (self.g, &*self.st.stream);
-        let base = self.script.recv_slot(set, p);
-        let bad = self.script.words.bad_ptr() as u64;
+        let base = self.board.recv_slot(set, p);
+        let bad = self.board.words.bad_ptr() as u64;
         let mut at = 0;
         for (q, codec) in g.plan.pieces(r) {
             let plan = g.plan_of(&**codec)?;
@@ -266,10 +258,10 @@ impl Side<()> for DeviceSide<'_> {
         _land: &dyn Fn(usize) -> usize,
     ) -> Result<()> {
         self.close_decodes()?;
-        let x = self.script.exchanges.len();
+        let x = self.board.exchanges();
         let rset = x % SETS;
         // Each peer's bytes: its own slot (scatter) or this rank's encoded sum (gather).
-        let (n, me) = (self.script.n, self.rank);
+        let (n, me) = (self.board.n, self.rank);
         let from = |p: usize| match phase {
             Phase::Scatter => p,
             Phase::Gather => me,
@@ -280,13 +272,14 @@ impl Side<()> for DeviceSide<'_> {
                 let i = set * n + from(p);
                 (
                     p,
-                    self.send_slot(set, from(p)).cast_const(),
+                    self.board.send_slot(set, from(p)).cast_const(),
                     self.sent[i],
                     self.encoded[i],
                 )
             })
             .collect();
-        self.script.exchanges.push(Exchange {
+        // From here the worker may move this exchange's bytes, while the rest is enqueued.
+        self.board.post_exchange(Exchange {
             rset,
             drained: self.drained[rset].take(),
             sends,
@@ -294,13 +287,14 @@ impl Side<()> for DeviceSide<'_> {
         if !self.waits {
             return Ok(());
         }
-        let value = self.script.base.wrapping_add(x as u32 + 1);
+        let value = self.board.base.wrapping_add(x as u32 + 1);
         // SAFETY: the progress word is page-locked memory of this driver, aligned, kept
-        // alive by the Script (whose drop stores at least this value) and the comm's state.
+        // alive by the Board (whose Script's drop stores at least this value) and the comm's
+        // state.
         unsafe {
             self.st
                 .stream
-                .wait_word(self.script.words.progress_ptr(), value)?
+                .wait_word(self.board.words.progress_ptr(), value)?
         };
         Ok(())
     }
