@@ -13,7 +13,8 @@
 # two parts each fit one call of the device tool (10 minutes).
 #
 # Figures (issue #22): the kernels against the device's copy bandwidth (qccl-gpu-bench);
-# all_reduce busbw on device vs host buffers at 2 and 4 ranks sharing the GPU (qccl-perf);
+# all_reduce busbw on device vs host buffers at 2 and 4 ranks sharing the GPU (qccl-perf),
+# dense and compressed;
 # torch.distributed on CUDA tensors, backend gloo vs qccl, same run (perf-tests/peers).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -83,6 +84,18 @@ for np in 2 4; do
         step "qccl-perf -np $np --device $dev" 45 "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" \
             -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" -J "$json/perf_${dev}_np$np.json"
         sed -n "/^== qccl-perf -np $np --device $dev\$/,/rc=/p" "$log" >>"$fig"
+    done
+done
+
+# Compressed all_reduce (qsgd 4-bit): on device buffers its codecs run on the GPU and only
+# encoded bytes cross PCIe; against the same call on host buffers (CPU codecs), same run.
+z=qsgd:bits=4,bucket=128
+for np in 2 4; do
+    for dev in cuda host; do
+        step "qccl-perf -np $np --device $dev -Z $z" 45 "$kit/bin/qccl-perf" -np "$np" -b 1M \
+            -e "$big" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" -Z "$z" \
+            -J "$json/perf_z_${dev}_np$np.json"
+        sed -n "/^== qccl-perf -np $np --device $dev -Z $z\$/,/rc=/p" "$log" >>"$fig"
     done
 done
 

@@ -3,7 +3,10 @@
 //! every collective run on the device addresses the way the C API runs a call on a stream
 //! (`Comm::on_stream`): enqueued on qccl-perf's own stream and returning at once; the stream
 //! is synchronised at the end of the timed loop, as nccl-tests does with
-//! cudaStreamSynchronize. qccl stages the buffers through page-locked host memory.
+//! cudaStreamSynchronize. qccl stages the buffers through page-locked host memory, except a
+//! compressed all-reduce, which goes through `Comm::all_reduce_compressed_at` as the C API's
+//! does: a flat SRA on float32/16 and bfloat16 runs its codecs on the GPU (only encoded bytes
+//! cross PCIe); its wire column is then the comm's byte count over the loop, per call.
 //!
 //! The one module of qccl-perf with `unsafe`: device addresses are raw, and `on_stream` takes
 //! the caller's promise that they stay valid until the stream passes each call (held here by
@@ -17,7 +20,7 @@ use qccl::internal::{
     AllReduceCall, Buf, CallBuf, Coll as Call, CollCall, Engine, PreparedAllReduce, PreparedTopK,
     Shape as Where,
 };
-use qccl::{Comm, Error, Result};
+use qccl::{Algo, Comm, Error, Result, Wire};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,6 +65,10 @@ pub struct Gpu {
     in_flight: VecDeque<Box<dyn Event>>,
     /// Each call's report, pushed by the comm's worker as the call runs (in call order).
     done: Arc<Mutex<Vec<Ran>>>,
+    /// Compressed calls enqueued whole since the last sync (their algorithm), which report
+    /// nothing, and the comm's wire count before them.
+    unreported: Vec<Algo>,
+    wire_base: Option<Wire>,
     enqueued: usize,
     /// Bound on one wait for the stream: the comm's timeout for each call in flight.
     timeout: Duration,
@@ -83,6 +90,8 @@ impl Gpu {
             offset: 0,
             in_flight: VecDeque::new(),
             done: Arc::default(),
+            unreported: Vec::new(),
+            wire_base: None,
             enqueued: 0,
             timeout: timeout.saturating_mul(IN_FLIGHT as u32 + 1),
         })
@@ -170,22 +179,69 @@ impl Gpu {
         )?;
         let done = self.done.clone();
         let call_bufs: Vec<CallBuf> = bufs.clone();
-        // SAFETY: the buffers are this section's device memory (lengths within `reserve`'s),
-        // freed only after the stream is synchronised (`reserve`, `Drop`), so they stay valid
-        // until the stream passes the call; the stream is this driver's, on their device.
-        unsafe {
-            ctx.comm
-                .on_stream(&call_bufs, self.stream.raw(), move |e, hosts| {
-                    let ran = work.run(e, &bufs, hosts)?;
-                    done.lock().unwrap_or_else(|p| p.into_inner()).push(ran);
-                    Ok(())
-                })?
-        };
+        match work {
+            // As the C API: the core's one entry for compressed all-reduces on raw buffers,
+            // which runs the codecs on the GPU where the call has that path.
+            Work::Compressed(call) => self.enqueue_compressed(ctx.comm, *call, &call_bufs)?,
+            // SAFETY: the buffers are this section's device memory (lengths within
+            // `reserve`'s), freed only after the stream is synchronised (`reserve`, `Drop`),
+            // so they stay valid until the stream passes the call; the stream is this
+            // driver's, on their device.
+            work => unsafe {
+                ctx.comm
+                    .on_stream(&call_bufs, self.stream.raw(), move |e, hosts| {
+                        let ran = work.run(e, &bufs, hosts)?;
+                        done.lock().unwrap_or_else(|p| p.into_inner()).push(ran);
+                        Ok(())
+                    })?
+            },
+        }
         self.enqueued += 1;
         self.in_flight.push_back(self.stream.record()?);
         if self.in_flight.len() > IN_FLIGHT {
             let oldest = self.in_flight.pop_front().expect("more than IN_FLIGHT");
             oldest.synchronize(self.timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues compressed all-reduce `call` on `bufs` (the send buffer then the receive
+    /// buffer, or the one buffer in place) through `Comm::all_reduce_compressed_at`, as the
+    /// C API does. A call enqueued on the stream reports nothing: its bytes on the wire come
+    /// from the comm's count at [`Gpu::sync`], shared evenly over the calls since the last.
+    fn enqueue_compressed(
+        &mut self,
+        comm: &Comm,
+        call: PreparedAllReduce,
+        bufs: &[CallBuf],
+    ) -> Result<()> {
+        if self.wire_base.is_none() {
+            self.wire_base = Some(comm.wire()?);
+        }
+        let algo = call.algo();
+        let (send, recv) = match bufs {
+            [whole] => (None, whole.addr),
+            [send, recv] => (Some(send.addr), recv.addr),
+            _ => {
+                return Err(Error::Internal(format!(
+                    "qccl-perf: a compressed all-reduce on {} buffers",
+                    bufs.len()
+                )))
+            }
+        };
+        // SAFETY: as in `enqueue`: this section's device memory, distinct buffers (in place
+        // is `send: None`), valid until the stream passes the call; the stream is this
+        // driver's, on their device.
+        let report = unsafe { comm.all_reduce_compressed_at(call, send, recv, self.stream.raw()) }?;
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        match report {
+            Some(rep) => done.push(Ran {
+                algo: Some(rep.algo),
+                wire: Some(rep.wire),
+                inter: rep.inter,
+                ..Ran::default()
+            }),
+            None => self.unreported.push(algo),
         }
         Ok(())
     }
@@ -197,6 +253,26 @@ impl Gpu {
         self.in_flight.clear();
         if let Some(e) = comm.async_error() {
             return Err(e);
+        }
+        if let Some(base) = self.wire_base.take() {
+            // After every call of the comm (its turn): the bytes the calls since `base` moved.
+            let now = comm.wire()?;
+            self.wire_base = Some(now);
+            let calls = std::mem::take(&mut self.unreported);
+            if !calls.is_empty() {
+                let d = now - base;
+                let n = calls.len() as u64;
+                let each = Wire {
+                    sent: d.sent / n,
+                    received: d.received / n,
+                };
+                let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+                done.extend(calls.into_iter().map(|algo| Ran {
+                    algo: Some(algo),
+                    wire: Some(each),
+                    ..Ran::default()
+                }));
+            }
         }
         let ran = std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
         let enqueued = std::mem::take(&mut self.enqueued);
@@ -375,15 +451,11 @@ impl Work {
                 algo: Some(call.run(e, send, recv)?),
                 ..Ran::default()
             }),
-            Work::Compressed(call) => {
-                let rep = call.run(e, send, recv)?;
-                Ok(Ran {
-                    algo: Some(rep.algo),
-                    wire: Some(rep.wire),
-                    inter: rep.inter,
-                    ..Ran::default()
-                })
-            }
+            Work::Compressed(_) => Err(Error::Internal(
+                "qccl-perf: a compressed all-reduce staged as a plain call (it goes through \
+                 Gpu::enqueue_compressed)"
+                    .into(),
+            )),
             Work::TopK(call) => {
                 // In place only, as coll::run: out of place is a copy, then in place.
                 if let Some(s) = send {

@@ -108,9 +108,46 @@ fn all_reduce_dense() {
     on_emulated_gpu(&["-d", "float", "-o", "sum"]);
 }
 
+/// The column named `name` of every table row of `out`.
+fn column(out: &str, name: &str) -> Vec<String> {
+    let head: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("#       size"))
+        .unwrap_or_else(|| panic!("no column header:\n{out}"))
+        .split_whitespace()
+        .skip(1)
+        .collect();
+    let at = head
+        .iter()
+        .position(|h| *h == name)
+        .unwrap_or_else(|| panic!("no column {name}:\n{out}"));
+    out.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().nth(at).unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Through the core's entry for compressed calls, as the C API: the codecs run on the
+/// (emulated) GPU and the call reports no bytes itself; the wire column, from the comm's
+/// count over the loop, is the host run's.
 #[test]
 fn all_reduce_compressed() {
-    on_emulated_gpu(&["-Z", "qsgd:bits=4,bucket=128"]);
+    let z = ["-Z", "qsgd:bits=4,bucket=128"];
+    on_emulated_gpu(&z);
+    for np in [1, 3] {
+        let run = |device: &str| {
+            let (code, out, err) = perf(Some("1"), np, &[&["--device", device][..], &z].concat());
+            assert_eq!(code, Some(0), "{device} on {np}\n{out}\n{err}");
+            column(&out, "wire(B)")
+        };
+        let host = run("host");
+        assert_eq!(host.len(), 4, "{host:?}");
+        assert_eq!(
+            run("cuda"),
+            host,
+            "wire(B) on {np} ranks, device against host"
+        );
+    }
 }
 
 #[test]

@@ -472,6 +472,15 @@ impl PreparedAllReduce {
         }
     }
 
+    /// The schedule the call runs, as its report names it (`Algo::Hier` on the hierarchy's
+    /// sub-comms).
+    pub fn algo(&self) -> Algo {
+        match &self.schedule {
+            Schedule::Flat(f) => f.algo(),
+            Schedule::Hier(_) => Algo::Hier,
+        }
+    }
+
     /// True when the call runs the hierarchical schedule.
     pub(super) fn is_hier(&self) -> bool {
         matches!(self.schedule, Schedule::Hier(_))
