@@ -701,6 +701,10 @@ struct CodedCase {
     must_gpu: bool,
     /// The buffers' type: float32, or a half type the call runs on an f32 copy of.
     dtype: DType,
+    /// The schedule asked for (None: the tuning's, the all-gather scheme for sparse codecs),
+    /// and whether it is the all-gather scheme (one exchange a call) rather than SRA.
+    algo: Option<Algo>,
+    gather: bool,
 }
 
 /// `x` as bytes of `dtype` (float32, float16, bfloat16; halves rounded as `half` does).
@@ -817,6 +821,8 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             l2: 0.0,
             must_gpu: true,
             dtype: DType::Float32,
+            algo: Some(Algo::Sra),
+            gather: false,
         },
         CodedCase {
             spec: "bf16:ef=1",
@@ -829,6 +835,8 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             l2: 0.0,
             must_gpu: true,
             dtype: DType::Float32,
+            algo: Some(Algo::Sra),
+            gather: false,
         },
         CodedCase {
             spec: "fp16:ef=1",
@@ -841,6 +849,8 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             l2: 0.0,
             must_gpu: true,
             dtype: DType::Float32,
+            algo: Some(Algo::Sra),
+            gather: false,
         },
         CodedCase {
             spec: "qsgd:bits=4,bucket=128,ef=1",
@@ -853,6 +863,8 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             l2: 0.5,
             must_gpu: true,
             dtype: DType::Float32,
+            algo: Some(Algo::Sra),
+            gather: false,
         },
         CodedCase {
             spec: "topk:density=0.25,ef=1",
@@ -866,6 +878,8 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             l2: 2.0,
             must_gpu: true,
             dtype: DType::Float32,
+            algo: Some(Algo::Sra),
+            gather: false,
         },
         CodedCase {
             spec: "fp16:ef=1",
@@ -879,6 +893,8 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             l2: 0.0,
             must_gpu: true,
             dtype: DType::Float16,
+            algo: Some(Algo::Sra),
+            gather: false,
         },
         CodedCase {
             spec: "qsgd:bits=4,bucket=128",
@@ -891,6 +907,64 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             l2: 0.5,
             must_gpu: true,
             dtype: DType::Bfloat16,
+            algo: Some(Algo::Sra),
+            gather: false,
+        },
+        CodedCase {
+            spec: "topk:density=0.1,ef=1",
+            key: Some("gather.topk"),
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![1, 4099],
+            calls: 3,
+            tolerance: None,
+            l2: 2.0,
+            must_gpu: true,
+            dtype: DType::Float32,
+            algo: None,
+            gather: true,
+        },
+        CodedCase {
+            spec: "mstopk:density=0.05,ef=1",
+            key: Some("gather.mstopk"),
+            layout: None,
+            op: ReduceOp::Avg,
+            counts: vec![4099],
+            calls: 3,
+            tolerance: None,
+            l2: 2.0,
+            must_gpu: true,
+            dtype: DType::Bfloat16,
+            algo: None,
+            gather: true,
+        },
+        CodedCase {
+            spec: "randk:density=0.25",
+            key: None,
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![7, 1031],
+            calls: 2,
+            tolerance: None,
+            l2: 2.0,
+            must_gpu: true,
+            dtype: DType::Float16,
+            algo: None,
+            gather: true,
+        },
+        CodedCase {
+            spec: "qsgd:bits=8,bucket=64,ef=1",
+            key: Some("gather.qsgd"),
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![4099],
+            calls: 3,
+            tolerance: None,
+            l2: 0.5,
+            must_gpu: true,
+            dtype: DType::Float32,
+            algo: Some(Algo::AllGather),
+            gather: true,
         },
     ];
     let user = dev.gpu.create_stream(0).map_err(e)?;
@@ -902,7 +976,10 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
     // still queued on the stream.
     let (mut piped, mut overlapped) = (0u64, 0u64);
     for (ci, case) in cases.iter().enumerate() {
-        let mut c = Compression::parse(case.spec).map_err(e)?.algo(Algo::Sra);
+        let mut c = Compression::parse(case.spec).map_err(e)?;
+        if let Some(a) = case.algo {
+            c = c.algo(a);
+        }
         if let Some(k) = case.key {
             c = c.key(k);
         }
@@ -947,7 +1024,13 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                             "{what}: {early} calls returned once enqueued (stream {stream:?})"
                         ));
                     }
-                    if gpu_ran && n > 1 {
+                    if gpu_ran && n > 1 && case.gather {
+                        // The all-gather scheme: one exchange.
+                        let exchanges = after.exchanges - before.exchanges;
+                        if exchanges != 1 {
+                            return Err(format!("{what}: {exchanges} exchanges, want 1"));
+                        }
+                    } else if gpu_ran && n > 1 {
                         // Two exchanges per slice; slice j+1 encoded before slice j moves.
                         let last = count - count * (n - 1) / n;
                         let nsl = (4 * last).div_ceil(slice_bytes).max(1) as u64;

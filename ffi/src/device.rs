@@ -6,8 +6,9 @@
 //! take the host path unchanged.
 //!
 //! A compressed all-reduce goes through the core's one entry for them
-//! (`Comm::all_reduce_compressed_at`, `Comm::submit_all_reduce_compressed_at`): a flat SRA on
-//! float32 device buffers whose codecs have launch plans runs them on the GPU instead of
+//! (`Comm::all_reduce_compressed_at`, `Comm::submit_all_reduce_compressed_at`): a flat SRA or
+//! all-gather scheme (sparse codecs) on float32, float16 or bfloat16 device buffers whose
+//! codecs have launch plans runs them on the GPU instead of
 //! staging, blocking (NULL or a stream) and non-blocking alike. Grouped calls are all staged,
 //! together at `qcclGroupEnd` (group.rs, spans.rs), the GPU codecs included: a group may mix
 //! calls whose buffers overlap (an all-reduce into a buffer a later send of the group reads),

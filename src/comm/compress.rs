@@ -451,25 +451,30 @@ impl PreparedAllReduce {
         (self.count, self.dtype, self.op)
     }
 
-    /// The call as the device path runs it: (plan, tensor key, op, count, seed, dtype), when
-    /// it is a flat SRA on float32, float16 or bfloat16 (what `gpu::sra` implements; the
-    /// halves through an f32 copy, as `with_f32`); None otherwise.
-    pub(super) fn flat_sra(&self) -> Option<crate::gpu::sra::CallShape<'_>> {
+    /// The call as the device path runs it: (plan, tensor key, op, count, seed, dtype,
+    /// schedule), when it is a flat SRA or all-gather scheme on float32, float16 or bfloat16
+    /// (what `gpu::sra` implements; the halves through an f32 copy, as `with_f32`); None
+    /// otherwise.
+    pub(super) fn on_device(&self) -> Option<crate::gpu::sra::CallShape<'_>> {
+        use crate::gpu::sra::Scheme;
         let halves = matches!(
             self.dtype,
             DType::Float32 | DType::Float16 | DType::Bfloat16
         );
-        match self.schedule {
-            Schedule::Flat(Flat::Sra) if halves => Some((
-                &self.plan,
-                self.key.as_ref(),
-                self.op,
-                self.count,
-                self.seed,
-                self.dtype,
-            )),
-            _ => None,
-        }
+        let scheme = match self.schedule {
+            Schedule::Flat(Flat::Sra) => Scheme::Sra,
+            Schedule::Flat(Flat::AllGather) => Scheme::Gather,
+            _ => return None,
+        };
+        halves.then_some((
+            &self.plan,
+            self.key.as_ref(),
+            self.op,
+            self.count,
+            self.seed,
+            self.dtype,
+            scheme,
+        ))
     }
 
     /// The schedule the call runs, as its report names it (`Algo::Hier` on the hierarchy's

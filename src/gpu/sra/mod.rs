@@ -1,5 +1,5 @@
-//! Compressed SRA all-reduce on device buffers with the codecs on the GPU (issue #22): the
-//! CPU schedule (`algo::compressed::sra::run`), with a `Side` whose data stays in device
+//! Compressed all-reduce on device buffers with the codecs on the GPU (issue #22): the CPU's
+//! SRA schedule (`algo::compressed::sra::run`), with a `Side` whose data stays in device
 //! memory. A slice leaving this rank is encoded by its codec's kernels (error feedback fused)
 //! into aligned device scratch and only its payload is copied to page-locked memory, after
 //! the 32-byte header a kernel writes there (`qccl_put_header`); a received chunk's header is
@@ -11,6 +11,12 @@
 //! for this rank's own slice, `encode_ef` for the peers'), own data exact and then the peers'
 //! decoded contributions in rank order, the owner's sum encoded once and replaced by its
 //! decoded value, Avg's division after the sum (`qccl_finish_avg_f32`).
+//!
+//! The all-gather scheme (`algo::compressed::gather::run`, the one sparse codecs take: a
+//! sum of sparse vectors is not sparse) runs over the same sides: the whole input encoded
+//! once (error feedback fused) into this rank's own send slot, one exchange sending it to
+//! every peer, then the work zeroed (`qccl_ef_zero`) and every rank's encoding added in
+//! rank order, this rank's own from its send slot.
 //!
 //! A call made on a caller's stream runs the schedule twice. `enqueue` (on the caller's
 //! thread, NCCL's enqueue-and-return) runs it over `side.rs`, which enqueues every kernel
@@ -36,6 +42,7 @@
 
 use super::driver::{Arg, Driver, Stream};
 use super::plans::{grid_for, plan_for, CodecPlan, FloatPlan, BLOCK};
+use crate::algo::compressed::gather::{self, GatherSide};
 use crate::algo::compressed::sra::{self, Shape};
 use crate::algo::compressed::{chunk, slice};
 use crate::algo::Algo;
@@ -49,6 +56,7 @@ use crate::error::{Error, Result};
 use crate::transport::frame::CollKind;
 use crate::types::{DType, ReduceOp};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,6 +93,8 @@ pub struct GpuAllReduce {
     convert: Option<FloatPlan>,
     /// The buffers' type (the frames' descriptor names it, as the host's calls do).
     dtype: DType,
+    /// SRA, or the all-gather scheme (sparse codecs).
+    scheme: Scheme,
     /// The comm's ranks, this rank and its slice bytes (QCCL_BUFFSIZE).
     n: usize,
     rank: usize,
@@ -92,7 +102,16 @@ pub struct GpuAllReduce {
     timeout: Duration,
 }
 
-/// The call's shape: (plan, tensor key, op, count, seed, dtype).
+/// The schedules the device runs, as the host's (`algo::compressed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    /// Scatter-reduce-allgather (`sra::run`).
+    Sra,
+    /// The all-gather scheme (`gather::run`), the one sparse codecs take.
+    Gather,
+}
+
+/// The call's shape: (plan, tensor key, op, count, seed, dtype, schedule).
 pub(crate) type CallShape<'a> = (
     &'a CodecMap,
     Option<&'a TensorKey>,
@@ -100,6 +119,7 @@ pub(crate) type CallShape<'a> = (
     usize,
     u64,
     DType,
+    Scheme,
 );
 
 /// The f32 buffers a call works on: (input, None in place; result).
@@ -116,7 +136,7 @@ impl GpuAllReduce {
     pub(crate) fn new(
         driver: Arc<dyn Driver>,
         ordinal: usize,
-        (plan, key, op, count, seed, dtype): CallShape<'_>,
+        (plan, key, op, count, seed, dtype, scheme): CallShape<'_>,
         (send, recv): (Option<u64>, u64),
         (n, rank, slice, timeout): CommShape,
     ) -> Result<GpuAllReduce> {
@@ -151,6 +171,7 @@ impl GpuAllReduce {
             seed,
             convert,
             dtype,
+            scheme,
             n,
             rank,
             slice,
@@ -199,18 +220,18 @@ impl GpuAllReduce {
                     return self.alone(st, res, view);
                 };
                 let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
-                let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
+                let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, self.algo());
                 let dev = DeviceSide::new((st, self), (site, res), view, board, false);
                 let mover = Mover::new(self, self.n);
                 let mut side = Lockstep { mover, dev };
-                let ran = sra::run(&mut ctx, shape, &mut side, self.count, true);
+                let ran = self.schedule(&mut ctx, shape, &mut side);
                 lane.add_bytes(side.dev.to_host, side.dev.to_device);
                 stats = side.mover.stats;
                 ran
             })?
             .ok_or_else(|| Error::Internal("a call in step lost its script".into()))?;
         self.wait_done(e, script, Ok(stats))?;
-        Ok(Report::flat(Algo::Sra, e.wire - w0))
+        Ok(Report::flat(self.algo(), e.wire - w0))
     }
 
     /// The worker's part of a call whose device work was enqueued when it was made
@@ -254,12 +275,41 @@ impl GpuAllReduce {
                     return self.alone(st, res, view);
                 };
                 let mut side = DeviceSide::new((st, self), (site, res), view, board, true);
-                let ran = sra::run(&mut (), shape, &mut side, self.count, true);
+                let ran = self.schedule(&mut (), shape, &mut side);
                 lane.add_bytes(side.to_host, side.to_device);
                 ran
             },
         )
         .map(drop)
+    }
+
+    /// The schedule's name, as the host's calls report it and their frames carry it.
+    fn algo(&self) -> Algo {
+        match self.scheme {
+            Scheme::Sra => Algo::Sra,
+            Scheme::Gather => Algo::AllGather,
+        }
+    }
+
+    /// Runs the call's schedule over `side`, its exchanges on `x`.
+    fn schedule<X: ?Sized>(
+        &self,
+        x: &mut X,
+        shape: Shape,
+        side: &mut dyn GatherSide<X>,
+    ) -> Result<()> {
+        match self.scheme {
+            Scheme::Sra => sra::run(x, shape, side, self.count, true),
+            Scheme::Gather => gather::run(x, shape, side, self.count),
+        }
+    }
+
+    /// The exchanges the schedule makes on `shape`.
+    fn exchanges(&self, shape: Shape) -> usize {
+        match self.scheme {
+            Scheme::Sra => 2 * shape.nsl,
+            Scheme::Gather => 1,
+        }
     }
 
     /// The schedule's shape on more than one rank.
@@ -323,7 +373,7 @@ impl GpuAllReduce {
             st.stream.wait_event(&*c.record()?)?;
         }
         let wire = st.wire.as_ref().map_or(std::ptr::null_mut(), |w| w.ptr());
-        let exchanges = shape.map_or(0, |s| 2 * s.nsl);
+        let exchanges = shape.map_or(0, |s| self.exchanges(s));
         let base = st.seq;
         st.seq = base.wrapping_add(exchanges as u32);
         st.issued += 1;
@@ -453,12 +503,12 @@ impl GpuAllReduce {
             rank: self.rank as u64,
         };
         let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
-        let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, Algo::Sra);
+        let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, self.algo());
         let mut side = MoveSide {
             mover: Mover::new(self, self.n),
             script,
         };
-        sra::run(&mut ctx, shape, &mut side, self.count, true)?;
+        self.schedule(&mut ctx, shape, &mut side)?;
         Ok(side.mover.stats)
     }
 
@@ -489,7 +539,8 @@ impl GpuAllReduce {
     }
 
     /// The room the call needs on `shape` (None: one rank): the same chunks and slices as
-    /// `sra::run`, and the f32 copy of a half-precision call.
+    /// `sra::run` (the whole buffer for the all-gather scheme), and the f32 copy of a
+    /// half-precision call.
     fn sizes(&self, shape: Option<Shape>) -> Result<Sizes> {
         let mut s = Sizes {
             slot: 0,
@@ -505,15 +556,21 @@ impl GpuAllReduce {
             return Ok(s);
         };
         let (n, nsl) = (shape.n, shape.nsl);
-        for c in (0..n).map(|c| chunk(self.count, n, c)) {
-            for j in 0..nsl {
-                let r = slice(&c, nsl, j);
-                s.slot = s.slot.max(self.plan.encoded_len(r.clone()));
-                for (q, codec) in self.plan.pieces(r) {
-                    let p = self.plan_of(&**codec)?;
-                    s.payload = s.payload.max(p.payload_len(q.len()));
-                    s.scratch = s.scratch.max(p.scratch_len(q.len()));
-                }
+        let ranges: Vec<Range<usize>> = match self.scheme {
+            Scheme::Sra => (0..n)
+                .flat_map(|c| {
+                    let c = chunk(self.count, n, c);
+                    (0..nsl).map(move |j| slice(&c, nsl, j))
+                })
+                .collect(),
+            Scheme::Gather => std::iter::once(0..self.count).collect(),
+        };
+        for r in ranges {
+            s.slot = s.slot.max(self.plan.encoded_len(r.clone()));
+            for (q, codec) in self.plan.pieces(r) {
+                let p = self.plan_of(&**codec)?;
+                s.payload = s.payload.max(p.payload_len(q.len()));
+                s.scratch = s.scratch.max(p.scratch_len(q.len()));
             }
         }
         Ok(s)

@@ -14,6 +14,7 @@ use super::sends::EncodedSends;
 use super::side::DeviceSide;
 use super::state::DeviceStats;
 use super::GpuAllReduce;
+use crate::algo::compressed::gather::GatherSide;
 use crate::algo::compressed::sra::{Phase, Side, SETS};
 use crate::algo::Ctx;
 use crate::codec::checked_payload;
@@ -195,6 +196,26 @@ impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
         let board = &self.script.board;
         board.release(self.mover.x);
         self.mover.swap(board, ctx, set, peers, land)
+    }
+}
+
+impl<'c> GatherSide<Ctx<'c>> for MoveSide<'_> {
+    fn zero(&mut self, _: Range<usize>) -> Result<()> {
+        Ok(())
+    }
+
+    fn add_own(&mut self, _: usize, _: Range<usize>) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<'c> GatherSide<Ctx<'c>> for Lockstep<'_> {
+    fn zero(&mut self, r: Range<usize>) -> Result<()> {
+        self.dev.zero(r)
+    }
+
+    fn add_own(&mut self, set: usize, r: Range<usize>) -> Result<()> {
+        self.dev.add_own(set, r)
     }
 }
 

@@ -8,6 +8,7 @@
 use super::script::{Board, Exchange};
 use super::state::DeviceState;
 use super::GpuAllReduce;
+use crate::algo::compressed::gather::GatherSide;
 use crate::algo::compressed::sra::{Phase, Side, SETS};
 use crate::codec::{write_header, Site, HEADER_LEN};
 use crate::error::{Error, Result};
@@ -193,8 +194,14 @@ impl<'a> DeviceSide<'a> {
                 Error::Internal("a decode before any exchange of the call".into())
             })?;
         let set = x % SETS;
+        self.decode_slot(self.board.recv_slot(set, p), set, r, add)
+    }
+
+    /// Enqueues the decoding (or addition, `add`) of the encoding of elements `r` in the
+    /// page-locked slot at `base` of `set` (received, or this rank's own) into the work
+    /// buffer.
+    fn decode_slot(&mut self, base: *mut u8, set: usize, r: Range<usize>, add: bool) -> Result<()> {
         let (g, s) = (self.g, &*self.st.stream);
-        let base = self.board.recv_slot(set, p);
         let bad = self.board.words.bad_ptr() as u64;
         let mut at = 0;
         for (q, codec) in g.plan.pieces(r) {
@@ -203,10 +210,12 @@ impl<'a> DeviceSide<'a> {
             let payload = codec.max_encoded_len(count) - HEADER_LEN;
             let off = 4 * q.start as u64;
             let (dev, scratch) = (self.payload, self.scratch);
-            // SAFETY: within receive slot p of `set` (the schedule's lengths fit the slot:
-            // `sizes`), page-locked memory the worker fills before it stores the progress
-            // value this copy waits behind, and does not fill again before the event after
-            // these decodes (`drained`). The device ranges as in `encode`.
+            // SAFETY: within the slot at `base` (the schedule's lengths fit the slot:
+            // `sizes`): a receive slot of `set`, page-locked memory the worker fills before
+            // it stores the progress value this copy waits behind, and does not fill again
+            // before the event after these decodes (`drained`); or this rank's own send slot,
+            // written by the encode's copy earlier on this stream. The device ranges as in
+            // `encode`.
             unsafe {
                 if payload > 0 {
                     s.copy_to_device(dev, base.add(at + HEADER_LEN), payload)?;
@@ -218,6 +227,17 @@ impl<'a> DeviceSide<'a> {
         }
         self.decoding = Some(set);
         Ok(())
+    }
+}
+
+impl GatherSide<()> for DeviceSide<'_> {
+    fn zero(&mut self, r: Range<usize>) -> Result<()> {
+        self.close_decodes()?;
+        self.st.zero(self.recv + 4 * r.start as u64, r.len())
+    }
+
+    fn add_own(&mut self, set: usize, r: Range<usize>) -> Result<()> {
+        self.decode_slot(self.board.send_slot(set, self.rank), set, r, true)
     }
 }
 

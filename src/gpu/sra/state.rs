@@ -248,15 +248,25 @@ impl DeviceState {
         }
         let m = driver.alloc_device(self.ordinal, len)?;
         let addr = m.addr();
-        let args = [Arg::Ptr(addr), Arg::U64(count as u64)];
-        // SAFETY: ef.cu's qccl_ef_zero(float* res, uint64_t count) over the fresh residual's
-        // `count` f32s, kept in `residuals` until every call using it is done.
-        unsafe {
-            self.stream
-                .launch(&*self.zero, grid_for(count), BLOCK, &args)?
-        };
+        // The fresh residual is kept in `residuals` until every call using it is done.
+        self.zero(addr, count)?;
         self.residuals.insert(key.clone(), m);
         Ok(Some(addr))
+    }
+
+    /// Enqueues setting `count` f32s of device memory at `addr` to +0.0 (`qccl_ef_zero`);
+    /// `addr` must hold them until the work enqueued after this is done.
+    pub(super) fn zero(&mut self, addr: u64, count: usize) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let args = [Arg::Ptr(addr), Arg::U64(count as u64)];
+        // SAFETY: ef.cu's qccl_ef_zero(float* res, uint64_t count) over `count` f32s at
+        // `addr`, which the caller keeps valid (this function's contract).
+        unsafe {
+            self.stream
+                .launch(&*self.zero, grid_for(count), BLOCK, &args)
+        }
     }
 
     /// Grows the wire slots and device scratch to `sizes` for `n` ranks (no wire for one). Memory in use is
