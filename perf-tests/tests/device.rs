@@ -56,13 +56,7 @@ fn check(out: &str, err: &str, np: usize, device: impl Fn(&str) -> bool) {
         "{out}\n{err}"
     );
     // Where the #wrong columns are (-I adds columns before the in-place ones).
-    let head: Vec<&str> = out
-        .lines()
-        .find(|l| l.starts_with("#       size"))
-        .unwrap_or_else(|| panic!("no column header:\n{out}"))
-        .split_whitespace()
-        .skip(1)
-        .collect();
+    let head = header(out);
     let wrong: Vec<usize> = (0..head.len()).filter(|&i| head[i] == "#wrong").collect();
     assert_eq!(wrong.len(), 2, "{out}");
     let rows: Vec<Vec<&str>> = out
@@ -108,16 +102,19 @@ fn all_reduce_dense() {
     on_emulated_gpu(&["-d", "float", "-o", "sum"]);
 }
 
-/// The column named `name` of every table row of `out`.
-fn column(out: &str, name: &str) -> Vec<String> {
-    let head: Vec<&str> = out
-        .lines()
+/// The names of the table's columns (its header line, without the leading `#`).
+fn header(out: &str) -> Vec<&str> {
+    out.lines()
         .find(|l| l.starts_with("#       size"))
         .unwrap_or_else(|| panic!("no column header:\n{out}"))
         .split_whitespace()
         .skip(1)
-        .collect();
-    let at = head
+        .collect()
+}
+
+/// The column named `name` of every table row of `out`.
+fn column(out: &str, name: &str) -> Vec<String> {
+    let at = header(out)
         .iter()
         .position(|h| *h == name)
         .unwrap_or_else(|| panic!("no column {name}:\n{out}"));
