@@ -93,3 +93,34 @@ QCCL_DEVICE void qccl_decode_body(const T* payload, float* out, uint64_t count, 
 QCCL_FLOAT_CODEC(none, float, qccl_f32_to_none, qccl_none_to_f32)
 QCCL_FLOAT_CODEC(fp16, uint16_t, qccl_f32_to_f16, qccl_f16_to_f32)
 QCCL_FLOAT_CODEC(bf16, uint16_t, qccl_f32_to_bf16, qccl_bf16_to_f32)
+
+// Calls on float64 buffers: the codecs work on an f32 copy, as the CPU's `with_f32` does with
+// Rust's `as` (a float16 or bfloat16 buffer takes its float codec's decode and encode instead).
+//   qccl_f64_to_f32(const double* x, float* out, uint64_t count)   rounded to nearest even
+//   qccl_f32_to_f64(const float* x, double* out, uint64_t count)   exact
+// A NaN keeps its sign and the top of its payload, quieted, as x86's cvtsd2ss and cvtss2sd
+// (what `as` compiles to there) do; a GPU's cvt would return the canonical NaN instead.
+// Shape: grid-stride, any grid and block. Shim: sequential.
+QCCL_DEVICE float qccl_f64_narrow(double d) {
+    uint64_t b = qccl_f64_bits(d);
+    if ((b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull)
+        return qccl_f32_from(((uint32_t)(b >> 32) & 0x80000000u) | 0x7fc00000u |
+                             ((uint32_t)(b >> 29) & 0x003fffffu));
+    return (float)d;
+}
+
+QCCL_DEVICE double qccl_f32_widen(float f) {
+    uint32_t b = qccl_f32_bits(f);
+    if ((b & 0x7fffffffu) > 0x7f800000u)
+        return qccl_f64_from(((uint64_t)(b & 0x80000000u) << 32) | 0x7ff8000000000000ull |
+                             ((uint64_t)(b & 0x003fffffu) << 29));
+    return (double)f;
+}
+
+extern "C" __global__ void qccl_f64_to_f32(const double* x, float* out, uint64_t count) {
+    for (uint64_t i = qccl_tid(); i < count; i += qccl_nthreads()) out[i] = qccl_f64_narrow(x[i]);
+}
+
+extern "C" __global__ void qccl_f32_to_f64(const float* x, double* out, uint64_t count) {
+    for (uint64_t i = qccl_tid(); i < count; i += qccl_nthreads()) out[i] = qccl_f32_widen(x[i]);
+}

@@ -718,6 +718,11 @@ fn to_bytes(x: &[f32], dtype: DType) -> Vec<u8> {
             .iter()
             .flat_map(|&v| half::bf16::from_f32(v).to_ne_bytes())
             .collect(),
+        // Bits below an f32's: the conversion to the codecs' f32 copy must round them.
+        DType::Float64 => x
+            .iter()
+            .flat_map(|&v| (v as f64 * (1.0 + 1e-9)).to_ne_bytes())
+            .collect(),
         _ => bytemuck::cast_slice(x).to_vec(),
     }
 }
@@ -732,6 +737,10 @@ fn from_bytes(b: &[u8], dtype: DType) -> Vec<f32> {
         DType::Bfloat16 => b
             .chunks_exact(2)
             .map(|c| half::bf16::from_ne_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        DType::Float64 => b
+            .chunks_exact(8)
+            .map(|c| f64::from_ne_bytes(c.try_into().expect("8 bytes")) as f32)
             .collect(),
         _ => floats(b),
     }
@@ -768,6 +777,13 @@ fn host_coded(
         }
         DType::Bfloat16 => {
             run::<half::bf16>(comm, c, op, bytemuck::cast_slice(&bytes).to_vec(), in_place)
+        }
+        DType::Float64 => {
+            let values = bytes
+                .chunks_exact(8)
+                .map(|b| f64::from_ne_bytes(b.try_into().expect("8 bytes")))
+                .collect();
+            run::<f64>(comm, c, op, values, in_place)
         }
         _ => run::<f32>(comm, c, op, mine.to_vec(), in_place),
     }
@@ -909,6 +925,34 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             dtype: DType::Bfloat16,
             algo: Some(Algo::Sra),
             gather: false,
+        },
+        CodedCase {
+            spec: "qsgd:bits=4,bucket=128,ef=1",
+            key: Some("f64.grad"),
+            layout: None,
+            op: ReduceOp::Avg,
+            counts: vec![1, 4099],
+            calls: 3,
+            tolerance: None,
+            l2: 0.5,
+            must_gpu: true,
+            dtype: DType::Float64,
+            algo: Some(Algo::Sra),
+            gather: false,
+        },
+        CodedCase {
+            spec: "topk:density=0.1",
+            key: None,
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![1031],
+            calls: 2,
+            tolerance: None,
+            l2: 2.0,
+            must_gpu: true,
+            dtype: DType::Float64,
+            algo: None,
+            gather: true,
         },
         CodedCase {
             spec: "topk:density=0.1,ef=1",

@@ -233,6 +233,75 @@ fn ef_zero_and_put_header_write_what_they_say() {
     }
 }
 
+/// float64 buffers' conversions to and from the codecs' f32 copy: bit for bit Rust's `as`
+/// (NaN payloads, signed zeros, subnormals, overflow and ties to even included).
+#[test]
+fn float64_conversions_match_rust() {
+    let Some(d) = driver(1) else { return };
+    let s = d.create_stream(0).unwrap();
+    let mut g = Gen::new(29);
+    let doubles: Vec<f64> = [
+        0.0,
+        -0.0,
+        1.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::from_bits(0x7ff8_0000_0000_0001),
+        f64::from_bits(0xfff0_0000_dead_beef),
+        f64::from_bits(0x7ff4_5678_9abc_def0),
+        f64::MIN_POSITIVE,
+        -5e-324,
+        1e-40,
+        -1.5e-45,
+        f32::MAX as f64 * 1.0000001,
+        f32::MAX as f64,
+        // Ties: halfway between two f32s, and one ulp of f64 either side.
+        1.0 + f32::EPSILON as f64 / 2.0,
+        1.0 + 3.0 * f32::EPSILON as f64 / 2.0,
+        f64::from_bits((1.0 + f32::EPSILON as f64 / 2.0).to_bits() + 1),
+        f64::from_bits((1.0 + f32::EPSILON as f64 / 2.0).to_bits() - 1),
+    ]
+    .into_iter()
+    .chain((0..4099).map(|_| f64::from_bits(g.u64())))
+    .collect();
+    let narrow = d.function(0, "qccl_f64_to_f32").unwrap();
+    let widen = d.function(0, "qccl_f32_to_f64").unwrap();
+    for n in [0, 1, 7, doubles.len()] {
+        let x = &doubles[..n];
+        let xd = upload(&d, &*s, bytemuck::cast_slice(x));
+        let out = filled(&d, &*s, 4 * n, 0xa5);
+        let args = [
+            Arg::Ptr(xd.addr()),
+            Arg::Ptr(out.addr()),
+            Arg::U64(n as u64),
+        ];
+        launch(&*s, &*narrow, n, &args).unwrap();
+        let got = floats(&download(&*s, out.addr(), 4 * n));
+        for (i, (&v, g)) in x.iter().zip(&got).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                (v as f32).to_bits(),
+                "narrow n={n} [{i}] {v:e}"
+            );
+        }
+        // Back: every f32 the narrowing gave, NaNs with payloads among them.
+        let f: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let fd = upload(&d, &*s, bytemuck::cast_slice(&f));
+        let wide = filled(&d, &*s, 8 * n, 0xa5);
+        let args = [
+            Arg::Ptr(fd.addr()),
+            Arg::Ptr(wide.addr()),
+            Arg::U64(n as u64),
+        ];
+        launch(&*s, &*widen, n, &args).unwrap();
+        let back = download(&*s, wide.addr(), 8 * n);
+        for (i, (&v, b)) in f.iter().zip(back.chunks_exact(8)).enumerate() {
+            let b = u64::from_ne_bytes(b.try_into().unwrap());
+            assert_eq!(b, (v as f64).to_bits(), "widen n={n} [{i}] {v:e}");
+        }
+    }
+}
+
 fn floats(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_ne_bytes(c.try_into().expect("4 bytes")))

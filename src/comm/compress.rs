@@ -452,21 +452,18 @@ impl PreparedAllReduce {
     }
 
     /// The call as the device path runs it: (plan, tensor key, op, count, seed, dtype,
-    /// schedule), when it is a flat SRA or all-gather scheme on float32, float16 or bfloat16
-    /// (what `gpu::sra` implements; the halves through an f32 copy, as `with_f32`); None
+    /// schedule), when it is a flat SRA or all-gather scheme on a float type (what `gpu::sra`
+    /// implements; other than float32 through an f32 copy, as `with_f32`); None
     /// otherwise.
     pub(super) fn on_device(&self) -> Option<crate::gpu::sra::CallShape<'_>> {
         use crate::gpu::sra::Scheme;
-        let halves = matches!(
-            self.dtype,
-            DType::Float32 | DType::Float16 | DType::Bfloat16
-        );
+        let floats = self.dtype.is_float();
         let scheme = match self.schedule {
             Schedule::Flat(Flat::Sra) => Scheme::Sra,
             Schedule::Flat(Flat::AllGather) => Scheme::Gather,
             _ => return None,
         };
-        halves.then_some((
+        floats.then_some((
             &self.plan,
             self.key.as_ref(),
             self.op,

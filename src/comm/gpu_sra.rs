@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 impl Comm {
     /// The GPU path of compressed all-reduce `call` on `send` (None: in place) and `recv`, if
-    /// it has one: a flat SRA or all-gather scheme (the one sparse codecs take) on float32,
-    /// float16 or bfloat16, more than 0 elements, every buffer aligned to its element in
+    /// it has one: a flat SRA or all-gather scheme (the one sparse codecs take) on a float
+    /// type, more than 0 elements, every buffer aligned to its element in
     /// device memory of the comm's device, a launch plan for each of its codecs. None: stage
     /// the call as any other. Buffers on another device than the comm's are an error, as for
     /// staged calls.

@@ -7,6 +7,7 @@ use super::{grid_for, CodecPlan, BLOCK};
 use crate::codec::CodecId;
 use crate::error::{Error, Result};
 use crate::gpu::driver::{Arg, Driver, Function, Stream};
+use crate::types::DType;
 use std::sync::Arc;
 
 /// Elements one thread handles on the vector path.
@@ -117,4 +118,68 @@ unsafe fn launch(s: &dyn Stream, f: &dyn Function, count: usize, args: &[Arg]) -
     let grid = grid_for(count.div_ceil(PER_THREAD));
     // SAFETY: the caller's promise.
     unsafe { s.launch(f, grid, BLOCK, args) }
+}
+
+/// A buffer type's conversion to and from the f32 copy the codecs work on, as the CPU's
+/// `with_f32`: float16 and bfloat16 by their float codec's decode (exact) and encode (round to
+/// nearest even, the `half` crate's), float64 by `qccl_f64_to_f32` (Rust's `as`) and
+/// `qccl_f32_to_f64` (exact).
+pub struct Convert {
+    to_f32: Arc<dyn Function>,
+    from_f32: Arc<dyn Function>,
+    /// Float16 and bfloat16: the float codec's kernels, 8 elements a thread.
+    codec: bool,
+}
+
+impl Convert {
+    /// The conversion of `dtype` buffers on device `ordinal`; None for float32 (the codecs'
+    /// own type), `Unsupported` for integer types.
+    pub fn new(driver: &dyn Driver, ordinal: usize, dtype: DType) -> Result<Option<Convert>> {
+        let f = |name: &str| driver.function(ordinal, name);
+        let (to_f32, from_f32, codec) = match dtype {
+            DType::Float32 => return Ok(None),
+            DType::Float16 => (f("qccl_fp16_decode")?, f("qccl_fp16_encode")?, true),
+            DType::Bfloat16 => (f("qccl_bf16_decode")?, f("qccl_bf16_encode")?, true),
+            DType::Float64 => (f("qccl_f64_to_f32")?, f("qccl_f32_to_f64")?, false),
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "codecs on the GPU for {other} buffers"
+                )))
+            }
+        };
+        Ok(Some(Convert {
+            to_f32,
+            from_f32,
+            codec,
+        }))
+    }
+
+    /// Enqueues the conversion of `count` elements of the buffer type at `src` into f32s at
+    /// `dst` (`into` true), or of f32s at `src` into the buffer type at `dst`.
+    ///
+    /// # Safety
+    /// Both ranges must hold `count` elements of their type, aligned to it, valid until the
+    /// launch is done.
+    pub unsafe fn run(
+        &self,
+        s: &dyn Stream,
+        into: bool,
+        src: u64,
+        dst: u64,
+        count: usize,
+    ) -> Result<()> {
+        let f = if into { &self.to_f32 } else { &self.from_f32 };
+        let args = [Arg::Ptr(src), Arg::Ptr(dst), Arg::U64(count as u64)];
+        if self.codec {
+            // SAFETY: floats.cu's codec decode (const T*, float*, uint64_t) and encode
+            // (const float*, T*, uint64_t) over the caller's ranges.
+            return unsafe { launch(s, &**f, count, &args) };
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: floats.cu's qccl_f64_to_f32 (const double*, float*, uint64_t) and
+        // qccl_f32_to_f64 (const float*, double*, uint64_t) over the caller's ranges.
+        unsafe { s.launch(&**f, grid_for(count), BLOCK, &args) }
+    }
 }

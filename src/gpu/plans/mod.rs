@@ -11,7 +11,7 @@ mod sign;
 mod sparse;
 
 pub use codec::{plan_for, CodecPlan};
-pub use floats::FloatPlan;
+pub use floats::{Convert, FloatPlan};
 pub use qsgd::QsgdPlan;
 pub use sign::SignPlan;
 pub use sparse::SparsePlan;

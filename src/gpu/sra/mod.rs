@@ -41,14 +41,14 @@
 //! buffers before starts again from zero here (and the reverse).
 
 use super::driver::{Arg, Driver, Stream};
-use super::plans::{grid_for, plan_for, CodecPlan, FloatPlan, BLOCK};
+use super::plans::{grid_for, plan_for, CodecPlan, Convert, BLOCK};
 use crate::algo::compressed::gather::{self, GatherSide};
 use crate::algo::compressed::sra::{self, Shape};
 use crate::algo::compressed::{chunk, slice};
 use crate::algo::Algo;
 use crate::codec::ef::TensorKey;
 use crate::codec::layout::CodecMap;
-use crate::codec::{Codec, CodecId, Site};
+use crate::codec::{Codec, Site};
 use crate::coll::compressed::Coded;
 use crate::coll::Engine;
 use crate::comm::Report;
@@ -87,10 +87,9 @@ pub struct GpuAllReduce {
     send: Option<u64>,
     recv: u64,
     seed: u64,
-    /// Float32, or a half-precision type the call runs on an f32 copy of (the CPU's
-    /// `with_f32`), converted by this float codec's kernels: its decode widens exactly, its
-    /// encode rounds as the `half` crate does.
-    convert: Option<FloatPlan>,
+    /// None for float32; for float16, bfloat16 and float64 the conversion to and from the f32
+    /// copy the call runs on (the CPU's `with_f32`).
+    convert: Option<Convert>,
     /// The buffers' type (the frames' descriptor names it, as the host's calls do).
     dtype: DType,
     /// SRA, or the all-gather scheme (sparse codecs).
@@ -129,7 +128,7 @@ type View = (Option<u64>, u64);
 pub(crate) type CommShape = (usize, usize, usize, Duration);
 
 impl GpuAllReduce {
-    /// The all-reduce of `count` (> 0) elements of `dtype` (float32, float16, bfloat16) in
+    /// The all-reduce of `count` (> 0) elements of `dtype` (a float type) in
     /// device memory `recv` (in place) or from `send`, both on device `ordinal` and aligned
     /// to their element. `Unsupported` when a codec of the plan has no launch plan, or the
     /// kernels cannot be loaded (the caller then stages the call).
@@ -148,16 +147,7 @@ impl GpuAllReduce {
         }
         // Loaded now, outside the comm's turn: a first load may build the kernel file.
         DeviceState::functions(&*driver, ordinal)?;
-        let convert = match dtype {
-            DType::Float32 => None,
-            DType::Float16 => Some(FloatPlan::new(&*driver, ordinal, CodecId::Fp16)?),
-            DType::Bfloat16 => Some(FloatPlan::new(&*driver, ordinal, CodecId::Bf16)?),
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "codecs on the GPU for {other} buffers"
-                )))
-            }
-        };
+        let convert = Convert::new(&*driver, ordinal, dtype)?;
         Ok(GpuAllReduce {
             driver,
             ordinal,
@@ -425,34 +415,30 @@ impl GpuAllReduce {
         }
     }
 
-    /// The f32 buffers the call works on: its own, or for half precision the f32 copy of
+    /// The f32 buffers the call works on: its own, or for another float type the f32 copy of
     /// its input (the send buffer, or the receive buffer in place), the conversion enqueued.
     fn widen(&self, st: &mut DeviceState) -> Result<View> {
-        let Some(plan) = &self.convert else {
+        let Some(convert) = &self.convert else {
             return Ok((self.send, self.recv));
         };
         let work = state::addr(&st.work);
-        let bad = st.words.bad_ptr() as u64;
-        // SAFETY: floats.cu's decode widens `count` halves of the call's input (valid until
-        // its `done` event: the caller's promise) into the f32 copy, which `reserve` sized
-        // and nothing else uses until the call is done; no check can fail on a plain float
-        // payload, `bad` is page-locked anyway.
+        // SAFETY: converts `count` elements of the call's input (valid until its `done`
+        // event: the caller's promise, aligned to the element: checked by the comm) into the
+        // f32 copy, which `reserve` sized and nothing else uses until the call is done.
         unsafe {
-            plan.decode(
+            convert.run(
                 &*st.stream,
+                true,
                 self.send.unwrap_or(self.recv),
                 work,
                 self.count,
-                false,
-                bad,
-                0,
             )?
         };
         Ok((None, work))
     }
 
-    /// Enqueues Avg's division on the f32 work `view`, the conversion back of a
-    /// half-precision call, then records the call's `done` event (and makes `caller` wait for
+    /// Enqueues Avg's division on the f32 work `view`, the conversion back of a call on
+    /// another float type, then records the call's `done` event (and makes `caller` wait for
     /// it).
     fn finish_on(
         &self,
@@ -474,10 +460,10 @@ impl GpuAllReduce {
                     .launch(&*st.avg, grid_for(count.div_ceil(4)), BLOCK, &args)?
             };
         }
-        if let Some(plan) = &self.convert {
-            // SAFETY: floats.cu's encode rounds the f32 copy's `count` values into the call's
-            // receive buffer (valid until `done`: the caller's promise), as `from_f32` does.
-            unsafe { plan.encode(&*st.stream, work, self.recv, count, 0, 0)? };
+        if let Some(convert) = &self.convert {
+            // SAFETY: converts the f32 copy's `count` values into the call's receive buffer
+            // (valid until `done`: the caller's promise), as `from_f32` does.
+            unsafe { convert.run(&*st.stream, false, work, self.recv, count)? };
         }
         let done = st.stream.record()?;
         if let Some(c) = caller {
@@ -539,8 +525,8 @@ impl GpuAllReduce {
     }
 
     /// The room the call needs on `shape` (None: one rank): the same chunks and slices as
-    /// `sra::run` (the whole buffer for the all-gather scheme), and the f32 copy of a
-    /// half-precision call.
+    /// `sra::run` (the whole buffer for the all-gather scheme), and the f32 copy of a call on
+    /// another float type.
     fn sizes(&self, shape: Option<Shape>) -> Result<Sizes> {
         let mut s = Sizes {
             slot: 0,

@@ -16,7 +16,8 @@ use crate::gpu::driver::Arg;
 use std::ops::Range;
 
 /// This rank's side of the schedule on the device: work is the f32 buffer `recv`, the input
-/// `send` (None: in place) — the call's buffers, or its f32 copy for half-precision calls. The page-locked wire holds [`SETS`] sets of `2n` slots of `slot` bytes:
+/// `send` (None: in place) — the call's buffers, or its f32 copy for calls on other float types. The page-locked
+/// wire holds [`SETS`] sets of `2n` slots of `slot` bytes:
 /// in set k, slot i the bytes sent to peer i (this rank's own: its encoded sum), slot `n + p`
 /// the bytes received from peer p.
 pub(super) struct DeviceSide<'a> {

@@ -164,7 +164,7 @@ pub struct DeviceState {
     pub(super) payload: Option<Box<dyn DeviceMem>>,
     /// The launch plans' scratch.
     pub(super) scratch: Option<Box<dyn DeviceMem>>,
-    /// The f32 copy of a half-precision call's buffer (the CPU's `with_f32`).
+    /// The f32 copy of the buffer of a call on another float type (the CPU's `with_f32`).
     pub(super) work: Option<Box<dyn DeviceMem>>,
     pub(super) residuals: HashMap<TensorKey, Box<dyn DeviceMem>>,
 }
@@ -177,7 +177,7 @@ pub(super) struct Sizes {
     pub(super) payload: usize,
     /// Most plan scratch of one piece.
     pub(super) scratch: usize,
-    /// The f32 copy of a half-precision call's buffer.
+    /// The f32 copy of the buffer of a call on another float type.
     pub(super) work: usize,
 }
 
