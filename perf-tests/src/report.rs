@@ -360,7 +360,7 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
             s,
             "# device buffers (--device cuda): send and receive buffers in GPU memory, staged \
              by qccl through page-locked host memory (a compressed flat SRA or all-gather scheme \
-             on float32/16 or bfloat16: its codecs run on the GPU, only encoded bytes cross PCIe); calls \
+             on a float type: its codecs run on the GPU, only encoded bytes cross PCIe); calls \
              enqueued on qccl-perf's stream, which is synchronised after each timed loop \
              (with -I after each call)"
         );

@@ -23,10 +23,12 @@
 //! and copy of the call on the comm's stream: slice j+1's scatter encodes before slice j's
 //! exchange, into the other of `sra::SETS` sets of page-locked send and receive slots, and
 //! each exchange as a wait for a progress value (`wait_word`) before the copies and decodes
-//! of the bytes it receives. The comm's worker then runs it over `moves.rs` in the comm's
-//! turn: each exchange hands a peer's bytes to the progress engine as the event after their
-//! encode completes (`sends.rs`), receives into the set whose decodes' event completed,
-//! checks the received headers and stores the progress value. The worker enqueues nothing:
+//! of the bytes it receives. The comm's worker runs it over `moves.rs` in the comm's turn,
+//! taking each exchange from the call's `Board` as it is posted, while the rest may still be
+//! being enqueued (a stream holds only so many pending operations: `script.rs`): each
+//! exchange hands a peer's bytes to the progress engine as the event after their encode
+//! completes (`sends.rs`), receives into the set whose decodes' event completed, checks the
+//! received headers and stores the progress value. The worker enqueues nothing:
 //! behind a caller's stream held for the call (CUDA orders all work enqueued after an
 //! implicitly synchronising call, such as an application's `cudaMalloc`, behind it) nothing
 //! of the call waits for the host but the network. The caller's stream waits for an event
