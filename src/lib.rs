@@ -93,7 +93,7 @@ pub mod internal {
     pub use crate::gpu::kernels;
     #[cfg(feature = "cuda")]
     pub use crate::gpu::nvrtc;
-    pub use crate::gpu::select::{driver as gpu, emulate as emulate_gpu};
+    pub use crate::gpu::select::{driver as gpu, emulate as emulate_gpu, emulated_driver};
     pub use crate::gpu::sra::{DeviceStats, GpuAllReduce};
     pub use crate::gpu::staging::CallBuf;
     pub use crate::reduce::{finish_avg, reduce3, reduce_into};

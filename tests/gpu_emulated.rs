@@ -48,6 +48,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "coded" => coded(&comm, &dev),
         "coded_enqueue" => coded_enqueue_and_return(&comm, &dev),
         "coded_peer_gone" => coded_peer_gone(&comm, &dev),
+        "coded_enqueue_fails" => coded_enqueue_fails(&comm, &dev),
         "bounded" => bounded_staging(&comm, &dev),
         "threads" => threads_on_one_device(),
         other => Err(format!("unknown scenario {other}")),
@@ -474,6 +475,59 @@ fn coded_peer_gone(comm: &Comm, dev: &Dev) -> Result<(), String> {
         return Err("a call on the failed comm was accepted".into());
     }
     user.synchronize(WAIT).map_err(e)?;
+    Ok(())
+}
+
+/// Rank 0's compressed call on a stream fails while it is being enqueued (a copy of its
+/// device work fails when the stream reaches it, and the stream's queue is kept short, so
+/// later enqueues of the call see the sticky error): after the worker took the call's
+/// script. The call returns the error, the caller's stream passes, the comm fails, and the
+/// peer's call fails instead of waiting: nothing hangs.
+fn coded_enqueue_fails(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let mut one = [1f32];
+    comm.all_reduce_in_place(&mut one, ReduceOp::Sum)
+        .map_err(e)?;
+    let count = 65_536;
+    let c = Compression::parse("qsgd:bits=4,bucket=128")
+        .map_err(e)?
+        .algo(Algo::Sra);
+    let p = comm
+        .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
+        .map_err(e)?;
+    if comm.rank() != 0 {
+        let mut x = vec![1f32; count];
+        return match comm.all_reduce_compressed(&mut x, ReduceOp::Sum, &c) {
+            Ok(_) => Err("the peer's call succeeded without rank 0's bytes".into()),
+            Err(_) => Ok(()),
+        };
+    }
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    let d = dev.upload(&vec![0u8; 4 * count])?;
+    let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
+    emu.fail_next_copy(0).map_err(e)?;
+    let before = comm.device_stats().map_err(e)?;
+    // SAFETY: `d` lives until the stream passed the call (synchronized below).
+    let called = unsafe { comm.all_reduce_compressed_at(p, None, d.addr(), user.raw()) };
+    let msg = match called {
+        Ok(_) => return Err("the call enqueued whole though its stream failed".into()),
+        Err(err) => err.to_string(),
+    };
+    if !msg.contains("injected fault") {
+        return Err(format!("the call failed for another reason: {msg}"));
+    }
+    if comm.device_stats().map(|s| s.enqueued).unwrap_or(0) != before.enqueued {
+        return Err("a failed call counted as enqueued".into());
+    }
+    // The caller's stream never waits for the failed call's work.
+    user.synchronize(WAIT).map_err(e)?;
+    let deadline = std::time::Instant::now() + WAIT;
+    while comm.async_error().is_none() {
+        if std::time::Instant::now() >= deadline {
+            return Err("no async error after the call failed".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     Ok(())
 }
 
@@ -1370,6 +1424,23 @@ fn a_compressed_call_with_the_codecs_on_the_gpu_returns_once_enqueued() {
 #[test]
 fn a_compressed_call_on_a_stream_whose_peer_left_does_not_hang_the_stream() {
     run_job(2, "coded_peer_gone", "1");
+}
+
+#[test]
+fn a_compressed_call_that_fails_while_enqueued_hangs_nothing() {
+    let job = Job::new(2);
+    let outs = job.run(
+        "coded_enqueue_fails",
+        &[
+            ("QCCL_GPU_EMULATE", "1"),
+            ("QCCL_GPU_EMULATE_QUEUE_DEPTH", "8"),
+            ("QCCL_BUFFSIZE", "4096"),
+        ],
+        Duration::from_secs(120),
+    );
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r}:\n{}", text(o));
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! every comm, as a GPU's does).
 
 use super::driver::Driver;
+use super::emu::EmuDriver;
 use crate::error::{Error, Result};
 use std::sync::{Arc, OnceLock};
 
@@ -13,6 +14,20 @@ const MAX_EMULATED: usize = 16;
 static DRIVER: OnceLock<Result<Arc<dyn Driver>>> = OnceLock::new();
 /// Set by [`emulate`]; wins over the probed choice.
 static CHOSEN: OnceLock<Arc<dyn Driver>> = OnceLock::new();
+/// The emulated driver, once one was chosen (for its fault injection, [`emulated`]).
+static EMULATED: OnceLock<Arc<EmuDriver>> = OnceLock::new();
+
+/// The emulated driver with `n` devices: the process's one.
+fn emu(n: usize) -> Arc<EmuDriver> {
+    EMULATED.get_or_init(|| Arc::new(EmuDriver::new(n))).clone()
+}
+
+/// The process's emulated driver, if it runs on one (tests plan faults on it:
+/// `EmuDriver::fail_next_copy`).
+pub fn emulated_driver() -> Option<Arc<EmuDriver>> {
+    driver().ok()?;
+    EMULATED.get().cloned()
+}
 
 /// The driver, or why there is none (`Unsupported`, naming what is missing).
 pub fn driver() -> Result<Arc<dyn Driver>> {
@@ -26,9 +41,7 @@ pub fn driver() -> Result<Arc<dyn Driver>> {
 /// would, for tests that cannot set the variable before the process starts (a comm that
 /// already staged buffers keeps its driver). An error when another choice was made so.
 pub fn emulate(n: usize) -> Result<Arc<dyn Driver>> {
-    let d = CHOSEN
-        .get_or_init(|| Arc::new(super::emu::EmuDriver::new(n)))
-        .clone();
+    let d = CHOSEN.get_or_init(|| emu(n)).clone();
     if d.device_count() != n {
         return Err(Error::InvalidUsage(format!(
             "the emulated driver with {} device(s) was already chosen for this process",
@@ -41,7 +54,7 @@ pub fn emulate(n: usize) -> Result<Arc<dyn Driver>> {
 fn open() -> Result<Arc<dyn Driver>> {
     if let Some(n) = emulated(std::env::var("QCCL_GPU_EMULATE").ok().as_deref())? {
         crate::qlog!(Info, "device buffers: emulated driver, {n} device(s)");
-        return Ok(Arc::new(super::emu::EmuDriver::new(n)));
+        return Ok(emu(n));
     }
     real()
 }
