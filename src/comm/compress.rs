@@ -474,6 +474,11 @@ impl PreparedAllReduce {
         ))
     }
 
+    /// The bytes of each of the call's buffers.
+    pub(super) fn bytes(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+
     /// The schedule the call runs, as its report names it (`Algo::Hier` on the hierarchy's
     /// sub-comms).
     pub fn algo(&self) -> Algo {

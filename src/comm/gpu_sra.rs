@@ -24,10 +24,11 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<Option<GpuAllReduce>> {
-        let Some(shape) = call.on_device() else {
+        let Ok(driver) = crate::gpu::select::driver() else {
             return Ok(None);
         };
-        let Ok(driver) = crate::gpu::select::driver() else {
+        let Some(shape) = call.on_device() else {
+            self.tell_staged(&*driver, call, send, recv);
             return Ok(None);
         };
         let es = shape.5.size();
@@ -62,6 +63,37 @@ impl Comm {
                 );
                 Ok(None)
             }
+        }
+    }
+
+    /// Says once per comm (INFO) that a compressed all-reduce on device buffers is staged,
+    /// the CPU codecs encoding, because its route has no GPU path: a multi-host job's
+    /// hierarchical default would otherwise be slow without a word.
+    fn tell_staged(
+        &self,
+        driver: &dyn crate::gpu::driver::Driver,
+        call: &PreparedAllReduce,
+        send: Option<u64>,
+        recv: u64,
+    ) {
+        let len = call.bytes();
+        if len == 0 || !self.gpu_lane.staged_untold() {
+            return;
+        }
+        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
+        let on_device = staging::locate(driver, &bufs)
+            .and_then(|p| p.ordinal())
+            .is_ok_and(|o| o.is_some());
+        if on_device && self.gpu_lane.first_staged() {
+            crate::qlog!(
+                Info,
+                "rank {}: compressed all-reduce on device buffers with the {} route: staged \
+                 through page-locked memory, the CPU codecs encode (the codecs run on the GPU \
+                 in the flat SRA and all-gather schemes: QCCL_ALGO=sra or the call's algo \
+                 asks for SRA); said once per comm",
+                self.rank,
+                call.algo().name()
+            );
         }
     }
 

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::driver::{Arg, DeviceMem, Driver, Function, Pinned, Stream};
 use crate::gpu::plans::{grid_for, BLOCK};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,9 +48,23 @@ pub struct GpuLane {
     pub(super) stats: Mutex<DeviceStats>,
     /// Calls done: bytes moved and device work run (their `Script` dropped).
     pub(super) moved: Arc<AtomicU64>,
+    /// Set once the comm said that a call on device buffers was staged for its route.
+    told_staged: AtomicBool,
 }
 
 impl GpuLane {
+    /// True until [`GpuLane::first_staged`] was: the comm has not yet said that a compressed
+    /// call on device buffers is staged.
+    pub fn staged_untold(&self) -> bool {
+        !self.told_staged.load(Ordering::Relaxed)
+    }
+
+    /// True the first time only: whether to say that a compressed call on device buffers is
+    /// staged (once per comm, not per call).
+    pub fn first_staged(&self) -> bool {
+        !self.told_staged.swap(true, Ordering::Relaxed)
+    }
+
     /// What it did so far.
     pub fn stats(&self) -> DeviceStats {
         *lock(&self.stats)
