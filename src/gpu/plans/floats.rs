@@ -127,8 +127,6 @@ unsafe fn launch(s: &dyn Stream, f: &dyn Function, count: usize, args: &[Arg]) -
 pub struct Convert {
     to_f32: Arc<dyn Function>,
     from_f32: Arc<dyn Function>,
-    /// Float16 and bfloat16: the float codec's kernels, 8 elements a thread.
-    codec: bool,
 }
 
 impl Convert {
@@ -136,22 +134,18 @@ impl Convert {
     /// own type), `Unsupported` for integer types.
     pub fn new(driver: &dyn Driver, ordinal: usize, dtype: DType) -> Result<Option<Convert>> {
         let f = |name: &str| driver.function(ordinal, name);
-        let (to_f32, from_f32, codec) = match dtype {
+        let (to_f32, from_f32) = match dtype {
             DType::Float32 => return Ok(None),
-            DType::Float16 => (f("qccl_fp16_decode")?, f("qccl_fp16_encode")?, true),
-            DType::Bfloat16 => (f("qccl_bf16_decode")?, f("qccl_bf16_encode")?, true),
-            DType::Float64 => (f("qccl_f64_to_f32")?, f("qccl_f32_to_f64")?, false),
+            DType::Float16 => (f("qccl_fp16_decode")?, f("qccl_fp16_encode")?),
+            DType::Bfloat16 => (f("qccl_bf16_decode")?, f("qccl_bf16_encode")?),
+            DType::Float64 => (f("qccl_f64_to_f32")?, f("qccl_f32_to_f64")?),
             other => {
                 return Err(Error::Unsupported(format!(
                     "codecs on the GPU for {other} buffers"
                 )))
             }
         };
-        Ok(Some(Convert {
-            to_f32,
-            from_f32,
-            codec,
-        }))
+        Ok(Some(Convert { to_f32, from_f32 }))
     }
 
     /// Enqueues the conversion of `count` elements of the buffer type at `src` into f32s at
@@ -170,16 +164,8 @@ impl Convert {
     ) -> Result<()> {
         let f = if into { &self.to_f32 } else { &self.from_f32 };
         let args = [Arg::Ptr(src), Arg::Ptr(dst), Arg::U64(count as u64)];
-        if self.codec {
-            // SAFETY: floats.cu's codec decode (const T*, float*, uint64_t) and encode
-            // (const float*, T*, uint64_t) over the caller's ranges.
-            return unsafe { launch(s, &**f, count, &args) };
-        }
-        if count == 0 {
-            return Ok(());
-        }
-        // SAFETY: floats.cu's qccl_f64_to_f32 (const double*, float*, uint64_t) and
-        // qccl_f32_to_f64 (const float*, double*, uint64_t) over the caller's ranges.
-        unsafe { s.launch(&**f, grid_for(count), BLOCK, &args) }
+        // SAFETY: floats.cu's (const T*, float*, uint64_t) into f32 and (const float*, T*,
+        // uint64_t) back, over the caller's ranges; all grid-stride, any grid.
+        unsafe { launch(s, &**f, count, &args) }
     }
 }
