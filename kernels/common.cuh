@@ -248,6 +248,8 @@ QCCL_DEVICE bool qccl_aligned16(const void* a, const void* b, const void* c) {
 
 QCCL_DEVICE uint4 qccl_load16(const void* p) {
 #if defined(QCCL_SHIM)
+    // A GPU faults on a misaligned vector access; the CPU would not, so the shim checks.
+    if ((unsigned long long)p & 15ull) qccl_shim::fail("qccl_load16: %p is not 16-byte aligned", p);
     uint4 v;
     std::memcpy(&v, p, 16);  // the shim's C++ forbids reading a float buffer through uint4*
     return v;
@@ -258,6 +260,7 @@ QCCL_DEVICE uint4 qccl_load16(const void* p) {
 
 QCCL_DEVICE void qccl_store16(void* p, uint4 v) {
 #if defined(QCCL_SHIM)
+    if ((unsigned long long)p & 15ull) qccl_shim::fail("qccl_store16: %p is not 16-byte aligned", p);
     std::memcpy(p, &v, 16);
 #else
     *(uint4*)p = v;

@@ -53,9 +53,15 @@ QCCL_DEVICE unsigned qccl_draw32(unsigned long long key, unsigned long long i) {
     return (unsigned)(qccl_draw(key, i >> 1) >> ((i & 1ULL) * 32u));
 }
 
+/* The uniform in [0, 1) with 24 bits of resolution of one half (0: low, 1: high) of a draw:
+ * elements 2j and 2j + 1 share draw(key, j), so a thread holding both draws once. */
+QCCL_DEVICE float qccl_uniform24_of(unsigned long long draw, unsigned half) {
+    return (float)((unsigned)(draw >> (half * 32u)) >> 8) * (1.0f / 16777216.0f);
+}
+
 /* Element i's uniform in [0, 1) with 24 bits of resolution (stochastic rounding). */
 QCCL_DEVICE float qccl_uniform24(unsigned long long key, unsigned long long i) {
-    return (float)(qccl_draw32(key, i) >> 8) * (1.0f / 16777216.0f);
+    return qccl_uniform24_of(qccl_draw(key, i >> 1), (unsigned)(i & 1ULL));
 }
 
 /* Random-k: the index kept in stratum t of k over n elements (0 <= t < k <= n). */

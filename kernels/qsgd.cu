@@ -7,17 +7,19 @@
  * bucket size: no two threads share a byte. A bucket holding a non-finite value has NaN scales
  * and decodes to NaN.
  *
- * Entries, arguments as kernels/README.md orders them (all grid-stride, any grid, shim mode
- * sequential: no thread waits for another):
+ * Entries, arguments as kernels/README.md orders them (any grid; shim mode fibers for the file:
+ * the scale scans shuffle across a warp, the other kernels never wait for another thread):
  *   encode: the scales, then the levels on the same stream (levels read the scales):
  *           scales, bucket <= QSGD_RUN (4096): qccl_qsgd_bounds(x, payload, n, bucket, maxabs),
- *             a thread per bucket;
- *           scales, larger buckets: qccl_qsgd_runs(x, runs, n, bucket, maxabs), a thread per
- *             4096-element run (scratch: ceil(n / bucket) * ceil(bucket / 4096) QsgdLanes of
- *             68 bytes), then qccl_qsgd_merge(runs, payload, n, bucket, maxabs), a thread per
- *             bucket (either path works for any bucket; they give the same bits);
+ *             a warp per bucket of 32 elements or more (block a multiple of 32), a thread per
+ *             smaller bucket (grid-stride);
+ *           scales, larger buckets: qccl_qsgd_runs(x, runs, n, bucket, maxabs), a warp per
+ *             4096-element run (block a multiple of 32; scratch: ceil(n / bucket) *
+ *             ceil(bucket / 4096) QsgdLanes of 68 bytes), then qccl_qsgd_merge(runs, payload,
+ *             n, bucket, maxabs), a thread per bucket (either path works for any bucket; they
+ *             give the same bits);
  *           levels: qccl_qsgd_levels(x, payload, n, bits, bucket, maxabs, nearest, key), a
- *             thread per group of 8 elements;
+ *             thread per group of 8 elements (grid-stride);
  *   encode with error feedback: the same with qccl_qsgd_bounds_ef(x, res, payload, n, bucket,
  *           maxabs) or qccl_qsgd_runs_ef(x, res, runs, n, bucket, maxabs), then
  *           qccl_qsgd_levels_ef(x, res, w_out, payload, n, bits, bucket, maxabs, nearest, key);
@@ -123,23 +125,94 @@ QCCL_DEVICE void qsgd_lanes_store(const QsgdLanes &a, int maxabs, uint8_t *meta,
     }
 }
 
+/* The warp's scan of elements start .. start+len of a bucket (the first of them at offset
+ * `first` in the bucket), its lanes reading 32 apart so that each load is coalesced. Element e
+ * of a bucket is the CPU's lane e % 8; the CPU keeps the first of equal values a lane meets,
+ * then the lowest lane, so a bound's winner is the extreme value, ties (equal values differ in
+ * bits only as -0.0 and 0.0) going to the lowest (e % 8, e). A warp lane's elements share
+ * e % 8 (first is a multiple of 32) and come in order, so it keeps its first; the lanes then
+ * fold in that order. Lane l of the result holds in a.lo[0] and a.hi[0] the winners of the
+ * elements it and the lanes 8, 16 and 24 away read (the CPU's lane l % 8) or, when `whole`, of
+ * all 32 lanes (the scanned elements' bounds); a.bad is the whole warp's. Every lane of the
+ * warp calls it with the same arguments. */
+QCCL_DEVICE int qsgd_before(unsigned a, unsigned b) {
+    return (a & 7u) != (b & 7u) ? (a & 7u) < (b & 7u) : a < b;
+}
+
+template <bool EF>
+QCCL_DEVICE void qsgd_warp_scan(QsgdLanes &a, const float *x, const float *res, uint64_t start,
+                                uint64_t len, uint64_t first, int maxabs, bool whole) {
+    const unsigned all = 0xffffffffu, lane = threadIdx.x & 31u;
+    float lo = qccl_f32_from(0x7f800000u), hi = qccl_f32_from(0xff800000u);
+    /* Offsets in the bucket; none (all ones) orders after every element. */
+    unsigned lo_at = ~0u, hi_at = ~0u;
+    int bad = 0;
+    for (uint64_t e = lane; e < len; e += 32) {
+        float x0 = qsgd_input<EF>(x, res, start + e);
+        float v = maxabs ? qccl_abs_f32(x0) : x0;
+        unsigned at = (unsigned)(first + e);
+        if (v < lo) {
+            lo = v;
+            lo_at = at;
+        }
+        if (v > hi) {
+            hi = v;
+            hi_at = at;
+        }
+        bad |= !qsgd_finite(x0);
+    }
+    /* Lanes 16, then 8 apart share e % 8; 4, 2, 1 apart fold the CPU's lanes. */
+    for (int d = 16; d >= (whole ? 1 : 8); d >>= 1) {
+        /* One 64-bit shuffle per bound: its value's bits and its offset. */
+        uint64_t ol = __shfl_xor_sync(all, (uint64_t)qccl_f32_bits(lo) << 32 | lo_at, d);
+        uint64_t oh = __shfl_xor_sync(all, (uint64_t)qccl_f32_bits(hi) << 32 | hi_at, d);
+        float olo = qccl_f32_from((uint32_t)(ol >> 32)), ohi = qccl_f32_from((uint32_t)(oh >> 32));
+        if (olo < lo || (olo == lo && qsgd_before((unsigned)ol, lo_at))) {
+            lo = olo;
+            lo_at = (unsigned)ol;
+        }
+        if (ohi > hi || (ohi == hi && qsgd_before((unsigned)oh, hi_at))) {
+            hi = ohi;
+            hi_at = (unsigned)oh;
+        }
+    }
+    a.lo[0] = lo;
+    a.hi[0] = hi;
+    a.bad = __any_sync(all, bad);
+}
+
+/* A warp per bucket for buckets of 32 elements or more (block a multiple of 32); smaller
+ * buckets a thread each, scanning as the CPU does. */
 template <bool EF>
 QCCL_DEVICE void qsgd_bounds(const float *x, const float *res, uint64_t n, unsigned bucket,
                              int maxabs, uint8_t *payload) {
     uint64_t nb = (n + bucket - 1) / bucket;
-    QCCL_GRID_STRIDE(bi, nb) {
+    if (bucket < 32) {
+        QCCL_GRID_STRIDE(bi, nb) {
+            uint64_t start = bi * bucket;
+            uint64_t len = n - start < bucket ? n - start : bucket;
+            QsgdLanes a;
+            qsgd_lanes_init(a);
+            qsgd_lanes_scan<EF>(a, x, res, start, len, maxabs);
+            qsgd_lanes_store(a, maxabs, payload, bi);
+        }
+        return;
+    }
+    /* The warp loops together: the fold's shuffles need every lane. */
+    for (uint64_t bi = qccl_tid() / 32; bi < nb; bi += qccl_nthreads() / 32) {
         uint64_t start = bi * bucket;
         uint64_t len = n - start < bucket ? n - start : bucket;
         QsgdLanes a;
         qsgd_lanes_init(a);
-        qsgd_lanes_scan<EF>(a, x, res, start, len, maxabs);
-        qsgd_lanes_store(a, maxabs, payload, bi);
+        qsgd_warp_scan<EF>(a, x, res, start, len, 0, maxabs, true);
+        if ((threadIdx.x & 31u) == 0)
+            qsgd_lanes_store(a, maxabs, payload, bi);
     }
 }
 
-/* Large buckets: a thread per run of QSGD_RUN elements (a multiple of 8) writes its lanes to
- * `runs` (ceil(n / bucket) * ceil(bucket / QSGD_RUN) QsgdLanes), then a thread per bucket
- * merges them in order. */
+/* Large buckets: a warp per run of QSGD_RUN elements (a multiple of 32; block a multiple of
+ * 32) writes the CPU's eight lanes of the run to `runs` (ceil(n / bucket) *
+ * ceil(bucket / QSGD_RUN) QsgdLanes), then a thread per bucket merges them in order. */
 #define QSGD_RUN 4096u
 
 QCCL_DEVICE uint64_t qsgd_runs_per_bucket(unsigned bucket) {
@@ -150,15 +223,22 @@ template <bool EF>
 QCCL_DEVICE void qsgd_runs(const float *x, const float *res, QsgdLanes *runs, uint64_t n,
                            unsigned bucket, int maxabs) {
     uint64_t rpb = qsgd_runs_per_bucket(bucket), nb = (n + bucket - 1) / bucket;
-    QCCL_GRID_STRIDE(g, nb * rpb) {
+    unsigned lane = threadIdx.x & 31u;
+    for (uint64_t g = qccl_tid() / 32; g < nb * rpb; g += qccl_nthreads() / 32) {
         uint64_t bi = g / rpb, r = g % rpb;
         uint64_t end = (bi + 1) * bucket < n ? (bi + 1) * bucket : n;
         uint64_t start = bi * bucket + r * QSGD_RUN;
         uint64_t len = start >= end ? 0 : (end - start < QSGD_RUN ? end - start : QSGD_RUN);
         QsgdLanes a;
         qsgd_lanes_init(a);
-        qsgd_lanes_scan<EF>(a, x, res, start, len, maxabs);
-        runs[g] = a;
+        qsgd_warp_scan<EF>(a, x, res, start, len, r * QSGD_RUN, maxabs, false);
+        /* Lanes 0..7 hold the CPU's lanes 0..7; the flag is the whole run's. */
+        if (lane < 8) {
+            runs[g].lo[lane] = a.lo[0];
+            runs[g].hi[lane] = a.hi[0];
+        }
+        if (lane == 0)
+            runs[g].bad = a.bad;
     }
 }
 
@@ -197,6 +277,55 @@ QCCL_DEVICE float qsgd_value(const QsgdDequant &d, unsigned q, unsigned top) {
     return v;
 }
 
+/* The quantizer of the bucket holding element i, loaded as a thread walks its group: one
+ * division for the group's first element, then a step per bucket boundary crossed (a 64-bit
+ * division per element costs more than the rest of the element's work on a GPU). */
+struct QsgdWalk {
+    uint64_t bi, next; /* the loaded bucket, and the first element past it */
+};
+
+QCCL_DEVICE QsgdWalk qsgd_walk_start(uint64_t i, unsigned bucket) {
+    QsgdWalk w;
+    w.bi = i / bucket;
+    w.next = (w.bi + 1) * bucket;
+    return w;
+}
+
+/* Moves to element i's bucket (i at or past the last one's start); true when it changed. */
+QCCL_DEVICE bool qsgd_walk_to(QsgdWalk &w, uint64_t i, unsigned bucket) {
+    bool moved = false;
+    while (i >= w.next) {
+        w.bi++;
+        w.next += bucket;
+        moved = true;
+    }
+    return moved;
+}
+
+/* Eight elements of a float buffer from element i: 16-byte loads where `vec`. */
+QCCL_DEVICE void qsgd_load8(float *v, const float *p, uint64_t i, unsigned m, bool vec) {
+    if (vec && m == 8) {
+        qccl_x8<float> r = qccl_ld8(p + i);
+        for (int j = 0; j < 8; j++)
+            v[j] = r.e[j];
+        return;
+    }
+    for (unsigned j = 0; j < m; j++)
+        v[j] = p[i + j];
+}
+
+QCCL_DEVICE void qsgd_store8(float *p, const float *v, uint64_t i, unsigned m, bool vec) {
+    if (vec && m == 8) {
+        qccl_x8<float> r;
+        for (int j = 0; j < 8; j++)
+            r.e[j] = v[j];
+        qccl_st8(p + i, r);
+        return;
+    }
+    for (unsigned j = 0; j < m; j++)
+        p[i + j] = v[j];
+}
+
 /* The levels of group g (elements 8g .. 8g+7), packed into the B bytes at g*B of the stream. */
 template <bool EF>
 QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t n, unsigned bits,
@@ -206,20 +335,27 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
     const float topf = (float)top;
     uint8_t *stream = payload + qsgd_meta_bytes(n, bucket, maxabs);
     uint64_t groups = (n + 7) / 8;
+    bool vec = qccl_aligned16(x, EF ? res : x, EF && w_out ? w_out : x);
     QCCL_GRID_STRIDE(g, groups) {
+        uint64_t base = 8 * g;
+        unsigned m = n - base < 8 ? (unsigned)(n - base) : 8u;
+        float w[8], r8[8];
+        qsgd_load8(w, x, base, m, vec);
+        if (EF) {
+            qsgd_load8(r8, res, base, m, vec);
+            for (unsigned j = 0; j < m; j++)
+                w[j] = w[j] + r8[j];
+        }
         uint64_t acc = 0;
-        uint64_t cur = ~0ULL; /* the bucket whose quantizer is loaded */
+        QsgdWalk walk = qsgd_walk_start(base, bucket);
         float lo2 = 0.0f, inv = 0.0f;
         QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int j = 0; j < 8; j++) {
-            uint64_t i = 8 * g + j;
-            if (i >= n)
-                break;
-            uint64_t bi = i / bucket;
-            if (bi != cur) {
-                cur = bi;
+        unsigned long long pair = 0; /* the draw of elements i & ~1 and i | 1 */
+        for (unsigned j = 0; j < m; j++) {
+            uint64_t i = base + j;
+            if (j == 0 || qsgd_walk_to(walk, i, bucket)) {
                 float l, h;
-                qsgd_read_bounds(payload, bi, maxabs, &l, &h);
+                qsgd_read_bounds(payload, walk.bi, maxabs, &l, &h);
                 float d = h * 0.5f - l * 0.5f;
                 /* d > 0 is false for NaN scales and constant buckets: every level is then 0. */
                 if (d > 0.0f) {
@@ -232,19 +368,24 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
                 if (EF)
                     dq = qsgd_dequant(l, h, top);
             }
-            float w = qsgd_input<EF>(x, res, i);
-            float r = nearest ? 0.5f : qccl_uniform24(key, i);
-            float t = (w * 0.5f - lo2) * inv + r;
+            /* base is even: even j starts a pair. */
+            if (!nearest && (j & 1u) == 0)
+                pair = qccl_draw(key, i >> 1);
+            float r = nearest ? 0.5f : qccl_uniform24_of(pair, (unsigned)(i & 1u));
+            float t = (w[j] * 0.5f - lo2) * inv + r;
             t = t > 0.0f ? t : 0.0f; /* also maps NaN to 0 */
             t = t < topf ? t : topf;
             unsigned q = (unsigned)t; /* t >= 0: truncation is floor */
             acc |= (uint64_t)q << (bits * j);
             if (EF) {
-                float e = 0.0f + w;
-                res[i] = e - qsgd_value(dq, q, top);
-                if (w_out)
-                    w_out[i] = w;
+                float e = 0.0f + w[j];
+                r8[j] = e - qsgd_value(dq, q, top);
             }
+        }
+        if (EF) {
+            qsgd_store8(res, r8, base, m, vec);
+            if (w_out)
+                qsgd_store8(w_out, w, base, m, vec);
         }
         /* The last group owns only the stream's remaining bytes. */
         uint64_t total = (n * bits + 7) / 8;
@@ -278,29 +419,30 @@ QCCL_DEVICE void qsgd_decode(const uint8_t *payload, float *out, uint64_t n, uns
     const uint8_t *stream = payload + qsgd_meta_bytes(n, bucket, maxabs);
     uint64_t groups = (n + 7) / 8;
     uint64_t total = (n * bits + 7) / 8;
+    bool vec = qccl_aligned16(out, out, out);
     QCCL_GRID_STRIDE(g, groups) {
-        uint64_t at = g * bits;
+        uint64_t at = g * bits, base = 8 * g;
+        unsigned m = n - base < 8 ? (unsigned)(n - base) : 8u;
         unsigned nbytes = total - at < bits ? (unsigned)(total - at) : bits;
         uint64_t acc = 0;
         for (unsigned b = 0; b < nbytes; b++)
             acc |= (uint64_t)stream[at + b] << (8 * b);
-        uint64_t cur = ~0ULL;
+        float v[8];
+        if (ADD)
+            qsgd_load8(v, out, base, m, vec);
+        QsgdWalk walk = qsgd_walk_start(base, bucket);
         QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int j = 0; j < 8; j++) {
-            uint64_t i = 8 * g + j;
-            if (i >= n)
-                break;
-            uint64_t bi = i / bucket;
-            if (bi != cur) {
-                cur = bi;
+        for (unsigned j = 0; j < m; j++) {
+            if (j == 0 || qsgd_walk_to(walk, base + j, bucket)) {
                 float l, h;
-                qsgd_read_bounds(payload, bi, maxabs, &l, &h);
+                qsgd_read_bounds(payload, walk.bi, maxabs, &l, &h);
                 dq = qsgd_dequant(l, h, top);
             }
             unsigned q = (unsigned)(acc >> (bits * j)) & top;
-            float v = qsgd_value(dq, q, top);
-            out[i] = ADD ? out[i] + v : v;
+            float d = qsgd_value(dq, q, top);
+            v[j] = ADD ? v[j] + d : d;
         }
+        qsgd_store8(out, v, base, m, vec);
     }
 }
 

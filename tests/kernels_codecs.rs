@@ -234,6 +234,36 @@ fn qsgd_kernels_handle_zero_signs_and_constant_buckets() {
             }
         }
     }
+    // Zeros of both signs among values of one sign, so a bucket's bound is a zero: its sign is
+    // that of the zero met first in the lowest of the CPU's eight lanes, which is neither the
+    // bucket's first zero nor the first a GPU warp lane (every 32nd element) meets.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for sign in [1.0f32, -1.0] {
+        let z: Vec<f32> = (0..20_000)
+            .map(|_| match next() % 16 {
+                0 => -0.0,
+                1 => 0.0,
+                _ => sign * (1 + next() % 4) as f32,
+            })
+            .collect();
+        for bucket in [32, 40, 64, 100, 128, 4096, 5000, 9000] {
+            for maxabs in [false, true] {
+                let q = Qsgd {
+                    bits: 2,
+                    bucket,
+                    maxabs,
+                    nearest: true,
+                };
+                qsgd_case(&d, q, &z, 3);
+            }
+        }
+    }
     // Large buckets scanned in runs: the zeros (and their first signs) are in a later run
     // than the bucket's positive values, so the merge order decides the scale's sign.
     let y: Vec<f32> = (0..9100)
@@ -384,11 +414,11 @@ fn mstopk_kernels_match_the_codec() {
     let mut seed = 2000;
     for &n in &COUNTS {
         for density in [0.001, 0.01, 0.3, 1.0] {
-            for samplings in [1, 2, 30] {
+            for samplings in [1, 2, 5, 30] {
                 // kind 2 holds non-finite values: the exact top-k fallback.
                 for kind in 0..3 {
                     seed += 1;
-                    if n > 100_000 && (density > 0.1 || samplings == 2) {
+                    if n > 100_000 && (density > 0.1 || matches!(samplings, 2 | 5)) {
                         continue;
                     }
                     let spec = format!("mstopk:density={density},samplings={samplings}");

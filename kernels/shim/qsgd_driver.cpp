@@ -1,5 +1,6 @@
 // Shim driver for kernels/qsgd.cu: the launch sequences a GPU host runs (see qsgd.cu), on odd
 // grid shapes so every grid-stride loop wraps; scales by runs for buckets over QSGD_RUN.
+// The scale kernels run in fiber mode on whole warps.
 // Entries (argument keys):
 //   encode: count, bits, bucket, maxabs, nearest, key, x (f32 input), payload (output)
 //   encode_ef: the same plus res (f32 input), res_out and w (f32 outputs)
@@ -11,6 +12,8 @@
 using namespace qccl_harness;
 
 static const dim3 GRID(7), BLOCK(37);
+// The scale scans work a warp at a time: whole warps, in fiber mode.
+static const dim3 WARPS(64);
 
 static uint64_t payload_len(const Args& a) {
     uint64_t n = a.u64("count"), bucket = a.u64("bucket");
@@ -38,11 +41,11 @@ static void encode(const Args& a, bool ef) {
     if (!ef) {
         if (bucket > QSGD_RUN) {
             std::vector<QsgdLanes> runs(nruns(n, bucket));
-            qccl_shim::launch(qccl_qsgd_runs, GRID, BLOCK, x.data(), runs.data(), n, bucket, maxabs);
+            qccl_shim::launch_fibers(qccl_qsgd_runs, GRID, WARPS, x.data(), runs.data(), n, bucket, maxabs);
             qccl_shim::launch(qccl_qsgd_merge, GRID, BLOCK, (const QsgdLanes*)runs.data(), p.data(),
                               n, bucket, maxabs);
         } else {
-            qccl_shim::launch(qccl_qsgd_bounds, GRID, BLOCK, x.data(), p.data(), n, bucket, maxabs);
+            qccl_shim::launch_fibers(qccl_qsgd_bounds, GRID, WARPS, x.data(), p.data(), n, bucket, maxabs);
         }
         qccl_shim::launch(qccl_qsgd_levels, GRID, BLOCK, x.data(), p.data(), n, bits, bucket,
                           maxabs, nearest, key);
@@ -53,12 +56,12 @@ static void encode(const Args& a, bool ef) {
     std::vector<float> w(n);
     if (bucket > QSGD_RUN) {
         std::vector<QsgdLanes> runs(nruns(n, bucket));
-        qccl_shim::launch(qccl_qsgd_runs_ef, GRID, BLOCK, x.data(), (const float*)res.data(),
+        qccl_shim::launch_fibers(qccl_qsgd_runs_ef, GRID, WARPS, x.data(), (const float*)res.data(),
                           runs.data(), n, bucket, maxabs);
         qccl_shim::launch(qccl_qsgd_merge, GRID, BLOCK, (const QsgdLanes*)runs.data(), p.data(), n,
                           bucket, maxabs);
     } else {
-        qccl_shim::launch(qccl_qsgd_bounds_ef, GRID, BLOCK, x.data(), res.data(), p.data(), n,
+        qccl_shim::launch_fibers(qccl_qsgd_bounds_ef, GRID, WARPS, x.data(), res.data(), p.data(), n,
                           bucket, maxabs);
     }
     qccl_shim::launch(qccl_qsgd_levels_ef, GRID, BLOCK, x.data(), res.data(), w.data(), p.data(),

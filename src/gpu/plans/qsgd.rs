@@ -1,9 +1,10 @@
 //! `qsgd` on a device, as kernels/shim/qsgd_driver.cpp launches kernels/qsgd.cu: the bucket
-//! scales first (a thread per bucket, or for buckets over `QSGD_RUN` elements a thread per run
-//! into scratch, then a thread per bucket merging the runs), then the levels (a thread per
-//! group of 8 elements, reading the scales back from the payload). Decode: the check kernel
-//! into `bad`, then the decode kernel unconditionally (it reads only the payload's own bytes
-//! and writes only `out`, so a refused payload is safe to decode).
+//! scales first (a warp per bucket, a thread per bucket under 32 elements, or for buckets over
+//! `QSGD_RUN` elements a warp per run into scratch, then a thread per bucket merging the runs),
+//! then the levels (a thread per group of 8 elements, reading the scales back from the
+//! payload). Decode: the check kernel into `bad`, then the decode kernel unconditionally (it
+//! reads only the payload's own bytes and writes only `out`, so a refused payload is safe to
+//! decode).
 
 use super::{grid_for, CodecPlan, BLOCK};
 use crate::codec::{Codec, CodecId};
@@ -11,8 +12,12 @@ use crate::error::{Error, Result};
 use crate::gpu::driver::{Arg, Driver, Function, Stream};
 use std::sync::Arc;
 
-/// qsgd.cu's `QSGD_RUN`: elements a thread scans on the large-bucket scale path.
+/// qsgd.cu's `QSGD_RUN`: elements a warp scans on the large-bucket scale path.
 const RUN: usize = 4096;
+
+/// Threads of a warp: qsgd.cu's scale scans take one per bucket or run (`BLOCK` is a
+/// multiple of it).
+const WARP: usize = 32;
 
 /// Bytes of qsgd.cu's `QsgdLanes` (16 f32 lanes and an int flag; 4-byte aligned).
 const LANES_BYTES: usize = 68;
@@ -125,6 +130,8 @@ impl QsgdPlan {
     ) -> Result<()> {
         let [n, bucket, maxabs] = self.shape(count);
         let nb = grid_for(self.fields.buckets(count));
+        // The scans take a warp per run, or per bucket of 32 elements or more.
+        let warps = |n: usize| grid_for(n * WARP);
         let by_runs = self.fields.by_runs();
         if by_runs && scratch == 0 {
             return Err(Error::invalid(format!(
@@ -135,8 +142,11 @@ impl QsgdPlan {
         }
         // The first kernel writes the scales, or the runs' lanes into scratch.
         let (plain, ef, out, grid) = if by_runs {
-            let grid = grid_for(self.fields.runs(count));
+            let grid = warps(self.fields.runs(count));
             (&self.runs, &self.runs_ef, scratch, grid)
+        } else if self.fields.bucket as usize >= WARP {
+            let grid = warps(self.fields.buckets(count));
+            (&self.bounds, &self.bounds_ef, payload, grid)
         } else {
             (&self.bounds, &self.bounds_ef, payload, nb)
         };
