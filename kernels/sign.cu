@@ -17,7 +17,8 @@
 //   qccl_efsign_tile_sums(const float* x, float* tile_sums, uint64_t count)
 //       8 threads a tile; block a multiple of 32 (256), any grid. Shim: fibers.
 //   qccl_efsign_scale(const float* tile_sums, uint8_t* payload, uint64_t count)
-//       writes bytes 0..4; one thread does it all (launch 1 x 1). Shim: sequential.
+//       writes bytes 0..4; one block (launch 1 x 256: its threads stage the sums in shared
+//       memory, thread 0 adds them). Shim: fibers.
 //   qccl_signs_pack(const float* x, uint8_t* payload + 4, uint64_t count)
 // onebit encode, three launches in order (scratch: 3 * S floats, S = qccl_onebit_segments(count,
 // bucket) = ceil(n / 2048) + ceil(n / bucket) - ceil(n / lcm(2048, bucket))):
@@ -88,12 +89,30 @@ extern "C" __global__ void qccl_efsign_tile_sums_ef(const float* x, const float*
     qccl_efsign_tile_sums_impl<true>(x, res, tile_sums, count);
 }
 
+// Tile sums the scale's block stages in shared memory at a time (the shim's test driver sets
+// a small one, so that a test's sums span several windows).
+#ifndef QCCL_SIGN_WINDOW
+#define QCCL_SIGN_WINDOW 2048u
+#endif
+
 extern "C" __global__ void qccl_efsign_scale(const float* tile_sums, uint8_t* payload,
                                              uint64_t count) {
-    if (qccl_tid() != 0) return;
+    // The f64 sum runs in tile order, a chain of dependent adds on one thread. Fed straight
+    // from global memory it would also wait for each load in turn; the block's threads load a
+    // window of sums together (coalesced, in flight at once) into shared memory first.
+    __shared__ float window[QCCL_SIGN_WINDOW];
+    if (blockIdx.x != 0) return;  // uniform over the block
     uint64_t tiles = qccl_div_ceil(count, QCCL_SIGN_TILE);
     double total = 0.0;
-    for (uint64_t t = 0; t < tiles; t++) total = total + (double)tile_sums[t];
+    for (uint64_t w0 = 0; w0 < tiles; w0 += QCCL_SIGN_WINDOW) {
+        uint64_t m = qccl_min_u64(QCCL_SIGN_WINDOW, tiles - w0);
+        for (uint64_t k = threadIdx.x; k < m; k += blockDim.x) window[k] = tile_sums[w0 + k];
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (uint64_t k = 0; k < m; k++) total = total + (double)window[k];
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
     float s = count == 0 ? 0.0f : (float)(total / (double)count);
     if (!qccl_finite_f32(s)) s = qccl_f32_from(QCCL_F32_NAN_BITS);
     qccl_store_f32_le(payload, s);

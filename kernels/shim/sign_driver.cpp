@@ -5,6 +5,8 @@
 //       ef (1: the _ef sequence, with res an f32 input and res_out, w_out outputs)
 //   qccl_<codec>_decode[_add]: count, payload, acc (f32 input), out (f32 output), bucket
 #include "harness.h"
+// Windows of 16 tile sums: the efsign scale's loop over windows runs from 32769 elements.
+#define QCCL_SIGN_WINDOW 16u
 #include "../sign.cu"
 
 using namespace qccl_harness;
@@ -25,13 +27,13 @@ static void efsign_encode(const Args& a) {
         auto res = a.load<float>("res");
         std::vector<float> w(n);
         qccl_shim::launch_fibers(qccl_efsign_tile_sums_ef, g, dim3(256), x.data(), res.data(), tiles.data(), n);
-        qccl_shim::launch(qccl_efsign_scale, dim3(1), dim3(1), tiles.data(), p.data(), n);
+        qccl_shim::launch_fibers(qccl_efsign_scale, dim3(2), dim3(96), tiles.data(), p.data(), n);
         qccl_shim::launch(qccl_efsign_pack_ef, gb, dim3(256), x.data(), res.data(), w.data(), p.data(), n);
         a.save("res_out", res);
         a.save("w_out", w);
     } else {
         qccl_shim::launch_fibers(qccl_efsign_tile_sums, g, dim3(256), x.data(), tiles.data(), n);
-        qccl_shim::launch(qccl_efsign_scale, dim3(1), dim3(1), tiles.data(), p.data(), n);
+        qccl_shim::launch_fibers(qccl_efsign_scale, dim3(2), dim3(96), tiles.data(), p.data(), n);
         qccl_shim::launch(qccl_signs_pack, gb, dim3(256), x.data(), p.data() + 4, n);
     }
     a.save("payload", p);

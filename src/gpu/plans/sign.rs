@@ -1,6 +1,6 @@
 //! The one-bit codecs (`efsign`, `onebit`) on a device, as kernels/shim/sign_driver.cpp
 //! launches kernels/sign.cu: partial sums of 2048-element tiles (8 threads a tile, cut at
-//! bucket ends for onebit) into scratch, the scales from them in the CPU's order (one thread
+//! bucket ends for onebit) into scratch, the scales from them in the CPU's order (one block
 //! for efsign, a thread a bucket for onebit), then the sign bits (a thread a byte). Decode:
 //! the check kernel into `bad`, then the decode kernel unconditionally (it reads only the
 //! payload's own bytes and writes only `out`, so a refused payload is safe to decode).
@@ -142,9 +142,9 @@ impl SignPlan {
         }
         let args = [&[Arg::Ptr(scratch), Arg::Ptr(payload)][..], &tail].concat();
         match self.kind {
-            // One thread writes the scale, 0.0 for no elements (the payload still holds it).
+            // One block writes the scale, 0.0 for no elements (the payload still holds it).
             // SAFETY: qccl_efsign_scale(tile_sums, payload, count), after the sums on `s`.
-            Kind::EfSign => unsafe { s.launch(&*self.scales, 1, 1, &args) },
+            Kind::EfSign => unsafe { s.launch(&*self.scales, 1, BLOCK, &args) },
             Kind::OneBit { bucket } if count > 0 => {
                 let grid = grid_for(count.div_ceil(bucket as usize));
                 // SAFETY: qccl_onebit_means(seg, payload, count, bucket), a thread a bucket,
