@@ -44,11 +44,10 @@ enum {
     SP_T1 = 13,
     SP_K2 = 14,
     SP_T2 = 15,
-    SP_RATIO = 16, /* mstopk: f64 bits of the ratio being counted */
-    SP_THRES = 17, /* mstopk: key of the threshold being counted */
-    SP_DONE = 18,  /* mstopk: 1 once the search is over (or the input falls back to topk) */
-    SP_COUNT = 19, /* counter the counting launches add to (atomics) */
-    SPARSE_STATE = 20
+    SP_DONE = 16,  /* mstopk: 1 once the search is over (or the input falls back to topk) */
+    SP_TREE = 17,  /* mstopk: keys of the next samplings' thresholds (MSTOPK_NODES, heap order) */
+    SP_TCOUNT = 24, /* mstopk: their counts, which the counting launches add to (atomics) */
+    SPARSE_STATE = 31
 };
 
 typedef unsigned long long sp_u64;

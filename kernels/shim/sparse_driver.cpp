@@ -46,9 +46,10 @@ static void mstopk(const float* x, u64 n, u64 k, u64 samplings, u64 key, u64* st
     qccl_shim::launch(qccl_mstopk_partials, GRID, BLOCK, x, psum.data(), pmax.data(), n);
     qccl_shim::launch(qccl_mstopk_init, ONE, ONE, (const float*)psum.data(),
                       (const float*)pmax.data(), st, hist, n, k);
-    for (u64 s = 0; s < samplings; s++) {
+    for (u64 s = 0; s < samplings; s += MSTOPK_LEVELS) {
+        unsigned levels = (unsigned)(samplings - s < MSTOPK_LEVELS ? samplings - s : MSTOPK_LEVELS);
         qccl_shim::launch_fibers(qccl_mstopk_count, GRID, WARPS, x, st, n);
-        qccl_shim::launch(qccl_mstopk_step, ONE, ONE, st);
+        qccl_shim::launch(qccl_mstopk_step, ONE, ONE, st, levels);
     }
     for (int pass = 0; pass < 4; pass++) {
         qccl_shim::launch_fibers(qccl_mstopk_hist, GRID, BLOCK, x, (const u64*)st, hist, n, pass);

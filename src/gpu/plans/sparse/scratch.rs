@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 
 /// Words of the selection state (SPARSE_STATE in sparse.cuh).
-const STATE_WORDS: usize = 20;
+const STATE_WORDS: usize = 31;
 
 /// Bins of the radix select's histogram (u32 each).
 const HIST_BINS: usize = 256;

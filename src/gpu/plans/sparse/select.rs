@@ -17,6 +17,9 @@ const RADIX_PASSES: i32 = 4;
 const MEAN_PART: usize = 16384;
 const MEAN_LANES: usize = 16;
 
+/// mstopk.cu's `MSTOPK_LEVELS`: samplings whose thresholds one count pass counts.
+const LEVELS: u32 = 3;
+
 /// A codec's way of choosing its pairs.
 pub(super) enum Selection {
     /// A threshold selection into the state, written by the shared compaction.
@@ -160,8 +163,9 @@ impl Thresholds for TopK {
     }
 }
 
-/// mstopk.cu: the Rust codec's mean, `samplings` counts of the bisection, the radix select
-/// for non-finite input (its launches return at once otherwise), the random window.
+/// mstopk.cu: the Rust codec's mean, `samplings` counts of the bisection (three a pass over
+/// x), the radix select for non-finite input (its launches return at once otherwise), the
+/// random window.
 struct MsTopK {
     samplings: u32,
     partials: Arc<dyn Function>,
@@ -192,10 +196,10 @@ impl Thresholds for MsTopK {
         // SAFETY: mstopk.cu's qccl_mstopk_partials(const float* x, float* psum, float* pmax,
         // sp_u64 n), a thread per lane; qccl_mstopk_init(const float* psum,
         // const float* pmax, sp_u64* st, unsigned* hist, sp_u64 n, sp_u64 k), one thread;
-        // per sampling qccl_mstopk_count(const float* x, sp_u64* st, sp_u64 n), whole warps
-        // (BLOCK is a multiple of 32), and qccl_mstopk_step(sp_u64* st), one thread; the
-        // radix passes; qccl_mstopk_finish(sp_u64* st, sp_u64 key), one thread. The ranges
-        // are the caller's.
+        // per LEVELS samplings qccl_mstopk_count(const float* x, sp_u64* st, sp_u64 n), whole
+        // warps (BLOCK is a multiple of 32), and qccl_mstopk_step(sp_u64* st,
+        // unsigned levels), one thread; the radix passes; qccl_mstopk_finish(sp_u64* st,
+        // sp_u64 key), one thread. The ranges are the caller's.
         unsafe {
             s.launch(
                 &*self.partials,
@@ -205,9 +209,10 @@ impl Thresholds for MsTopK {
             )?;
             let args = [psum, pmax, st, Arg::Ptr(at.hist), n64, Arg::U64(k as u64)];
             serial(s, &*self.init, &args)?;
-            for _ in 0..self.samplings {
+            for first in (0..self.samplings).step_by(LEVELS as usize) {
+                let levels = (self.samplings - first).min(LEVELS);
                 s.launch(&*self.count, grid_over(n), BLOCK, &[Arg::Ptr(x), st, n64])?;
-                serial(s, &*self.step, &[st])?;
+                serial(s, &*self.step, &[st, Arg::U32(levels)])?;
             }
             self.radix.run(s, x, n, at)?;
             serial(s, &*self.finish, &[st, Arg::U64(key)])
