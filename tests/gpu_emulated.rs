@@ -254,7 +254,7 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
             .map_err(e)?;
         // SAFETY: `d` lives until the stream passed the calls (`gated_twice` synchronizes).
         unsafe {
-            comm.on_stream(&bufs, user, move |eng, h| {
+            comm.on_stream(&bufs, user, Some(call.coded_calls()), move |eng, h| {
                 call.run(eng, None, bytes(h[0], len)).map(|_| ())
             })
         }
@@ -270,7 +270,7 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     let queued = vec![buf(d.addr(), len, true, true)];
     // SAFETY: `d` lives until the request ended (waited below).
     let req = unsafe {
-        comm.submit_on_buffers(queued, move |eng, h| {
+        comm.submit_on_buffers(queued, None, move |eng, h| {
             call.run(eng, None, bytes(h[0], len)).map(|_| ())
         })
     }
@@ -399,7 +399,7 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
         .map_err(e)?;
     // SAFETY: `a` lives until the request ended (waited below).
     let req = unsafe {
-        comm.submit_on_buffers(vec![buf(a.addr(), len, true, true)], move |eng, h| {
+        comm.submit_on_buffers(vec![buf(a.addr(), len, true, true)], None, move |eng, h| {
             dense.run(eng, None, bytes(h[0], len)).map(|_| ())
         })
     }
@@ -427,6 +427,46 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
                 ));
             }
         }
+    }
+    // Behind a staged call on the same held stream, which declared how many compressed calls
+    // it runs (a dense all-reduce none, a compressed one on the ring, staged through the CPU
+    // codecs, one): the compressed call's step is known, so it does not wait for the staged
+    // call to end (it cannot: the stream is held) and both return at once.
+    for ring in [false, true] {
+        let mut made = 0;
+        gated_twice(comm, dev, count, |d, user| {
+            made += 1;
+            let sra = Compression::parse("fp16").map_err(e)?.algo(Algo::Sra);
+            let c = match (made, ring) {
+                (1, false) => {
+                    let bufs = [buf(d, len, true, true)];
+                    let dense = comm
+                        .prepare_all_reduce(count, DType::Float32, ReduceOp::Sum, None)
+                        .map_err(e)?;
+                    // SAFETY: `d` lives until the stream passed the calls (`gated_twice`
+                    // synchronizes).
+                    return unsafe {
+                        comm.on_stream(&bufs, user, Some(dense.coded_calls()), move |eng, h| {
+                            dense.run(eng, None, bytes(h[0], len)).map(drop)
+                        })
+                    }
+                    .map_err(e);
+                }
+                (1, true) => sra.algo(Algo::Ring),
+                _ => sra,
+            };
+            let p = comm
+                .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
+                .map_err(e)?;
+            // SAFETY: as above.
+            unsafe { comm.all_reduce_compressed_at(p, None, d, user) }
+                .map(drop)
+                .map_err(e)
+        })?;
+    }
+    let end = comm.device_stats().map_err(e)?;
+    if end.enqueued - last.enqueued != 2 {
+        return Err("a compressed call behind a staged one did not return once enqueued".into());
     }
     Ok(())
 }
@@ -564,9 +604,12 @@ fn threads_on_one_device() -> Result<(), String> {
                     let call = comm.prepare_all_reduce(c.0, c.1, c.2, None).map_err(e)?;
                     // SAFETY: `d` lives until the stream passed the call (synchronized below).
                     unsafe {
-                        comm.on_stream(&bufs, user.raw(), move |eng, h| {
-                            call.run(eng, None, bytes(h[0], len)).map(|_| ())
-                        })
+                        comm.on_stream(
+                            &bufs,
+                            user.raw(),
+                            Some(call.coded_calls()),
+                            move |eng, h| call.run(eng, None, bytes(h[0], len)).map(|_| ()),
+                        )
                     }
                     .map_err(e)?;
                     user.synchronize(WAIT).map_err(e)?;
@@ -647,7 +690,7 @@ fn bounded_staging(comm: &Comm, dev: &Dev) -> Result<(), String> {
             ];
             // SAFETY: both live until the stream passed the calls (synchronized below).
             unsafe {
-                comm.on_stream(&cb, user.raw(), move |eng, h| {
+                comm.on_stream(&cb, user.raw(), Some(c.coded_calls()), move |eng, h| {
                     c.run(eng, Some(&*bytes(h[0], len)), bytes(h[1], len))
                         .map(drop)
                 })

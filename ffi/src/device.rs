@@ -50,8 +50,10 @@ pub(crate) fn launch_on(
         // NCCL's semantics: enqueued on the stream, returning at once (device buffers).
         // SAFETY: as below; the buffers stay valid until the stream passes the call.
         return unsafe {
-            comm.comm
-                .on_stream(&bufs, stream, move |e, hosts| op.rebased(hosts).run(e))
+            let coded = op.coded_calls();
+            comm.comm.on_stream(&bufs, stream, coded, move |e, hosts| {
+                op.rebased(hosts).run(e)
+            })
         };
     }
     // SAFETY: the C caller's contract (qccl.h): each buffer is valid for the call's reads and
@@ -77,12 +79,12 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
         }
         Err(op) => op,
     };
-    let bufs = op.call_bufs();
+    let (bufs, coded) = (op.call_bufs(), op.coded_calls());
     let run = move |e: &mut qccl_core::internal::Engine, hosts: &[*mut u8]| {
         crate::last_error::no_panic(|| op.rebased(hosts).run(e))
     };
     // SAFETY: the caller's promise, passed on.
-    unsafe { h.comm.submit_on_buffers(bufs, run) }
+    unsafe { h.comm.submit_on_buffers(bufs, coded, run) }
 }
 
 /// A compressed all-reduce's prepared call and raw send (None: in place) and receive

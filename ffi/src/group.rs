@@ -158,6 +158,12 @@ impl Prepared {
         self.p2p.map_bufs(&f);
     }
 
+    /// How many compressed calls `run` makes, when known before it runs (sends and
+    /// receives make none).
+    fn coded_calls(&self) -> Option<u64> {
+        self.colls.iter().map(Op::coded_calls).sum()
+    }
+
     fn run(self, e: &mut Engine) -> Result<()> {
         for op in self.colls {
             op.run(e)?;
@@ -232,6 +238,7 @@ fn run_staged(
     stream: usize,
 ) -> Result<Option<Request<()>>> {
     let bufs = spans.bufs().to_vec();
+    let coded = p.coded_calls();
     let run = move |e: &mut Engine, hosts: &[*mut u8]| {
         no_panic(|| {
             p.map_bufs(&spans, hosts);
@@ -241,11 +248,11 @@ fn run_staged(
     if stream == 0 {
         // SAFETY: the caller's contract (qccl.h): grouped buffers stay valid until
         // qcclGroupEnd returns, which waits for the request.
-        return unsafe { h.comm.submit_on_buffers(bufs, run) }.map(Some);
+        return unsafe { h.comm.submit_on_buffers(bufs, coded, run) }.map(Some);
     }
     // SAFETY: the caller's contract: device buffers stay valid until the stream passes the
     // group's work, and `stream` is a live stream of their device.
-    unsafe { h.comm.on_stream(&bufs, stream as *mut c_void, run) }.map(|()| None)
+    unsafe { h.comm.on_stream(&bufs, stream as *mut c_void, coded, run) }.map(|()| None)
 }
 
 fn run_batches(prepared: Vec<(usize, Arc<CommHandle>, Prepared)>) -> Result<()> {

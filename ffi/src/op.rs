@@ -86,6 +86,17 @@ impl Op {
         }
     }
 
+    /// How many compressed calls running it makes, where that is known before it runs (a
+    /// fusion group's is not), for a call queued on a stream to declare (`Comm::on_stream`).
+    pub(crate) fn coded_calls(&self) -> Option<u64> {
+        match self {
+            Op::AllReduce { call, .. } => Some(call.coded_calls()),
+            Op::Coll { .. } => Some(0),
+            Op::HiTopK { call, .. } => Some(call.coded_calls()),
+            Op::Fused { .. } => None,
+        }
+    }
+
     /// True for a fusion plan's group (its tensors are host memory, not in `call_bufs`).
     pub(crate) fn is_fused(&self) -> bool {
         matches!(self, Op::Fused { .. })

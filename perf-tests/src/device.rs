@@ -189,8 +189,9 @@ impl Gpu {
             // so they stay valid until the stream passes the call; the stream is this
             // driver's, on their device.
             work => unsafe {
+                let coded = work.coded_calls();
                 ctx.comm
-                    .on_stream(&call_bufs, self.stream.raw(), move |e, hosts| {
+                    .on_stream(&call_bufs, self.stream.raw(), coded, move |e, hosts| {
                         let ran = work.run(e, &bufs, hosts)?;
                         done.lock().unwrap_or_else(|p| p.into_inner()).push(ran);
                         Ok(())
@@ -317,6 +318,17 @@ enum Work {
 type Dev = (u64, usize);
 
 impl Work {
+    /// How many compressed calls running it makes, declared to `on_stream` (compressed
+    /// all-reduces do not come this way).
+    fn coded_calls(&self) -> Option<u64> {
+        match self {
+            Work::AllReduce(call) => Some(call.coded_calls()),
+            Work::Compressed(_) => Some(1),
+            Work::TopK(call) => Some(call.coded_calls()),
+            Work::Call(_) | Work::SendRecv { .. } => Some(0),
+        }
+    }
+
     /// The call and its buffers as `on_stream` takes them: the send buffer (read) then the
     /// receive buffer (written; read too in place); a buffer the call does not use on this
     /// rank (a root-only one elsewhere) is empty, as the C API passes it.

@@ -103,6 +103,16 @@ impl Job {
         Ok(Job::Coll(call))
     }
 
+    /// How many compressed calls `run` makes, declared by a call on a stream
+    /// (`Comm::on_stream`).
+    fn coded_calls(&self) -> u64 {
+        match self {
+            Job::Coll(_) => 0,
+            Job::AllReduce(call) => call.coded_calls(),
+            Job::TopK(call) => call.coded_calls(),
+        }
+    }
+
     fn run(&self, e: &mut Engine, send: Option<&[u8]>, recv: &mut [u8]) -> qccl::Result<Outcome> {
         match self {
             Job::Coll(call) => e.run_call(call, send, recv).map(|()| Outcome::Done),
@@ -177,6 +187,7 @@ pub(crate) fn run(
             out.map(Some).map_err(crate::py_err)
         }
         Target::Stream(h) => {
+            let coded = Some(job.coded_calls());
             let work = move |e: &mut Engine, hosts: &[*mut u8]| {
                 // SAFETY: `hosts` stand for the buffers while the job runs (see below).
                 let (s, r) = unsafe { views(hosts, send_len, recv_len) };
@@ -185,8 +196,9 @@ pub(crate) fn run(
             // SAFETY: NCCL's contract, stated in the Python docs: the buffers stay alive
             // until the caller's stream passes the call, and `h` is a live stream of their
             // device (the emulated driver refuses handles it does not know).
-            let out = py
-                .allow_threads(|| unsafe { c.on_stream(&bufs, h as *mut std::ffi::c_void, work) });
+            let out = py.allow_threads(|| unsafe {
+                c.on_stream(&bufs, h as *mut std::ffi::c_void, coded, work)
+            });
             out.map(|()| None).map_err(crate::py_err)
         }
     }

@@ -202,7 +202,8 @@ impl Comm {
         // is a live stream of their device. The closure gets a staged address of the same
         // length for each.
         unsafe {
-            self.on_stream(&bufs, raw(stream), move |e, hosts| {
+            // Dense: no compressed call (those took the entry above).
+            self.on_stream(&bufs, raw(stream), Some(0), move |e, hosts| {
                 let (s, r) = match send_len {
                     Some(len) => (Some(staged(hosts[0], len)), staged(hosts[1], recv_len)),
                     None => (None, staged(hosts[0], recv_len)),

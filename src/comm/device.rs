@@ -14,7 +14,9 @@ impl Comm {
     /// staged addresses; the caller's stream waits for it. Its failure fails the comm
     /// (`async_error`) and still releases the stream. A call with host buffers waits as
     /// `on_buffers` does (the caller may change them once it returns), and so does every
-    /// call of a comm with another rank in this process.
+    /// call of a comm with another rank in this process. `coded`: how many compressed
+    /// calls `run` makes, when the caller knows (a compressed all-reduce with the codecs on
+    /// the GPU made after it then need not wait for it to end: `Queue::submit_declared`).
     ///
     /// # Safety
     /// Each buffer must stay valid until the caller's stream passes the call, and `stream`
@@ -24,6 +26,7 @@ impl Comm {
         &self,
         bufs: &[CallBuf],
         stream: *mut c_void,
+        coded: Option<u64>,
         run: impl FnOnce(&mut crate::coll::Engine, &[*mut u8]) -> Result<()> + Send + 'static,
     ) -> Result<()> {
         let (driver, place) = match crate::gpu::select::driver() {
@@ -68,7 +71,7 @@ impl Comm {
         // releases the stream when dropped, after a failure is recorded.
         let _ = self
             .queue
-            .submit_holding(finish, move |e, f| f.run(|hosts| run(e, hosts)))?;
+            .submit_holding(finish, coded, move |e, f| f.run(|hosts| run(e, hosts)))?;
         Ok(())
     }
 
@@ -130,7 +133,8 @@ impl Comm {
     /// As `on_buffers` with the legacy default stream, but queued behind the comm's earlier
     /// operations and returning at once (the C ABI's non-blocking and grouped calls): where
     /// each buffer lives is found now, the copies in, `run` and the copies out happen in the
-    /// comm's turn, and the request ends once the results are on the device.
+    /// comm's turn, and the request ends once the results are on the device. `coded`: how
+    /// many compressed calls `run` makes, when the caller knows (as `on_stream`'s).
     ///
     /// # Safety
     /// Each buffer must be valid for its reads and writes until the request has ended.
@@ -138,6 +142,7 @@ impl Comm {
     pub unsafe fn submit_on_buffers(
         &self,
         bufs: Vec<CallBuf>,
+        coded: Option<u64>,
         run: impl FnOnce(&mut crate::coll::Engine, &[*mut u8]) -> Result<()> + Send + 'static,
     ) -> Result<crate::Request<()>> {
         let found = match crate::gpu::select::driver() {
@@ -151,14 +156,14 @@ impl Comm {
             Some(f) => f,
             None => {
                 let hosts: Vec<usize> = bufs.iter().map(|b| b.addr as usize).collect();
-                return self.submit(move |e| {
+                return self.queue.submit_holding((), coded, move |e, _| {
                     let hosts: Vec<*mut u8> = hosts.into_iter().map(|a| a as *mut u8).collect();
                     run(e, &hosts)
                 });
             }
         };
         // SAFETY: the caller's promise, passed on.
-        unsafe { self.submit_staged(driver, ordinal, bufs, place, run) }
+        unsafe { self.submit_staged(driver, ordinal, bufs, place, coded, run) }
     }
 
     /// Queues `run` on the staged `bufs` (placed as `place` says, on device `ordinal`) as
@@ -173,6 +178,7 @@ impl Comm {
         ordinal: usize,
         bufs: Vec<CallBuf>,
         place: staging::Placement,
+        coded: Option<u64>,
         run: impl FnOnce(&mut crate::coll::Engine, &[*mut u8]) -> Result<()> + Send + 'static,
     ) -> Result<crate::Request<()>> {
         self.check_device(ordinal)?;
@@ -182,7 +188,7 @@ impl Comm {
         } else {
             None
         };
-        self.submit(move |e| {
+        self.queue.submit_holding((), coded, move |e, _| {
             let mut guard = staging.lock().unwrap_or_else(|p| p.into_inner());
             if guard.is_none() {
                 *guard = first;

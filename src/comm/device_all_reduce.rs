@@ -48,7 +48,8 @@ impl Comm {
         }
         // SAFETY: as above.
         unsafe {
-            self.on_stream(&bufs, stream, move |e, hosts| {
+            // One compressed call, staged.
+            self.on_stream(&bufs, stream, Some(1), move |e, hosts| {
                 run_staged(&call, e, hosts).map(drop)
             })
         }
@@ -77,7 +78,9 @@ impl Comm {
         let bufs = call_bufs(&call, send, recv);
         // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
         unsafe {
-            self.submit_on_buffers(bufs, move |e, hosts| run_staged(&call, e, hosts).map(drop))
+            self.submit_on_buffers(bufs, Some(1), move |e, hosts| {
+                run_staged(&call, e, hosts).map(drop)
+            })
         }
     }
 }

@@ -199,9 +199,15 @@ impl Comm {
         let (driver, ordinal) = (g.driver(), g.ordinal());
         // SAFETY: no buffer is staged; the caller's promise covers `g`'s.
         unsafe {
-            self.submit_staged(driver, ordinal, Vec::new(), nothing, move |e, _| {
-                g.run(e).map(drop)
-            })
+            // One compressed call, with the codecs on the GPU.
+            self.submit_staged(
+                driver,
+                ordinal,
+                Vec::new(),
+                nothing,
+                Some(1),
+                move |e, _| g.run(e).map(drop),
+            )
         }
     }
 

@@ -273,6 +273,18 @@ pub struct PreparedTopK {
 }
 
 impl PreparedTopK {
+    /// How many compressed calls `run` makes (declared by a call queued on a stream:
+    /// `Comm::on_stream`): one for HiTopK (none on no elements) and the compressed schemes,
+    /// none for the dense ones.
+    #[doc(hidden)]
+    pub fn coded_calls(&self) -> u64 {
+        match self.kind {
+            Kind::HiTopK(_) => u64::from(self.count > 0),
+            Kind::Coded(_) => 1,
+            Kind::Tree | Kind::TwoLevel(_) => 0,
+        }
+    }
+
     /// Runs the call on `e` (the engine of the comm that prepared it, inside its turn) over
     /// `buf`, `count` elements of the prepared dtype, in place.
     pub fn run(&self, e: &mut crate::coll::Engine, buf: &mut [u8]) -> Result<TopKReport> {

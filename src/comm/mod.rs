@@ -576,4 +576,26 @@ mod tests {
         let unknown = [peer(0, "a", &[0]), peer(1, "a", &[])];
         assert_eq!(machine_cores(&unknown, &unknown[0]), online_cpus());
     }
+
+    #[test]
+    fn an_operation_that_runs_other_than_it_declared_fails_the_comm() {
+        let comm = Comm::init_threads(1, Config::default()).unwrap().remove(0);
+        // Declared right: the step a later declared call gets counts it.
+        let req = comm
+            .queue
+            .submit_holding((), Some(0), |_, _| Ok(()))
+            .unwrap();
+        req.wait().unwrap();
+        // Declared one compressed call, ran none: later calls' steps would be wrong.
+        let req = comm
+            .queue
+            .submit_holding((), Some(1), |_, _| Ok(()))
+            .unwrap();
+        let err = req.wait().unwrap_err().to_string();
+        assert!(
+            err.contains("declared 1 compressed calls and ran 0"),
+            "{err}"
+        );
+        assert!(comm.queue.failed().is_some(), "the comm did not fail");
+    }
 }

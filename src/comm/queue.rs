@@ -21,8 +21,9 @@ struct Turns {
     waiting: usize,
     /// The engine's `coded_calls` when its last operation ended.
     coded_done: u64,
-    /// Operations submitted and not ended: those that declared the one compressed call they
-    /// run (`submit_declared`), and the others, which may run any number.
+    /// Of the operations submitted and not ended: the compressed calls of those that declared
+    /// how many they run (`submit_declared`, `submit_holding` with a count), and how many
+    /// others there are, which may run any number.
     declared: u64,
     undeclared: u64,
 }
@@ -73,7 +74,7 @@ impl Queue {
             t.undeclared += 1;
             t.next - 1
         };
-        self.execute(ticket, false, f)
+        self.execute(ticket, None, f)
     }
 
     /// Queues `f` for the worker; the returned request yields its result.
@@ -81,26 +82,32 @@ impl Queue {
         &self,
         f: impl FnOnce(&mut Engine) -> Result<R> + Send + 'static,
     ) -> Result<Request<R>> {
-        self.submit_holding((), move |e, _| f(e))
+        self.submit_holding((), None, move |e, _| f(e))
     }
 
     /// As `submit`, with `hold` lent to `f` and dropped only once the outcome is recorded
     /// (a failure fails the comm first), or with the job if it never runs: a stream released
-    /// by `hold`'s drop then finds the comm's error in place.
+    /// by `hold`'s drop then finds the comm's error in place. `coded`: how many compressed
+    /// calls `f` runs, when known now (a later `submit_declared` then need not wait for it
+    /// to end); running another number fails the comm.
     pub fn submit_holding<R: Send + 'static, H: Send + 'static>(
         &self,
         mut hold: H,
+        coded: Option<u64>,
         f: impl FnOnce(&mut Engine, &mut H) -> Result<R> + Send + 'static,
     ) -> Result<Request<R>> {
         let (tx, rx) = bounded(1);
         let job: Job = Box::new(move |q: &Queue, ticket: u64| {
-            let r = q.execute(ticket, false, |e| f(e, &mut hold));
+            let r = q.execute(ticket, coded, |e| f(e, &mut hold));
             drop(hold);
             let _ = tx.send(r);
         });
         let mut t = self.lock_turns();
         self.send_job(&mut t, job)?;
-        t.undeclared += 1;
+        match coded {
+            Some(n) => t.declared += n,
+            None => t.undeclared += 1,
+        }
         Ok(Request { rx, done: None })
     }
 
@@ -108,8 +115,9 @@ impl Queue {
     /// known now: `f` gets the engine, that step and what the caller sends on the returned
     /// channel (its device work, enqueued after this returns; the job waits for it at most
     /// `timeout`, and a dropped sender fails it). An earlier operation still running that
-    /// did not declare its compressed calls (a non-blocking call, a staged call on a stream)
-    /// may run some: this first waits for it to end, at most `timeout`; None after that.
+    /// did not declare its compressed calls (a non-blocking call, a staged HiTopK call on a
+    /// stream) may run some: this first waits for it to end, at most `timeout`; None after
+    /// that.
     pub fn submit_declared<H: Send + 'static>(
         &self,
         timeout: Duration,
@@ -136,7 +144,7 @@ impl Queue {
         let step = t.coded_done + t.declared;
         let (tx, rx) = bounded::<Result<H>>(1);
         let job: Job = Box::new(move |q: &Queue, ticket: u64| {
-            let _ = q.execute(ticket, true, |e| {
+            let _ = q.execute(ticket, Some(1), |e| {
                 let h = rx.recv_timeout(timeout).unwrap_or_else(|_| {
                     Err(Error::Timeout(format!(
                         "a compressed call's device work was not enqueued after {timeout:?}"
@@ -169,11 +177,11 @@ impl Queue {
         job(self, ticket);
     }
 
-    /// Runs `f` in turn `ticket`; `declared`: submitted by `submit_declared`.
+    /// Runs `f` in turn `ticket`; `declared`: the compressed calls it said it runs.
     fn execute<R>(
         &self,
         ticket: u64,
-        declared: bool,
+        declared: Option<u64>,
         f: impl FnOnce(&mut Engine) -> Result<R>,
     ) -> Result<R> {
         let mut t = self.lock_turns();
@@ -191,6 +199,7 @@ impl Queue {
                 let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
                 // A panic must not keep the turn forever (every later call would hang): it
                 // fails the comm like any error. The engine is not used again after that.
+                let before = engine.coded_calls;
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut engine)))
                     .unwrap_or_else(|p| {
                         let what = p
@@ -200,6 +209,15 @@ impl Queue {
                             .unwrap_or_else(|| "unknown panic".into());
                         Err(Error::Internal(format!("panic in a collective: {what}")))
                     });
+                // Later calls' steps counted on this operation's declaration: one that ran
+                // another number would give them steps no other rank uses.
+                let ran = engine.coded_calls - before;
+                let r = match declared {
+                    Some(n) if r.is_ok() && ran != n => Err(Error::Internal(format!(
+                        "an operation declared {n} compressed calls and ran {ran}"
+                    ))),
+                    _ => r,
+                };
                 if let Err(e) = &r {
                     // A failed collective leaves peers out of step: the comm is dead. Tell the
                     // peers why, so they fail fast with the reason instead of timing out.
@@ -215,10 +233,9 @@ impl Queue {
         if let Some(c) = coded {
             t.coded_done = c;
         }
-        if declared {
-            t.declared -= 1;
-        } else {
-            t.undeclared -= 1;
+        match declared {
+            Some(n) => t.declared -= n,
+            None => t.undeclared -= 1,
         }
         t.serving += 1;
         if t.waiting > 0 {

@@ -192,4 +192,11 @@ impl AllReduceCall {
     pub fn count(&self) -> usize {
         self.count
     }
+
+    /// How many compressed calls `run` makes (what a call queued on a stream declares:
+    /// `Comm::on_stream`): one on the compressed route, none on a dense one.
+    #[doc(hidden)]
+    pub fn coded_calls(&self) -> u64 {
+        u64::from(matches!(self.route, Route::Compressed(_)))
+    }
 }
