@@ -9,7 +9,9 @@
 //! error feedback and decode+add through its launch plan (what the compressed all-reduce
 //! launches). Each row's GB/s counts the bytes its work must read and write, as the copy's
 //! (`qccl::internal::gpu_bench`); "vs copy" is the ratio to the copy of the same run; algbw
-//! is the element bytes processed per second (nccl-tests' algbw). Under
+//! is the element bytes processed per second (nccl-tests' algbw). Under each codec row, `#`
+//! lines split its time among the plan's kernels, each run alone between two synchronizes
+//! in a pass of their own (so they say which kernel to work on, not the row's speed). Under
 //! QCCL_GPU_EMULATE the rows run on the CPU through the kernel shim: the figures then say
 //! nothing about a GPU.
 //!
@@ -149,6 +151,17 @@ fn bench(cli: &Cli) -> Result<String, String> {
             m.gbps(),
             m.gbps() / copy
         );
+        // Which of the plan's kernels takes the time (each run alone: shares, not speed).
+        let all: f64 = m.kernels.iter().map(|(_, t)| t).sum();
+        for (k, t) in &m.kernels {
+            let _ = writeln!(
+                out,
+                "#   {:<60} {:>11.1} {:>8.0}%",
+                k,
+                t * 1e6,
+                100.0 * t / all
+            );
+        }
     }
     if let Some(path) = &cli.json {
         let json = serde_json::json!({
@@ -178,5 +191,9 @@ fn row(m: &Measure, copy: f64) -> serde_json::Value {
         "seconds": m.seconds,
         "gbps": m.gbps(),
         "vs_copy": m.gbps() / copy,
+        "kernels": m.kernels.iter().map(|(k, t)| serde_json::json!({
+            "kernel": k,
+            "seconds": t,
+        })).collect::<Vec<_>>(),
     })
 }

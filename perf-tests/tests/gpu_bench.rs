@@ -65,6 +65,14 @@ fn prints_every_row_against_the_copy_and_writes_json() {
     assert_eq!(v["count"], 16384);
     assert_eq!(v["rows"].as_array().unwrap().len(), names.len());
     assert_eq!(v["rows"][0]["traffic_bytes"], 2 * 65536);
+    // A codec row splits its time among its plan's kernels, in the table and the JSON.
+    assert!(
+        out.contains("#   qccl_qsgd_levels_ef "),
+        "no kernel lines under the qsgd row: {out}"
+    );
+    let kernels = v["rows"][3]["kernels"].as_array().unwrap();
+    assert_eq!(kernels[0]["kernel"], "qccl_qsgd_bounds_ef");
+    assert_eq!(v["rows"][0]["kernels"].as_array().unwrap().len(), 0);
     std::fs::remove_dir_all(&dir).ok();
 }
 

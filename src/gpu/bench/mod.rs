@@ -14,7 +14,10 @@
 //!
 //! Time is the host's wall clock over `iters` enqueued launches and one synchronize, after
 //! `warmup` launches: the launches queue back to back, so for large buffers this is the
-//! device's time.
+//! device's time. A codec's rows also say how that time splits among the plan's kernels
+//! (`Measure::kernels`, from a separate pass that runs them one at a time: `profile.rs`).
+
+mod profile;
 
 use super::driver::{Arg, DeviceMem, Driver, Stream};
 use super::kernels::dtype_suffix;
@@ -54,6 +57,10 @@ pub struct Measure {
     pub traffic: u64,
     /// Mean seconds per launch.
     pub seconds: f64,
+    /// A launch plan's kernels (entry point, mean seconds per launch of the row), each run
+    /// alone between two synchronizes in a pass of their own (`profile.rs`): which kernel
+    /// takes the time, not the row's speed. Empty for a row of one kernel or copy.
+    pub kernels: Vec<(String, f64)>,
 }
 
 impl Measure {
@@ -187,46 +194,51 @@ fn codec(
         CodecId::TopK | CodecId::MsTopK | CodecId::RandK => p / 2,
         _ => f32s,
     };
-    // SAFETY (both closures): `x`, `y` and `res` hold n f32s, `payload` and `scratch` the
-    // plan's lengths for n, `bad` a page-locked word; all live until this function returns,
-    // after `time`'s synchronize, and nothing else touches them.
-    let encode = time(
+    // SAFETY (all four closures): `x`, `y` and `res` hold n f32s, `payload` and `scratch`
+    // the plan's lengths for n, `bad` a page-locked word; all live until this function
+    // returns, after `time`'s and `profile`'s synchronizes, and nothing else touches them
+    // (the profiling stream runs after the timed one is synchronised).
+    let encode_on = |s: &dyn Stream| unsafe {
+        plan.encode_ef(
+            s,
+            x.addr(),
+            res.addr(),
+            0,
+            payload.addr(),
+            n,
+            7,
+            scratch.addr(),
+        )
+    };
+    let decode_on = |s: &dyn Stream| unsafe {
+        plan.decode(
+            s,
+            payload.addr(),
+            y.addr(),
+            n,
+            true,
+            bad.ptr() as u64,
+            scratch.addr(),
+        )
+    };
+    let mut encode = time(
         s,
         cfg,
         format!("encode+ef {text}"),
         (n, 4),
         3 * f32s + p,
-        || unsafe {
-            plan.encode_ef(
-                s,
-                x.addr(),
-                res.addr(),
-                0,
-                payload.addr(),
-                n,
-                7,
-                scratch.addr(),
-            )
-        },
+        || encode_on(s),
     )?;
-    let decode = time(
+    let mut decode = time(
         s,
         cfg,
         format!("decode+add {text}"),
         (n, 4),
         2 * added + p,
-        || unsafe {
-            plan.decode(
-                s,
-                payload.addr(),
-                y.addr(),
-                n,
-                true,
-                bad.ptr() as u64,
-                scratch.addr(),
-            )
-        },
+        || decode_on(s),
     )?;
+    encode.kernels = profile(driver, ordinal, cfg, encode_on)?;
+    decode.kernels = profile(driver, ordinal, cfg, decode_on)?;
     // SAFETY: the stream is synchronised (`time`), so the word is no longer written.
     if unsafe { bad.ptr().cast::<i32>().read_volatile() } != 0 {
         return Err(Error::Internal(format!(
@@ -234,6 +246,27 @@ fn codec(
         )));
     }
     Ok(vec![encode, decode])
+}
+
+/// Runs of a plan the kernel profile averages over (each kernel alone, synchronised).
+const PROFILE_RUNS: usize = 5;
+
+/// Each kernel's mean seconds per run of `enqueue` (a plan's launches on the stream it is
+/// given), over up to `PROFILE_RUNS` runs on a stream of its own that runs them one at a
+/// time.
+fn profile(
+    driver: &dyn Driver,
+    ordinal: usize,
+    cfg: &BenchConfig,
+    enqueue: impl Fn(&dyn Stream) -> Result<()>,
+) -> Result<Vec<(String, f64)>> {
+    let s = profile::Profiled::new(driver.create_stream(ordinal)?, cfg.timeout);
+    let runs = cfg.iters.min(PROFILE_RUNS);
+    for _ in 0..runs {
+        enqueue(&s)?;
+    }
+    s.synchronize(cfg.timeout)?;
+    Ok(s.take(runs))
 }
 
 /// `cfg.warmup` then `cfg.iters` launches of `enqueue`, timed over the latter.
@@ -260,6 +293,7 @@ fn time(
         size,
         traffic,
         seconds: start.elapsed().as_secs_f64() / cfg.iters as f64,
+        kernels: Vec::new(),
     })
 }
 
@@ -314,7 +348,16 @@ mod tests {
             .find(|m| m.name == "decode+add topk:density=0.01")
             .unwrap();
         assert_eq!(topk.traffic, 16 * 41); // 41 pairs: read 8·41, read and write 4·41 each
-                                           // Bad input is refused before anything is allocated.
+                                           // Each codec row says which kernels its plan ran, in order, and for how long.
+        let qsgd = rows
+            .iter()
+            .find(|m| m.name == "encode+ef qsgd:bits=4,bucket=128")
+            .unwrap();
+        let names: Vec<&str> = qsgd.kernels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["qccl_qsgd_bounds_ef", "qccl_qsgd_levels_ef"]);
+        assert!(qsgd.kernels.iter().all(|&(_, t)| t > 0.0));
+        assert!(rows[0].kernels.is_empty());
+        // Bad input is refused before anything is allocated.
         let none = BenchConfig { count: 0, ..cfg };
         assert!(matches!(run(&d, 0, &none), Err(Error::InvalidArgument(_))));
     }
