@@ -138,9 +138,10 @@ QCCL_DEVICE void sp_radix_digit(int pass, sp_u64 *st, unsigned *hist) {
 
 /* ---- the compaction ---------------------------------------------------------------------
  * A warp per segment of SPARSE_SEG elements, lane j owning the run of SPARSE_RUN elements at
- * j * SPARSE_RUN: lanes count their runs alone and meet only to combine counts (shuffles), so
- * a segment costs ten warp exchanges whatever its contents. The three kernels are FIBER mode
- * and need whole warps (blockDim a multiple of 32). */
+ * j * SPARSE_RUN: lanes count their runs alone and meet only to combine counts (shuffles) and
+ * to load their runs through shared memory (sp_tile), so a segment costs a few dozen warp
+ * exchanges whatever its contents. The three kernels are FIBER mode and need whole warps
+ * (blockDim a multiple of 32, at most 32 * SPARSE_TILE_WARPS). */
 
 #define SPARSE_RUN 128ull
 
@@ -157,14 +158,41 @@ QCCL_DEVICE void sp_run(sp_u64 s, sp_u64 n, sp_u64 *lo, sp_u64 *hi) {
     *hi = b < n ? b : n;
 }
 
-/* Class A and class B elements of this lane's run. */
-QCCL_DEVICE void sp_run_counts(const float *x, sp_u64 lo, sp_u64 hi, sp_u64 ta, sp_u64 tb,
-                               sp_u64 *a, sp_u64 *b) {
+/* Lanes read their runs through shared memory, a tile of 32 elements of every run at a
+ * time: the warp loads each run's 32 with one coalesced load (element per lane), then each
+ * lane reads its own run's from shared memory. Read straight from x, the lanes' loads would
+ * sit SPARSE_RUN elements apart, 32 cache lines per load. A warp's tile is 32 x 33 floats (the
+ * pad keeps a lane's reads off its neighbours' banks): blocks of at most SPARSE_TILE_WARPS
+ * warps. */
+#define SPARSE_TILE_WARPS 8u
+
+/* Tile t of segment s: this lane's run's elements at t * 32 .. t * 32 + 32 of the run (zero
+ * past n; the caller stops at its run's end). Every lane of the warp calls it in step. */
+QCCL_DEVICE const float *sp_tile(float (*tiles)[32][33], const float *x, sp_u64 s, sp_u64 n,
+                                 unsigned t) {
+    unsigned lane = threadIdx.x & 31u;
+    float (*tile)[33] = tiles[(threadIdx.x / 32u) % SPARSE_TILE_WARPS];
+    __syncwarp(0xffffffffu); /* the previous tile is read */
+    for (unsigned r = 0; r < 32; r++) {
+        sp_u64 i = s * SPARSE_SEG + r * SPARSE_RUN + t * 32 + lane;
+        tile[r][lane] = i < n ? x[i] : 0.0f;
+    }
+    __syncwarp(0xffffffffu);
+    return tile[lane];
+}
+
+/* Class A and class B elements of this lane's run [lo, hi) of segment s. */
+QCCL_DEVICE void sp_run_counts(float (*tiles)[32][33], const float *x, sp_u64 s, sp_u64 n,
+                               sp_u64 lo, sp_u64 hi, sp_u64 ta, sp_u64 tb, sp_u64 *a,
+                               sp_u64 *b) {
     sp_u64 ca = 0, cb = 0;
-    for (sp_u64 i = lo; i < hi; i++) {
-        sp_u64 key = sp_key(x[i]);
-        ca += key >= ta;
-        cb += key >= tb && key < ta;
+    for (unsigned t = 0; t < SPARSE_RUN / 32; t++) {
+        const float *v = sp_tile(tiles, x, s, n, t);
+        for (unsigned c = 0; c < 32 && lo + t * 32 + c < hi; c++) {
+            sp_u64 key = sp_key(v[c]);
+            ca += key >= ta;
+            cb += key >= tb && key < ta;
+        }
     }
     *a = ca;
     *b = cb;
@@ -172,11 +200,12 @@ QCCL_DEVICE void sp_run_counts(const float *x, sp_u64 lo, sp_u64 hi, sp_u64 ta, 
 
 /* counts[2s], counts[2s+1]: class A and class B elements of segment s. */
 QCCL_DEVICE void sp_count(const float *x, sp_u64 n, const sp_u64 *st, sp_u64 *counts) {
+    __shared__ float tiles[SPARSE_TILE_WARPS][32][33];
     sp_u64 ta = st[SP_TA], tb = st[SP_TB];
     for (sp_u64 s = sp_warp(); s < sp_segments(n); s += sp_warps()) {
         sp_u64 lo, hi, a, b;
         sp_run(s, n, &lo, &hi);
-        sp_run_counts(x, lo, hi, ta, tb, &a, &b);
+        sp_run_counts(tiles, x, s, n, lo, hi, ta, tb, &a, &b);
         for (int d = 16; d > 0; d >>= 1) {
             a += __shfl_xor_sync(0xffffffffu, a, d);
             b += __shfl_xor_sync(0xffffffffu, b, d);
@@ -243,12 +272,13 @@ QCCL_DEVICE void sp_scan(sp_u64 n, sp_u64 *counts) {
  * segment's (from the scan) plus the earlier lanes' (a shuffle scan). */
 QCCL_DEVICE void sp_write(const float *x, sp_u64 n, const sp_u64 *st, const sp_u64 *counts,
                           uint8_t *payload) {
+    __shared__ float tiles[SPARSE_TILE_WARPS][32][33];
     sp_u64 ta = st[SP_TA], tb = st[SP_TB], wlo = st[SP_WLO], whi = st[SP_WHI], k = st[SP_K];
     unsigned lane = threadIdx.x & 31;
     for (sp_u64 s = sp_warp(); s < sp_segments(n); s += sp_warps()) {
         sp_u64 lo, hi, ca, cb;
         sp_run(s, n, &lo, &hi);
-        sp_run_counts(x, lo, hi, ta, tb, &ca, &cb);
+        sp_run_counts(tiles, x, s, n, lo, hi, ta, tb, &ca, &cb);
         sp_u64 a = ca, b = cb; /* inclusive scans over the lanes */
         for (unsigned d = 1; d < 32; d <<= 1) {
             sp_u64 pa = __shfl_up_sync(0xffffffffu, a, d), pb = __shfl_up_sync(0xffffffffu, b, d);
@@ -259,16 +289,19 @@ QCCL_DEVICE void sp_write(const float *x, sp_u64 n, const sp_u64 *st, const sp_u
         }
         a = counts[2 * s] + a - ca;
         b = counts[2 * s + 1] + b - cb;
-        for (sp_u64 i = lo; i < hi; i++) {
-            sp_u64 key = sp_key(x[i]);
-            if (key >= ta) {
-                sp_u64 inb = b < wlo ? 0 : (b < whi ? b - wlo : whi - wlo);
-                sp_put(payload, k, a + inb, (uint32_t)i, x[i]);
-                a++;
-            } else if (key >= tb) {
-                if (b >= wlo && b < whi)
-                    sp_put(payload, k, a + (b - wlo), (uint32_t)i, x[i]);
-                b++;
+        for (unsigned t = 0; t < SPARSE_RUN / 32; t++) {
+            const float *v = sp_tile(tiles, x, s, n, t);
+            for (unsigned c = 0; c < 32 && lo + t * 32 + c < hi; c++) {
+                sp_u64 i = lo + t * 32 + c, key = sp_key(v[c]);
+                if (key >= ta) {
+                    sp_u64 inb = b < wlo ? 0 : (b < whi ? b - wlo : whi - wlo);
+                    sp_put(payload, k, a + inb, (uint32_t)i, v[c]);
+                    a++;
+                } else if (key >= tb) {
+                    if (b >= wlo && b < whi)
+                        sp_put(payload, k, a + (b - wlo), (uint32_t)i, v[c]);
+                    b++;
+                }
             }
         }
     }

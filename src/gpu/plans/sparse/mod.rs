@@ -32,6 +32,11 @@ const WARP: usize = 32;
 /// Elements per compaction segment (SPARSE_SEG in sparse.cuh).
 const SEGMENT: usize = 4096;
 
+/// sparse.cuh's `SPARSE_TILE_WARPS`: the compaction's blocks hold at most this many warps
+/// (a tile of shared memory each).
+const TILE_WARPS: u32 = 8;
+const _: () = assert!(BLOCK <= TILE_WARPS * WARP as u32 && BLOCK.is_multiple_of(WARP as u32));
+
 /// Items (elements, pairs, lanes) a thread of a grid-stride kernel takes: a warp's sum and
 /// atomic stay a small part of a counting thread's work, and a chunk reaches the grid cap
 /// (a full device) from 4 Mi elements; below that a launch is short whatever its grid.
@@ -137,7 +142,8 @@ impl SparsePlan {
         // SAFETY: sparse.cu's qccl_sparse_count(const float* x, const sp_u64* st,
         // sp_u64* counts, sp_u64 n), qccl_sparse_scan(sp_u64* counts, sp_u64 n) and
         // qccl_sparse_write(x, st, counts, uint8_t* payload, n) with whole warps (BLOCK is a
-        // multiple of 32) and the scan's one block; counts hold 2 words a segment (Scratch).
+        // multiple of 32, at most TILE_WARPS of them) and the scan's one block; counts hold 2
+        // words a segment (Scratch).
         unsafe {
             let (st, counts) = (Arg::Ptr(at.state), Arg::Ptr(at.counts));
             s.launch(
