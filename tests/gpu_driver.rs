@@ -634,12 +634,17 @@ fn compressed_all_reduce_on_cudarc_slices() {
     }
 }
 
-/// The qsgd, efsign and onebit launch plans on the GPU give the Rust codecs' payloads,
-/// decodes, check flags and error feedback, bit for bit (the emulated driver's cases).
+/// Every codec's launch plan on the GPU (fp16, bf16, none, qsgd, efsign, onebit, top-k,
+/// MSTopK, random-k) gives the Rust codec's payloads, decodes, check flags and error
+/// feedback, bit for bit (the emulated driver's cases).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
 fn codec_plans_match_rust() {
     let Some(d) = driver() else { return };
+    codec_plans::float_cases(&d);
     codec_plans::qsgd_cases(&d);
     codec_plans::sign_cases(&d);
+    codec_plans::topk_cases(&d);
+    codec_plans::mstopk_cases(&d);
+    codec_plans::randk_cases(&d);
 }

@@ -269,7 +269,7 @@ fn float64_conversions_match_rust() {
     for n in [0, 1, 7, doubles.len()] {
         let x = &doubles[..n];
         let xd = upload(&d, &*s, bytemuck::cast_slice(x));
-        let out = filled(&d, &*s, 4 * n, 0xa5);
+        let out = codec_plans::filled(&d, &*s, 4 * n, 0xa5);
         let args = [
             Arg::Ptr(xd.addr()),
             Arg::Ptr(out.addr()),
@@ -287,7 +287,7 @@ fn float64_conversions_match_rust() {
         // Back: every f32 the narrowing gave, NaNs with payloads among them.
         let f: Vec<f32> = x.iter().map(|&v| v as f32).collect();
         let fd = upload(&d, &*s, bytemuck::cast_slice(&f));
-        let wide = filled(&d, &*s, 8 * n, 0xa5);
+        let wide = codec_plans::filled(&d, &*s, 8 * n, 0xa5);
         let args = [
             Arg::Ptr(fd.addr()),
             Arg::Ptr(wide.addr()),
@@ -520,97 +520,8 @@ fn every_kernel_file_loads() {
 /// encode, record), bit for bit, aligned and one element off.
 #[test]
 fn float_codec_plans_match_rust() {
-    use qccl::codec::CodecId;
-    use qccl::gpu::plans::{plan_for, FloatPlan};
     let Some(d) = driver(1) else { return };
-    let s = d.create_stream(0).unwrap();
-    let mut g = Gen::new(13);
-    for id in [CodecId::Fp16, CodecId::Bf16, CodecId::None] {
-        let codec = qccl::CodecSpec::parse(id.name()).unwrap().codec().clone();
-        let plan = plan_for(&d, 0, &*codec).unwrap();
-        for (ci, n) in COUNTS.into_iter().enumerate() {
-            let finite = ci % 2 == 0;
-            let offset = ci / 2 % 2;
-            let x = g.f32s(n, finite);
-            let mut want = vec![0u8; codec.payload_len(n)];
-            codec.encode_payload(&x, &mut qccl::codec::Rng::from_u64(1), &mut want);
-            assert_eq!(plan.payload_len(n), want.len());
-            let what = format!("{} n={n} finite={finite} offset={offset}", id.name());
-
-            let esize = plan.payload_len(1);
-            let pad = vec![0u8; 4 * offset];
-            let dx = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&x)].concat());
-            let payload = d.alloc_device(0, want.len() + esize * offset + 1).unwrap();
-            let (x_at, p_at) = (
-                dx.addr() + 4 * offset as u64,
-                payload.addr() + (esize * offset) as u64,
-            );
-            // SAFETY: n f32s at x_at and payload_len(n) bytes at p_at, device memory kept
-            // until the download synchronises.
-            unsafe { plan.encode(&*s, x_at, p_at, n, 1, 0) }.unwrap();
-            let got = download(&*s, p_at, want.len());
-            shim::assert_same(&format!("{what}: encode"), &got, &want, esize);
-
-            let acc = g.f32s(n, finite);
-            for add in [false, true] {
-                let mut out = acc.clone();
-                codec.decode_payload(&want, &mut out, add).unwrap();
-                let dacc = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&acc)].concat());
-                let acc_at = dacc.addr() + 4 * offset as u64;
-                // SAFETY: as above, n f32s at acc_at.
-                unsafe { plan.decode(&*s, p_at, acc_at, n, add, 0, 0) }.unwrap();
-                let got = download(&*s, acc_at, 4 * n);
-                let f32s: Vec<u8> = shim::f32_bytes(&out);
-                check(
-                    &format!("{what}: add={add}"),
-                    DType::Float32,
-                    &got,
-                    &f32s,
-                    add,
-                );
-            }
-
-            // Error feedback: the CPU's compensate, encode, record.
-            let res = g.f32s(n, finite);
-            let mut w = x.clone();
-            let mut res_want = res.clone();
-            qccl::internal::ef_compensate(&mut w, &mut res_want);
-            let mut want_ef = vec![0u8; want.len()];
-            codec.encode_payload(&w, &mut qccl::codec::Rng::from_u64(1), &mut want_ef);
-            let mut decoded = vec![0f32; n];
-            codec.decode_payload(&want_ef, &mut decoded, false).unwrap();
-            qccl::internal::ef_record(&mut res_want, &w, &decoded);
-            let dres = upload(&d, &*s, &[&pad[..], &shim::f32_bytes(&res)].concat());
-            let dw = d.alloc_device(0, 4 * (n + offset) + 1).unwrap();
-            let (res_at, w_at) = (
-                dres.addr() + 4 * offset as u64,
-                dw.addr() + 4 * offset as u64,
-            );
-            // SAFETY: n f32s at x_at, res_at, w_at and payload_len(n) bytes at p_at, device
-            // memory kept until the downloads synchronise.
-            unsafe { plan.encode_ef(&*s, x_at, res_at, w_at, p_at, n, 1, 0) }.unwrap();
-            let got = download(&*s, p_at, want.len());
-            shim::assert_same(&format!("{what}: encode_ef"), &got, &want_ef, esize);
-            let got = download(&*s, res_at, 4 * n);
-            shim::assert_same(
-                &format!("{what}: encode_ef residual"),
-                &got,
-                &shim::f32_bytes(&res_want),
-                4,
-            );
-            let got = download(&*s, w_at, 4 * n);
-            shim::assert_same(
-                &format!("{what}: encode_ef w"),
-                &got,
-                &shim::f32_bytes(&w),
-                4,
-            );
-        }
-    }
-    assert!(matches!(
-        FloatPlan::new(&d, 0, CodecId::Qsgd),
-        Err(Error::InvalidArgument(_))
-    ));
+    codec_plans::float_cases(&d);
 }
 
 /// qsgd's launch plan (`gpu::plans::QsgdPlan`) against the Rust codec: every bit width, both
@@ -672,237 +583,22 @@ fn codec_plans_refuse_misuse() {
     s.synchronize(WAIT).unwrap();
 }
 
-/// Sparse plan test data: kind 0 ordinary values (signed zeros, tiny and large magnitudes), 1
-/// few distinct values (ties at every threshold, signed zeros), 2 with random bit patterns
-/// (NaN, infinity, subnormals) mixed in: mstopk's exact top-k fallback.
-fn sparse_data(g: &mut Gen, kind: usize, n: usize) -> Vec<f32> {
-    const FEW: [f32; 7] = [0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 0.25];
-    match kind {
-        1 => (0..n).map(|_| FEW[(g.u64() % 7) as usize]).collect(),
-        _ => g.f32s(n, kind == 0),
-    }
-}
-
-/// Device memory of `len` bytes (at least 1) filled with `byte`.
-fn filled(d: &EmuDriver, s: &dyn Stream, len: usize, byte: u8) -> Box<dyn DeviceMem> {
-    upload(d, s, &vec![byte; len.max(1)])
-}
-
-/// A sparse plan (`gpu::plans::SparsePlan`, through `plan_for`) on `x` against the Rust codec
-/// of `spec`, bit for bit: the payload (no byte past it written), decode and decode_add, the
-/// `bad` flag on corrupted payloads (an index out of range, a repeated and a decreasing one)
-/// without a write outside `out`, and error feedback with and without `w_out` (residual and
-/// w). The scratch starts as garbage: the plan's first kernels must set what they read. At a
-/// large count (slow in fiber mode) the corrupted payloads and EF without `w_out` are left to
-/// the smaller ones.
-fn sparse_plan_case(d: &EmuDriver, s: &dyn Stream, spec: &str, x: &[f32], key: u64) {
-    use qccl::codec::Rng;
-    let codec = qccl::CodecSpec::parse(spec).unwrap().codec().clone();
-    let plan = qccl::gpu::plans::plan_for(d, 0, &*codec).unwrap();
-    assert_eq!(plan.codec(), codec.id());
-    let n = x.len();
-    let len = codec.payload_len(n);
-    assert_eq!(plan.payload_len(n), len);
-    let k = len / 8;
-    let what = format!("{spec} n={n} k={k}");
-    let thorough = n < 100_000;
-    const GUARD: usize = 16;
-    let scratch = filled(d, s, plan.scratch_len(n), 0xa5);
-    let sc = scratch.addr();
-
-    let mut want = vec![0u8; len];
-    codec.encode_payload(x, &mut Rng::from_u64(key), &mut want);
-    let dx = upload(d, s, &shim::f32_bytes(x));
-    let payload = filled(d, s, len + GUARD, 0x5a);
-    // SAFETY: n f32s at dx, len bytes (and a guard) at payload, scratch_len(n) bytes at sc,
-    // device memory kept until the downloads synchronise; likewise below.
-    unsafe { plan.encode(s, dx.addr(), payload.addr(), n, key, sc) }.unwrap();
-    let got = download(s, payload.addr(), len + GUARD);
-    shim::assert_same(&format!("{what}: encode"), &got[..len], &want, 4);
-    assert_eq!(
-        got[len..],
-        [0x5a; GUARD],
-        "{what}: encode wrote past the payload"
-    );
-
-    // Decodes `p` into (or adds it to) `acc` on the device; the output and the bad flag.
-    let base = g_acc(n);
-    let decode = |p: &[u8], add: bool| {
-        let dp = upload(d, s, p);
-        let mut init = shim::f32_bytes(&base);
-        init.extend([0x77; GUARD]);
-        let out = upload(d, s, &init);
-        let bad = upload(d, s, &[0; 4]);
-        // SAFETY: as above; n f32s (and a guard) at out, 4 bytes at bad.
-        unsafe { plan.decode(s, dp.addr(), out.addr(), n, add, bad.addr(), sc) }.unwrap();
-        let got = download(s, out.addr(), 4 * n + GUARD);
-        assert_eq!(got[4 * n..], [0x77; GUARD], "{what}: decode wrote past out");
-        let bad = i32::from_le_bytes(download(s, bad.addr(), 4).try_into().unwrap());
-        (got[..4 * n].to_vec(), bad)
-    };
-    for add in [false, true] {
-        let mut out = base.clone();
-        codec.decode_payload(&want, &mut out, add).unwrap();
-        let (got, bad) = decode(&want, add);
-        assert_eq!(bad, 0, "{what}: add={add}: a valid payload refused");
-        shim::assert_same(
-            &format!("{what}: decode add={add}"),
-            &got,
-            &shim::f32_bytes(&out),
-            4,
-        );
-    }
-    let idx =
-        |p: &mut [u8], j: usize, i: u32| p[4 * j..4 * j + 4].copy_from_slice(&i.to_le_bytes());
-    let first = |p: &[u8], j: usize| u32::from_le_bytes(p[4 * j..4 * j + 4].try_into().unwrap());
-    let mut corrupt: Vec<(&str, Vec<u8>)> = vec![];
-    if thorough && k >= 1 {
-        let mut p = want.clone();
-        idx(&mut p, k - 1, n as u32);
-        corrupt.push(("index n", p));
-        let mut p = want.clone();
-        idx(&mut p, 0, u32::MAX);
-        corrupt.push(("index 2^32-1", p));
-    }
-    if thorough && k >= 2 {
-        let mut p = want.clone();
-        idx(&mut p, 1, first(&want, 0));
-        corrupt.push(("repeated index", p));
-        let mut p = want.clone();
-        idx(&mut p, 0, first(&want, 1));
-        idx(&mut p, 1, first(&want, 0));
-        corrupt.push(("decreasing index", p));
-    }
-    for (how, p) in &corrupt {
-        let mut out = base.clone();
-        assert!(
-            codec.decode_payload(p, &mut out, true).is_err(),
-            "{what}: {how}"
-        );
-        for add in [false, true] {
-            let (_, bad) = decode(p, add);
-            assert_ne!(bad, 0, "{what}: {how}, add={add}: accepted");
-        }
-    }
-
-    // Error feedback as the Rust wrapper: w = x + res, encode w, res = 0 + w, then res -= the
-    // values sent.
-    let res: Vec<f32> = g_acc(n).iter().map(|v| v * 0.125).collect();
-    let mut w = x.to_vec();
-    let mut res_want = res.clone();
-    qccl::internal::ef_compensate(&mut w, &mut res_want);
-    let mut want = vec![0u8; len];
-    codec.encode_payload(&w, &mut Rng::from_u64(key), &mut want);
-    for (r, v) in res_want.iter_mut().zip(&w) {
-        *r += v;
-    }
-    for j in 0..k {
-        let v = f32::from_le_bytes(want[4 * k + 4 * j..4 * k + 4 * j + 4].try_into().unwrap());
-        res_want[first(&want, j) as usize] -= v;
-    }
-    for keep_w in [true, false].into_iter().filter(|&keep| keep || thorough) {
-        let dres = upload(d, s, &shim::f32_bytes(&res));
-        let dw = filled(d, s, 4 * n, 0x33);
-        let w_at = if keep_w { dw.addr() } else { 0 };
-        let garbage = filled(d, s, plan.scratch_len(n), 0xa5);
-        // SAFETY: as above; n f32s at dres and dw.
-        unsafe {
-            plan.encode_ef(
-                s,
-                dx.addr(),
-                dres.addr(),
-                w_at,
-                payload.addr(),
-                n,
-                key,
-                garbage.addr(),
-            )
-        }
-        .unwrap();
-        let what = format!("{what} w_out={keep_w}");
-        let got = download(s, payload.addr(), len);
-        shim::assert_same(&format!("{what}: encode_ef"), &got, &want, 4);
-        let got = download(s, dres.addr(), 4 * n);
-        shim::assert_same(
-            &format!("{what}: encode_ef residual"),
-            &got,
-            &shim::f32_bytes(&res_want),
-            4,
-        );
-        if keep_w {
-            let got = download(s, dw.addr(), 4 * n);
-            shim::assert_same(
-                &format!("{what}: encode_ef w"),
-                &got,
-                &shim::f32_bytes(&w),
-                4,
-            );
-        }
-    }
-}
-
-/// An accumulator of `n` elements, the same for every call with `n`: small integers and a
-/// few signed zeros, so decode_add's sums are exact and -0.0 + 0.0 shows.
-fn g_acc(n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            if i % 11 == 3 {
-                -0.0
-            } else {
-                (i % 5) as f32 - 2.0
-            }
-        })
-        .collect()
-}
-
-/// The sparse cases of one codec family: `spec(density)` at counts 0, 1, 7, 4099 (a prime
-/// just past one compaction segment) over the data kinds, densities giving k = 0, 1, a few,
-/// many and n; `large` adds 1000003 at density 0.001.
-fn sparse_plans_match_rust(spec: &dyn Fn(f64) -> String, large: bool, seed: u64) {
-    let Some(d) = driver(1) else { return };
-    let s = d.create_stream(0).unwrap();
-    let mut g = Gen::new(seed);
-    let mut cases = vec![
-        (0, 0.5, 0),
-        (1, 0.001, 0),
-        (1, 1.0, 2),
-        (7, 0.3, 1),
-        (7, 1.0, 0),
-    ];
-    for kind in 0..3 {
-        cases.extend([(4099, 0.001, kind), (4099, 0.3, kind)]);
-    }
-    if large {
-        cases.push((1_000_003, 0.001, 0));
-    }
-    for (i, (n, density, kind)) in cases.into_iter().enumerate() {
-        let start = Instant::now();
-        let x = sparse_data(&mut g, kind, n);
-        let spec = spec(density);
-        sparse_plan_case(&d, &*s, &spec, &x, seed * 1000 + i as u64);
-        eprintln!("{spec} n={n} kind={kind}: {:?}", start.elapsed());
-    }
-}
-
 #[test]
 fn topk_plan_matches_rust() {
-    sparse_plans_match_rust(&|d| format!("topk:density={d}"), true, 41);
+    let Some(d) = driver(1) else { return };
+    codec_plans::topk_cases(&d);
 }
 
 #[test]
 fn mstopk_plan_matches_rust() {
-    for samplings in [1, 3, 30] {
-        sparse_plans_match_rust(
-            &|d| format!("mstopk:density={d},samplings={samplings}"),
-            false,
-            42 + samplings,
-        );
-    }
+    let Some(d) = driver(1) else { return };
+    codec_plans::mstopk_cases(&d);
 }
 
 #[test]
 fn randk_plan_matches_rust() {
-    sparse_plans_match_rust(&|d| format!("randk:density={d}"), true, 43);
+    let Some(d) = driver(1) else { return };
+    codec_plans::randk_cases(&d);
 }
 
 /// What the sparse plans refuse: a non-sparse codec, a count the kernels cannot index, a
