@@ -302,7 +302,9 @@ QCCL_DEVICE bool qsgd_walk_to(QsgdWalk &w, uint64_t i, unsigned bucket) {
     return moved;
 }
 
-/* Eight elements of a float buffer from element i: 16-byte loads where `vec`. */
+/* The first m (at most 8) elements of a float buffer from element i: 16-byte loads where
+ * `vec` and all 8 are there. Loops over a group run to 8 and stop at m inside, a constant
+ * trip count the compiler unrolls, so a group's arrays stay in registers. */
 QCCL_DEVICE void qsgd_load8(float *v, const float *p, uint64_t i, unsigned m, bool vec) {
     if (vec && m == 8) {
         qccl_x8<float> r = qccl_ld8(p + i);
@@ -310,8 +312,8 @@ QCCL_DEVICE void qsgd_load8(float *v, const float *p, uint64_t i, unsigned m, bo
             v[j] = r.e[j];
         return;
     }
-    for (unsigned j = 0; j < m; j++)
-        v[j] = p[i + j];
+    for (unsigned j = 0; j < 8; j++)
+        v[j] = j < m ? p[i + j] : 0.0f;
 }
 
 QCCL_DEVICE void qsgd_store8(float *p, const float *v, uint64_t i, unsigned m, bool vec) {
@@ -322,8 +324,9 @@ QCCL_DEVICE void qsgd_store8(float *p, const float *v, uint64_t i, unsigned m, b
         qccl_st8(p + i, r);
         return;
     }
-    for (unsigned j = 0; j < m; j++)
-        p[i + j] = v[j];
+    for (unsigned j = 0; j < 8; j++)
+        if (j < m)
+            p[i + j] = v[j];
 }
 
 /* The levels of group g (elements 8g .. 8g+7), packed into the B bytes at g*B of the stream. */
@@ -343,7 +346,7 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
         qsgd_load8(w, x, base, m, vec);
         if (EF) {
             qsgd_load8(r8, res, base, m, vec);
-            for (unsigned j = 0; j < m; j++)
+            for (unsigned j = 0; j < 8; j++)
                 w[j] = w[j] + r8[j];
         }
         uint64_t acc = 0;
@@ -351,7 +354,9 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
         float lo2 = 0.0f, inv = 0.0f;
         QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
         unsigned long long pair = 0; /* the draw of elements i & ~1 and i | 1 */
-        for (unsigned j = 0; j < m; j++) {
+        for (unsigned j = 0; j < 8; j++) {
+            if (j >= m)
+                break;
             uint64_t i = base + j;
             if (j == 0 || qsgd_walk_to(walk, i, bucket)) {
                 float l, h;
@@ -432,7 +437,9 @@ QCCL_DEVICE void qsgd_decode(const uint8_t *payload, float *out, uint64_t n, uns
             qsgd_load8(v, out, base, m, vec);
         QsgdWalk walk = qsgd_walk_start(base, bucket);
         QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (unsigned j = 0; j < m; j++) {
+        for (unsigned j = 0; j < 8; j++) {
+            if (j >= m)
+                break;
             if (j == 0 || qsgd_walk_to(walk, base + j, bucket)) {
                 float l, h;
                 qsgd_read_bounds(payload, walk.bi, maxabs, &l, &h);
