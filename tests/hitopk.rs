@@ -212,3 +212,41 @@ fn bad_input_and_shapes() {
     );
     assert!(TopKScheme::parse("2DTAR").is_ok() && TopKScheme::parse("x").is_err());
 }
+
+/// Every scheme on no element, one, and a few, blocking and queued, on 2 hosts x 2: each call
+/// declares how many compressed calls it runs (HiTopK none on no element), and the comm fails
+/// if it runs another number, so a wrong count shows as an error here.
+#[test]
+fn every_scheme_runs_the_compressed_calls_it_declares() {
+    let hosts: &[&str] = &["a", "a", "b", "b"];
+    let outs = on_hosts(hosts, |comm| {
+        let mut sums = Vec::new();
+        for scheme in [
+            TopKScheme::HiTopK,
+            TopKScheme::NaiveAg,
+            TopKScheme::TreeAr,
+            TopKScheme::TwoDTar,
+        ] {
+            for count in [0usize, 1, 13] {
+                let o = TopK::new(1.0).error_feedback(false);
+                let mut g = vec![1f32; count];
+                comm.topk_all_reduce(&mut g, scheme, &o)
+                    .unwrap_or_else(|e| panic!("{scheme:?} count {count}: {e}"));
+                let req = comm
+                    .topk_all_reduce_async(vec![1f32; count], scheme, &o)
+                    .unwrap();
+                let (h, _) = req
+                    .wait()
+                    .unwrap_or_else(|e| panic!("{scheme:?} count {count} queued: {e}"));
+                sums.push((g, h));
+            }
+        }
+        sums
+    });
+    // Density 1 of ones: every element sums to the number of ranks, bit for bit.
+    for (r, calls) in outs.iter().enumerate() {
+        for (g, h) in calls {
+            assert!(g.iter().chain(h).all(|&v| v == 4.0), "rank {r}: {g:?} {h:?}");
+        }
+    }
+}

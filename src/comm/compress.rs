@@ -211,7 +211,7 @@ impl Comm {
                 .codec(&c.codec, c.key.is_some()),
         )?;
         let call = self.prepare_all_reduce_compressed(count, dtype, op, c)?;
-        self.queue.run(|e| call.run(e, send, recv))
+        self.queue.run_declared(1, |e| call.run(e, send, recv))
     }
 
     /// Starts a compressed all-reduce of `buf` in place; the request returns it with the report
@@ -223,7 +223,7 @@ impl Comm {
         c: &Compression,
     ) -> Result<Request<(Vec<T>, Report)>> {
         let call = self.prepare_all_reduce_compressed(buf.len(), T::DTYPE, op, c)?;
-        self.queue.submit(move |e| {
+        self.queue.submit_holding((), Some(1), move |e, _| {
             let report = call.run(e, None, bytemuck::cast_slice_mut(&mut buf))?;
             Ok((buf, report))
         })

@@ -149,8 +149,9 @@ impl Comm {
     ) -> Result<TopKReport> {
         let count = buf.len();
         let call = self.prepare_topk(count, T::DTYPE, scheme, o)?;
-        self.queue
-            .run(|e| call.run(e, bytemuck::cast_slice_mut(buf)))
+        self.queue.run_declared(call.coded_calls(), |e| {
+            call.run(e, bytemuck::cast_slice_mut(buf))
+        })
     }
 
     /// Starts [`Comm::topk_all_reduce`]; the request returns the buffer and the report.
@@ -161,10 +162,11 @@ impl Comm {
         o: &TopK,
     ) -> Result<crate::Request<(Vec<T>, TopKReport)>> {
         let call = self.prepare_topk(buf.len(), T::DTYPE, scheme, o)?;
-        self.queue.submit(move |e| {
-            let r = call.run(e, bytemuck::cast_slice_mut(&mut buf))?;
-            Ok((buf, r))
-        })
+        self.queue
+            .submit_holding((), Some(call.coded_calls()), move |e, _| {
+                let r = call.run(e, bytemuck::cast_slice_mut(&mut buf))?;
+                Ok((buf, r))
+            })
     }
 
     #[doc(hidden)]

@@ -68,13 +68,35 @@ impl Queue {
 
     /// Runs `f` on the caller's thread, after every earlier operation.
     pub fn run<R>(&self, f: impl FnOnce(&mut Engine) -> Result<R>) -> Result<R> {
+        self.run_counted(None, f)
+    }
+
+    /// As `run`, for an `f` that runs `coded` compressed calls: running another number fails
+    /// the comm, as for `submit_holding`'s declarations, which the same calls made
+    /// asynchronously use (so every test of the blocking calls checks the counts too).
+    pub fn run_declared<R>(
+        &self,
+        coded: u64,
+        f: impl FnOnce(&mut Engine) -> Result<R>,
+    ) -> Result<R> {
+        self.run_counted(Some(coded), f)
+    }
+
+    fn run_counted<R>(
+        &self,
+        coded: Option<u64>,
+        f: impl FnOnce(&mut Engine) -> Result<R>,
+    ) -> Result<R> {
         let ticket = {
             let mut t = self.lock_turns();
             t.next += 1;
-            t.undeclared += 1;
+            match coded {
+                Some(n) => t.declared += n,
+                None => t.undeclared += 1,
+            }
             t.next - 1
         };
-        self.execute(ticket, None, f)
+        self.execute(ticket, coded, f)
     }
 
     /// Queues `f` for the worker; the returned request yields its result.
