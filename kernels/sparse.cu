@@ -17,7 +17,8 @@
  *
  * Error feedback for a sparsifier, bit for bit the Rust EF wrapper (compensate, then
  * residual += w, then residual -= the k sent values):
- *   qccl_sparse_compensate: w = x + res, res = 0 + w (one pass; w may alias x);
+ *   qccl_sparse_compensate: w = x + res, res = 0 + w (one pass; w may alias x, or be null
+ *   where the selection read w before: random-k's pairs);
  *   the codec's selection and qccl_sparse_write run on w;
  *   qccl_sparse_ef_sub: res[idx] -= value for the k pairs (O(k), as the Rust decode_sub).
  * With nowhere to keep w but the residual: qccl_sparse_fold (res = x + res, i.e. w), the
@@ -80,7 +81,8 @@ extern "C" __global__ void qccl_sparse_compensate(const float *x, float *res, fl
                                                   sp_u64 n) {
     QCCL_GRID_STRIDE(i, n) {
         float v = x[i] + res[i];
-        w[i] = v;
+        if (w)
+            w[i] = v;
         res[i] = 0.0f + v;
     }
 }

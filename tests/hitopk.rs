@@ -246,7 +246,10 @@ fn every_scheme_runs_the_compressed_calls_it_declares() {
     // Density 1 of ones: every element sums to the number of ranks, bit for bit.
     for (r, calls) in outs.iter().enumerate() {
         for (g, h) in calls {
-            assert!(g.iter().chain(h).all(|&v| v == 4.0), "rank {r}: {g:?} {h:?}");
+            assert!(
+                g.iter().chain(h).all(|&v| v == 4.0),
+                "rank {r}: {g:?} {h:?}"
+            );
         }
     }
 }

@@ -4,7 +4,8 @@
 //   encode: codec (0 topk, 1 mstopk, 2 randk), count, k, samplings (mstopk), key, ef (0|1),
 //       x (f32 input), res (f32 input, with ef), payload (output), res_out (f32 output, with ef);
 //       with ef, topk and mstopk run qccl_sparse_compensate, the selection on w, then
-//       qccl_sparse_ef_sub; randk runs its one-pass qccl_randk_encode_ef
+//       qccl_sparse_ef_sub; randk runs qccl_randk_encode_ef (its pairs of w), then
+//       qccl_sparse_compensate and qccl_sparse_ef_sub
 //   decode: count, k, add, payload, acc (f32 input), bad (i32 output), out (f32 output)
 #include "harness.h"
 #include "../sparse.cu"
@@ -70,10 +71,14 @@ static void encode(const Args& a) {
         if (res.size() != n) die("res size differs from count");
     }
     if (ef && a.u64("codec") == 2) {
-        // random-k's error feedback is one pass (w kept in place, as a host would).
+        // random-k: the pairs of w = x + res first, then the element pass (w kept in place, as
+        // a host would) and the subtraction of what was sent.
         std::vector<uint8_t> p(8 * k, 0xa5);
-        qccl_shim::launch(qccl_randk_encode_ef, GRID, BLOCK, (const float*)x.data(), res.data(),
-                          x.data(), p.data(), n, k, key);
+        qccl_shim::launch(qccl_randk_encode_ef, GRID, BLOCK, (const float*)x.data(),
+                          (const float*)res.data(), p.data(), n, k, key);
+        qccl_shim::launch(qccl_sparse_compensate, GRID, BLOCK, (const float*)x.data(), res.data(),
+                          x.data(), n);
+        qccl_shim::launch(qccl_sparse_ef_sub, GRID, BLOCK, (const uint8_t*)p.data(), res.data(), k);
         a.save("payload", p);
         a.save("res_out", res);
         return;

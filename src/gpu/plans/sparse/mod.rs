@@ -218,15 +218,24 @@ impl CodecPlan for SparsePlan {
         if count == 0 {
             return Ok(());
         }
+        let (n64, grid) = (Arg::U64(count as u64), grid_over(count));
         let t = match &self.select {
+            // The pairs of w first (x and res unchanged yet), then the element pass with no
+            // stratum arithmetic, then what was sent off the residual.
             // SAFETY: the caller's promise (the trait's contract): n f32s at x, res and
-            // w_out (unless 0), 8 k bytes at payload.
-            Selection::Strata(r) => {
-                return unsafe { r.encode_ef(s, x, res, w_out, payload, count, k, key) }
-            }
+            // w_out (unless 0), 8 k bytes at payload; sparse.cu's
+            // qccl_sparse_compensate(x, res, w, n) takes a null w, and
+            // qccl_sparse_ef_sub(payload, res, k) reads the pairs just written (indices
+            // below count).
+            Selection::Strata(r) => unsafe {
+                r.encode_ef_pairs(s, x, res, payload, count, k, key)?;
+                let args = [Arg::Ptr(x), Arg::Ptr(res), Arg::Ptr(w_out), n64];
+                s.launch(&*self.shared.compensate, grid, BLOCK, &args)?;
+                let args = [Arg::Ptr(payload), Arg::Ptr(res), Arg::U64(k as u64)];
+                return s.launch(&*self.shared.ef_sub, grid_over(k), BLOCK, &args);
+            },
             Selection::Thresholds(t) => &**t,
         };
-        let (n64, grid) = (Arg::U64(count as u64), grid_over(count));
         // w lives in w_out, or else in the residual until the payload is written.
         let w = if w_out != 0 { w_out } else { res };
         // SAFETY: sparse.cu's qccl_sparse_compensate(const float* x, float* res, float* w,

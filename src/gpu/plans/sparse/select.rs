@@ -252,19 +252,17 @@ impl RandK {
         unsafe { s.launch(&*self.encode, grid_over(k), BLOCK, &args) }
     }
 
-    /// Enqueues error feedback and encode in one pass: `w = x + res` (stored at `w_out`
-    /// unless 0), the payload of `w`, `res = (0 + w) - sent`.
+    /// Enqueues the payload of `k` pairs of `w = x + res` (error feedback's input, before
+    /// the element pass changes either: `SparsePlan::encode_ef`).
     ///
     /// # Safety
-    /// `x`, `res` (and `w_out` unless 0) hold `n` f32s, `payload` 8 k bytes, valid until the
-    /// work is done.
+    /// `x` and `res` hold `n` f32s, `payload` 8 k bytes, valid until the work is done.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn encode_ef(
+    pub unsafe fn encode_ef_pairs(
         &self,
         s: &dyn Stream,
         x: u64,
         res: u64,
-        w_out: u64,
         payload: u64,
         n: usize,
         k: usize,
@@ -273,15 +271,13 @@ impl RandK {
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(res),
-            Arg::Ptr(w_out),
             Arg::Ptr(payload),
             Arg::U64(n as u64),
             Arg::U64(k as u64),
             Arg::U64(key),
         ];
-        // SAFETY: qccl_randk_encode_ef(const float* x, float* res, float* w_out,
-        // uint8_t* payload, sp_u64 n, sp_u64 k, sp_u64 key), a thread per element, w_out
-        // may be null; the caller's ranges.
-        unsafe { s.launch(&*self.encode_ef, grid_over(n), BLOCK, &args) }
+        // SAFETY: qccl_randk_encode_ef(const float* x, const float* res, uint8_t* payload,
+        // sp_u64 n, sp_u64 k, sp_u64 key), a thread per pair; the caller's ranges.
+        unsafe { s.launch(&*self.encode_ef, grid_over(k), BLOCK, &args) }
     }
 }
