@@ -252,26 +252,45 @@ extern "C" __global__ void qccl_efsign_decode_add(const uint8_t* payload, float*
     qccl_signs_decode<true>(payload + 4, out, count, [s](uint64_t, uint32_t set) { return set ? s : -s; });
 }
 
-// Element i of a onebit payload: its bucket's mean for its sign bit.
-QCCL_DEVICE float qccl_onebit_value(const uint8_t* meta, uint32_t bucket, uint64_t i, uint32_t set) {
-    const uint8_t* m = meta + 8 * (i / bucket);
-    return set ? qccl_load_f32_le(m) : qccl_load_f32_le(m + 4);
+// Element i of a onebit payload: its bucket's mean for its sign bit. A thread asks for its
+// elements in increasing order, so its cursor loads a bucket's means once and finds the next
+// bucket a step away; a 64-bit division only on a jump (to a thread's next group), not per
+// element (which would cost more than the rest of the element's work on a GPU).
+struct QcclOnebitCursor {
+    const uint8_t* meta;
+    uint64_t bucket, b, start, next;  // the loaded bucket b is [start, next)
+    float pos, neg;
+};
+
+QCCL_DEVICE QcclOnebitCursor qccl_onebit_cursor(const uint8_t* meta, uint32_t bucket) {
+    // Nothing loaded: [1, 0) holds no element, and b + 1 wraps to bucket 0.
+    QcclOnebitCursor c = {meta, bucket, ~0ull, 1, 0, 0.0f, 0.0f};
+    return c;
+}
+
+QCCL_DEVICE float qccl_onebit_value(QcclOnebitCursor& c, uint64_t i, uint32_t set) {
+    if (i < c.start || i >= c.next) {
+        c.b = i >= c.next && i - c.next < c.bucket ? c.b + 1 : i / c.bucket;
+        c.start = c.b * c.bucket;
+        c.next = c.start + c.bucket;
+        c.pos = qccl_load_f32_le(c.meta + 8 * c.b);
+        c.neg = qccl_load_f32_le(c.meta + 8 * c.b + 4);
+    }
+    return set ? c.pos : c.neg;
 }
 
 extern "C" __global__ void qccl_onebit_decode(const uint8_t* payload, float* out, uint64_t count,
                                               uint32_t bucket) {
+    QcclOnebitCursor c = qccl_onebit_cursor(payload, bucket);
     qccl_signs_decode<false>(payload + 8 * qccl_div_ceil(count, bucket), out, count,
-                             [payload, bucket](uint64_t i, uint32_t set) {
-                                 return qccl_onebit_value(payload, bucket, i, set);
-                             });
+                             [&c](uint64_t i, uint32_t set) { return qccl_onebit_value(c, i, set); });
 }
 
 extern "C" __global__ void qccl_onebit_decode_add(const uint8_t* payload, float* out,
                                                   uint64_t count, uint32_t bucket) {
+    QcclOnebitCursor c = qccl_onebit_cursor(payload, bucket);
     qccl_signs_decode<true>(payload + 8 * qccl_div_ceil(count, bucket), out, count,
-                            [payload, bucket](uint64_t i, uint32_t set) {
-                                return qccl_onebit_value(payload, bucket, i, set);
-                            });
+                            [&c](uint64_t i, uint32_t set) { return qccl_onebit_value(c, i, set); });
 }
 
 // Error feedback's last pass: the sign bits of w = x + res (a thread a byte), then
@@ -319,11 +338,9 @@ extern "C" __global__ void qccl_efsign_pack_ef(const float* x, float* res, float
 // After qccl_onebit_segment_sums_ef and qccl_onebit_means.
 extern "C" __global__ void qccl_onebit_pack_ef(const float* x, float* res, float* w_out,
                                                uint8_t* payload, uint64_t count, uint32_t bucket) {
-    const uint8_t* meta = payload;
+    QcclOnebitCursor c = qccl_onebit_cursor(payload, bucket);
     qccl_signs_pack_ef(x, res, w_out, payload + 8 * qccl_div_ceil(count, bucket), count,
-                       [meta, bucket](uint64_t i, uint32_t set) {
-                           return qccl_onebit_value(meta, bucket, i, set);
-                       });
+                       [&c](uint64_t i, uint32_t set) { return qccl_onebit_value(c, i, set); });
 }
 
 // efsign's scale is NaN (from non-finite input) or finite and >= 0.
