@@ -11,14 +11,14 @@
  * is not finite is selected by exact top-k (the radix select of sparse.cuh, switched on here).
  *
  * Launch sequence for n elements and k = k_of(density, n) > 0 (k = 0: launch nothing),
- * st = SPARSE_STATE words, part = 16 * ceil(n / 16384) floats twice, hist = 256 u32:
+ * st = SPARSE_STATE words, part = 16 * ceil(n / 16384) floats twice, hist = 2048 u32:
  *   qccl_mstopk_partials(x, psum, pmax, n)          sequential, any grid (a thread per lane)
  *   qccl_mstopk_init(psum, pmax, st, hist, n, k)    one thread
  *   ceil(samplings / 3) times (the samplings' thresholds three levels at a time):
  *     qccl_mstopk_count(x, st, n)                   fibers (warp sums), whole warps
  *     qccl_mstopk_step(st, levels)                  one thread; levels = 3, the last time
  *                                                   what is left of the samplings
- *   for pass 0..3 (no-ops unless the input fell back to top-k):
+ *   for pass 0..2 (no-ops unless the input fell back to top-k):
  *     qccl_mstopk_hist(x, st, hist, n, pass)        fibers, any grid
  *     qccl_mstopk_digit(st, hist, pass)             one thread
  *   qccl_mstopk_finish(st, key)                     one thread

@@ -74,40 +74,50 @@ QCCL_DEVICE void sp_put(uint8_t *payload, sp_u64 k, sp_u64 pos, uint32_t idx,
 }
 
 /* ---- radix select of the k-th largest key (topk, and mstopk's non-finite fallback) ---------
- * Four passes of 8 bits from the top: hist counts the digit of every key whose higher bits match
- * the prefix; digit walks the 256 bins down, taking whole bins while they hold fewer than the
- * elements still wanted. After the last pass the prefix is the k-th largest key t and WANT the
- * number of elements equal to t to keep (the first ones in index order: topk's tie rule). */
+ * SP_RADIX_PASSES passes over the 31-bit key from the top, digits of 11, 10 and 10 bits: hist
+ * counts the digit of every key whose higher bits match the prefix; digit walks the bins down,
+ * taking whole bins while they hold fewer than the elements still wanted. After the last pass
+ * the prefix is the k-th largest key t and WANT the number of elements equal to t to keep (the
+ * first ones in index order: topk's tie rule). Three passes read x three times, not four as
+ * 8-bit digits would; the wider first digit (exponent and 3 mantissa bits) also spreads a
+ * gradient's keys over more bins, so fewer threads add to the same shared counter. */
+#define SP_RADIX_PASSES 3
+#define SP_RADIX_BINS 2048u
+
+/* The digit of pass p: bits [shift, shift + width) of the key. */
+QCCL_DEVICE unsigned sp_radix_shift(int pass) { return pass == 0 ? 20u : (pass == 1 ? 10u : 0u); }
+QCCL_DEVICE unsigned sp_radix_width(int pass) { return pass == 0 ? 11u : 10u; }
 
 QCCL_DEVICE void sp_radix_init(sp_u64 *st, sp_u64 k, int on, unsigned *hist) {
     st[SP_RADIX] = on;
     st[SP_PREFIX] = 0;
     st[SP_WANT] = k;
     st[SP_K] = k;
-    for (int b = 0; b < 256; b++)
+    for (unsigned b = 0; b < SP_RADIX_BINS; b++)
         hist[b] = 0;
 }
 
 /* FIBER mode (__syncthreads): each block counts into a shared histogram, then adds its
- * non-zero bins to the global one, so the global atomics are 256 per block at most rather than
+ * non-zero bins to the global one, so the global atomics are a few per block rather than
  * one per element (the top digits of float keys crowd into a few bins). */
 QCCL_DEVICE void sp_radix_hist(const float *x, sp_u64 n, int pass, const sp_u64 *st,
                                unsigned *hist) {
-    __shared__ unsigned local[256];
+    __shared__ unsigned local[SP_RADIX_BINS];
     if (!st[SP_RADIX])
         return; /* uniform over the grid: no thread reaches a barrier */
-    for (unsigned b = threadIdx.x; b < 256; b += blockDim.x)
+    for (unsigned b = threadIdx.x; b < SP_RADIX_BINS; b += blockDim.x)
         local[b] = 0;
     __syncthreads();
-    unsigned shift = 24 - 8 * (unsigned)pass;
+    unsigned shift = sp_radix_shift(pass), top = shift + sp_radix_width(pass);
+    unsigned mask = (1u << sp_radix_width(pass)) - 1u;
     sp_u64 prefix = st[SP_PREFIX];
     QCCL_GRID_STRIDE(i, n) {
         sp_u64 key = sp_key(x[i]);
-        if ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-            atomicAdd(&local[(key >> shift) & 255u], 1u);
+        if ((key >> top) == (prefix >> top))
+            atomicAdd(&local[(key >> shift) & mask], 1u);
     }
     __syncthreads();
-    for (unsigned b = threadIdx.x; b < 256; b += blockDim.x)
+    for (unsigned b = threadIdx.x; b < SP_RADIX_BINS; b += blockDim.x)
         if (local[b])
             atomicAdd(&hist[b], local[b]);
 }
@@ -115,19 +125,18 @@ QCCL_DEVICE void sp_radix_hist(const float *x, sp_u64 n, int pass, const sp_u64 
 QCCL_DEVICE void sp_radix_digit(int pass, sp_u64 *st, unsigned *hist) {
     if (!st[SP_RADIX] || qccl_tid() != 0)
         return;
-    unsigned shift = 24 - 8 * (unsigned)pass;
     sp_u64 want = st[SP_WANT];
-    int b = 255;
+    int b = (1 << sp_radix_width(pass)) - 1;
     for (; b > 0; b--) {
         if (hist[b] >= want)
             break;
         want -= hist[b];
     }
-    for (int j = 0; j < 256; j++)
+    for (unsigned j = 0; j < SP_RADIX_BINS; j++)
         hist[j] = 0;
-    st[SP_PREFIX] |= (sp_u64)b << shift;
+    st[SP_PREFIX] |= (sp_u64)b << sp_radix_shift(pass);
     st[SP_WANT] = want;
-    if (pass == 3) {
+    if (pass == SP_RADIX_PASSES - 1) {
         sp_u64 t = st[SP_PREFIX];
         st[SP_TA] = t + 1;
         st[SP_TB] = t;

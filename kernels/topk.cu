@@ -1,12 +1,12 @@
 /* topk: the k elements of largest magnitude, exactly those of src/codec/topk.rs (ties at the
  * k-th magnitude go to the lower indices; NaN above every number). The k-th largest key t comes
- * from a four-pass radix select (sparse.cuh); the payload is then everything above t plus the
+ * from a three-pass radix select (sparse.cuh); the payload is then everything above t plus the
  * first ties, written by the shared compaction.
  *
  * Launch sequence for n elements, k = k_of(density, n) > 0 (k = 0: the payload is empty, launch
- * nothing), st = SPARSE_STATE words, hist = 256 u32, counts = 2 * ceil(n / 4096) u64:
+ * nothing), st = SPARSE_STATE words, hist = 2048 u32 (SP_RADIX_BINS), counts = 2 * ceil(n / 4096) u64:
  *   qccl_topk_init(st, hist, k)                     one thread
- *   for pass 0..3:
+ *   for pass 0..2 (SP_RADIX_PASSES):
  *     qccl_topk_hist(x, st, hist, n, pass)          fibers (a __shared__ histogram), any grid
  *     qccl_topk_digit(st, hist, pass)               one thread
  *   qccl_sparse_count, qccl_sparse_scan, qccl_sparse_write (sparse.cu)

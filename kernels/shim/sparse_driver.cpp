@@ -33,7 +33,7 @@ static void compact(const float* x, u64 n, u64* st, uint8_t* payload) {
 
 static void topk(const float* x, u64 n, u64 k, u64* st, unsigned* hist, uint8_t* p) {
     qccl_shim::launch(qccl_topk_init, ONE, ONE, st, hist, k);
-    for (int pass = 0; pass < 4; pass++) {
+    for (int pass = 0; pass < SP_RADIX_PASSES; pass++) {
         qccl_shim::launch_fibers(qccl_topk_hist, GRID, BLOCK, x, (const u64*)st, hist, n, pass);
         qccl_shim::launch(qccl_topk_digit, ONE, ONE, st, hist, pass);
     }
@@ -52,7 +52,7 @@ static void mstopk(const float* x, u64 n, u64 k, u64 samplings, u64 key, u64* st
         qccl_shim::launch_fibers(qccl_mstopk_count, GRID, WARPS, x, st, n);
         qccl_shim::launch(qccl_mstopk_step, ONE, ONE, st, levels);
     }
-    for (int pass = 0; pass < 4; pass++) {
+    for (int pass = 0; pass < SP_RADIX_PASSES; pass++) {
         qccl_shim::launch_fibers(qccl_mstopk_hist, GRID, BLOCK, x, (const u64*)st, hist, n, pass);
         qccl_shim::launch(qccl_mstopk_digit, ONE, ONE, st, hist, pass);
     }
@@ -91,7 +91,7 @@ static void encode(const Args& a) {
     std::vector<uint8_t> p(8 * k, 0xa5);
     // Garbage in the scratch: the init kernels must set what they use.
     std::vector<u64> st(SPARSE_STATE, 0x5a5a5a5a5a5a5a5aull);
-    std::vector<unsigned> hist(256, 12345);
+    std::vector<unsigned> hist(SP_RADIX_BINS, 12345);
     if (k > 0) {
         switch (a.u64("codec")) {
         case 0: topk(x.data(), n, k, st.data(), hist.data(), p.data()); break;

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 const STATE_WORDS: usize = 31;
 
 /// Bins of the radix select's histogram (u32 each).
-const HIST_BINS: usize = 256;
+const HIST_BINS: usize = 2048;
 
 /// Elements per compaction segment (SPARSE_SEG in sparse.cuh): two u64 counts each.
 const SEGMENT: usize = 4096;
@@ -116,19 +116,19 @@ mod tests {
     fn regions_are_aligned_and_cover_the_kernels_arrays() {
         assert_eq!(Scratch::len(Needs::Nothing, 1 << 20), 0);
         assert_eq!(Scratch::len(Needs::Select, 0), 0);
-        // state 160 -> 256, hist 1024, counts 16 -> 256.
-        assert_eq!(Scratch::len(Needs::Select, 1), 256 + 1024 + 256);
+        // state 248 -> 256, hist 8192, counts 16 -> 256.
+        assert_eq!(Scratch::len(Needs::Select, 1), 256 + 8192 + 256);
         // counts of 245 segments: 3920 bytes -> 4096.
-        assert_eq!(Scratch::len(Needs::Select, 1_000_003), 256 + 1024 + 4096);
+        assert_eq!(Scratch::len(Needs::Select, 1_000_003), 256 + 8192 + 4096);
         // 62 parts of 16 lanes: 3968 bytes each for sums and maxima.
         assert_eq!(
             Scratch::len(Needs::SelectAndMean, 1_000_003),
-            256 + 1024 + 4096 + 2 * 4096
+            256 + 8192 + 4096 + 2 * 4096
         );
         let s = Scratch::at(Needs::SelectAndMean, 7, 0x1000).unwrap();
         assert_eq!(
             [s.state, s.hist, s.counts, s.psum, s.pmax],
-            [0x1000, 0x1100, 0x1500, 0x1600, 0x1700]
+            [0x1000, 0x1100, 0x3100, 0x3200, 0x3300]
         );
         let s = Scratch::at(Needs::Select, 7, 0x1000).unwrap();
         assert_eq!((s.psum, s.pmax), (0, 0));

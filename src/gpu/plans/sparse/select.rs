@@ -10,8 +10,9 @@ use crate::gpu::driver::{Arg, Driver, Function, Stream};
 use crate::gpu::plans::{grid_for, BLOCK};
 use std::sync::Arc;
 
-/// Radix passes of 8 bits over the 31-bit magnitude key.
-const RADIX_PASSES: i32 = 4;
+/// Radix passes over the 31-bit magnitude key (digits of 11, 10 and 10 bits: sparse.cuh's
+/// `SP_RADIX_PASSES`).
+const RADIX_PASSES: i32 = 3;
 
 /// The lanes of mstopk's mean (mstopk.cu): 16 per part of 16384 elements.
 const MEAN_PART: usize = 16384;
@@ -99,7 +100,7 @@ unsafe fn serial(s: &dyn Stream, f: &dyn Function, args: &[Arg]) -> Result<()> {
     unsafe { s.launch(f, 1, 1, args) }
 }
 
-/// The four-pass radix select of the k-th largest key (sparse.cuh), a codec's hist and digit
+/// The three-pass radix select of the k-th largest key (sparse.cuh), a codec's hist and digit
 /// entries.
 struct Radix {
     hist: Arc<dyn Function>,
