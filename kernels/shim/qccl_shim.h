@@ -11,7 +11,7 @@
 //     each block every thread runs to completion before the next starts. Right for kernels
 //     whose threads never wait for each other (grid-stride loops, a thread per bucket).
 //   - qccl_shim::launch_fibers(kernel, grid, block, args...): FIBER mode. The threads of a block
-//     are ucontext fibers, switched only inside the synchronising calls: __syncthreads,
+//     are fibers (their own stacks), switched only inside the synchronising calls: __syncthreads,
 //     __syncwarp, __shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync, __ballot_sync,
 //     __all_sync, __any_sync (32-lane warps; each needs every lane of its mask, with that same
 //     mask, as CUDA does).
@@ -123,8 +123,49 @@ struct Lane {
     uint64_t result = 0;
 };
 
+// ---- switching between fibers ------------------------------------------------------------
+// On x86-64 a fiber switch saves the callee-saved registers on the running stack and loads
+// the other stack (qccl_shim_switch, below): a few nanoseconds. Elsewhere (or with
+// QCCL_SHIM_UCONTEXT) it is swapcontext, which also saves the signal mask with a system call
+// every time, about a microsecond: fiber-mode tests of warp-cooperative kernels were
+// dominated by it.
+#if defined(__x86_64__) && !defined(QCCL_SHIM_UCONTEXT)
+#define QCCL_SHIM_FAST_SWITCH 1
+// Saves this stack's registers and pointer at *save, then continues on `load` (a stack saved
+// by an earlier switch, or prepared by init_stack). Weak and hidden: every translation unit
+// that includes this header defines the same code, and calls stay inside the binary.
+extern "C" __attribute__((visibility("hidden"))) void qccl_shim_switch(void** save, void* load);
+asm(R"(
+    .text
+    .weak qccl_shim_switch
+    .hidden qccl_shim_switch
+    .type qccl_shim_switch, @function
+qccl_shim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size qccl_shim_switch, .-qccl_shim_switch
+)");
+#endif
+
 struct Fiber {
+#ifdef QCCL_SHIM_FAST_SWITCH
+    void* sp = nullptr;  // its stack pointer while it is switched out
+#else
     ucontext_t ctx;
+#endif
     uint3 tid;
     bool done = false;
 };
@@ -132,7 +173,11 @@ struct Fiber {
 struct Block {
     std::vector<Fiber> fibers;
     std::vector<Lane> lanes;  // one per thread, indexed by linear thread id
+#ifdef QCCL_SHIM_FAST_SWITCH
+    void* sched = nullptr;  // the scheduler's stack pointer while a fiber runs
+#else
     ucontext_t sched;
+#endif
     std::function<void()> body;
     unsigned cur = 0;
     unsigned nthreads = 0;
@@ -155,7 +200,11 @@ inline Block& block_for(const char* what) {
 // Back to the scheduler; returns when this fiber is next resumed.
 inline void yield(Block& b) {
     Fiber& f = b.fibers[b.cur];
+#ifdef QCCL_SHIM_FAST_SWITCH
+    qccl_shim_switch(&f.sp, b.sched);
+#else
     swapcontext(&f.ctx, &b.sched);
+#endif
 }
 
 template <class Pred>
@@ -168,10 +217,30 @@ inline void fiber_entry() {
     b.body();
     b.fibers[b.cur].done = true;
     b.events++;
+#ifdef QCCL_SHIM_FAST_SWITCH
+    // Back to the scheduler for good: nothing resumes a finished fiber.
+    qccl_shim_switch(&b.fibers[b.cur].sp, b.sched);
+    __builtin_unreachable();
+#endif
     // Returning ends the fiber and resumes the scheduler through uc_link.
 }
 
 constexpr size_t kFiberStack = 256 * 1024;
+
+#ifdef QCCL_SHIM_FAST_SWITCH
+// A fresh stack that the first switch to it starts in fiber_entry: six zero registers for
+// qccl_shim_switch to pop, then fiber_entry as its return address, above it a slot standing
+// for fiber_entry's own return address, so that it starts with the stack pointer 8 past a
+// 16-byte boundary, as after a call.
+inline void* init_stack(char* stack) {
+    uintptr_t top = ((uintptr_t)stack + kFiberStack) & ~(uintptr_t)15;
+    void** sp = reinterpret_cast<void**>(top);
+    *--sp = nullptr;
+    *--sp = reinterpret_cast<void*>(&fiber_entry);
+    for (int r = 0; r < 6; r++) *--sp = nullptr;
+    return sp;
+}
+#endif
 
 // Runs one block of `body` as fibers, round robin; aborts when a whole round makes no progress.
 inline void run_block_fibers(Block& b, std::vector<char*>& stacks) {
@@ -180,11 +249,15 @@ inline void run_block_fibers(Block& b, std::vector<char*>& stacks) {
         f.done = false;
         f.tid = uint3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
         b.lanes[t] = Lane{};
+#ifdef QCCL_SHIM_FAST_SWITCH
+        f.sp = init_stack(stacks[t]);
+#else
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = stacks[t];
         f.ctx.uc_stack.ss_size = kFiberStack;
         f.ctx.uc_link = &b.sched;
         makecontext(&f.ctx, fiber_entry, 0);
+#endif
     }
     b.bar_count = 0;
     unsigned live = b.nthreads;
@@ -195,7 +268,11 @@ inline void run_block_fibers(Block& b, std::vector<char*>& stacks) {
             if (f.done) continue;
             b.cur = t;
             threadIdx = f.tid;
+#ifdef QCCL_SHIM_FAST_SWITCH
+            qccl_shim_switch(&b.sched, f.sp);
+#else
             swapcontext(&b.sched, &f.ctx);
+#endif
             if (f.done) live--;
         }
         if (live > 0 && b.events == before) {

@@ -50,28 +50,39 @@ pub struct Driver {
 /// The driver `name`, built once per test process; None (after printing why) when g++ is
 /// missing and not required.
 pub fn driver(name: &str) -> Option<Driver> {
+    driver_with(name, None)
+}
+
+/// As `driver`, built with the preprocessor symbol `define` too (a variant of the shim, such
+/// as QCCL_SHIM_UCONTEXT: fiber switches through swapcontext).
+pub fn driver_with(name: &str, define: Option<&str>) -> Option<Driver> {
     // One cell per driver, so tests needing different drivers build them in parallel.
     type Cell = Arc<OnceLock<Option<Driver>>>;
     static BUILT: OnceLock<Mutex<HashMap<String, Cell>>> = OnceLock::new();
+    let key = format!(
+        "{name}{}",
+        define.map(|d| format!("-{d}")).unwrap_or_default()
+    );
     let cell = BUILT
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .entry(name.to_string())
+        .entry(key.clone())
         .or_default()
         .clone();
-    cell.get_or_init(|| unavailable().is_none().then(|| build(name)))
+    cell.get_or_init(|| unavailable().is_none().then(|| build(name, &key, define)))
         .clone()
 }
 
-fn build(name: &str) -> Driver {
+fn build(name: &str, key: &str, define: Option<&str>) -> Driver {
     let src = root().join(format!("kernels/shim/{name}_driver.cpp"));
     let dir = work_dir();
     std::fs::create_dir_all(&dir).expect("create the shim work dir");
-    let exe = dir.join(format!("{name}_driver"));
+    let exe = dir.join(format!("{key}_driver"));
     // -ffp-contract=off: no FMA contraction, as the CPU codecs and the NVRTC build (fmad off).
     let out = Command::new("g++")
         .args(["-O2", "-std=c++17", "-ffp-contract=off", "-Wall", "-Werror"])
+        .args(define.map(|d| format!("-D{d}")))
         .arg("-o")
         .arg(&exe)
         .arg(&src)
