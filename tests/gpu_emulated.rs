@@ -362,6 +362,17 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     let count = (1 << 16) + 3;
     let e = |e: qccl::Error| e.to_string();
     let before = comm.device_stats().map_err(e)?;
+    // A compressed all-reduce of `count` f32 in place at `d`, on `user` (from inside
+    // `gated_twice` only: it keeps `d` alive until the stream passed the calls).
+    let coded_at = |c: &Compression, d: u64, user: *mut std::ffi::c_void| {
+        let p = comm
+            .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, c)
+            .map_err(e)?;
+        // SAFETY: `d` lives until the stream passed the calls (`gated_twice` synchronizes).
+        unsafe { comm.all_reduce_compressed_at(p, None, d, user) }
+            .map(drop)
+            .map_err(e)
+    };
     let mut specs = ["fp16", "fp16:ef=1"].into_iter();
     gated_twice(comm, dev, count, |d, user| {
         let spec = specs.next().ok_or("a third call")?;
@@ -369,13 +380,7 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
             .map_err(e)?
             .algo(Algo::Sra)
             .key("gated");
-        let p = comm
-            .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
-            .map_err(e)?;
-        // SAFETY: `d` lives until the stream passed the calls (`gated_twice` synchronizes).
-        unsafe { comm.all_reduce_compressed_at(p, None, d, user) }
-            .map(drop)
-            .map_err(e)
+        coded_at(&c, d, user)
     })?;
     let after = comm.device_stats().map_err(e)?;
     if after.calls - before.calls != 2 || after.enqueued - before.enqueued != 2 {
@@ -455,13 +460,7 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
                 (1, true) => sra.algo(Algo::Ring),
                 _ => sra,
             };
-            let p = comm
-                .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
-                .map_err(e)?;
-            // SAFETY: as above.
-            unsafe { comm.all_reduce_compressed_at(p, None, d, user) }
-                .map(drop)
-                .map_err(e)
+            coded_at(&c, d, user)
         })?;
     }
     let end = comm.device_stats().map_err(e)?;
