@@ -101,9 +101,9 @@ impl Comm {
     /// returns None once the call is enqueued, as NCCL's: every kernel and copy of the call
     /// is enqueued now on the comm's stream behind an event of the caller's, and the
     /// caller's stream waits for the call's last kernel; the comm's worker moves the bytes
-    /// in its turn, enqueueing nothing (`gpu::sra`); an earlier queued operation that may
-    /// run compressed calls is waited for first (`Queue::submit_declared`: the call's step
-    /// is known only once it ended). With null, after that wait timed out, or with another
+    /// in its turn, enqueueing nothing (`gpu::sra`); an earlier queued operation that did
+    /// not declare how many compressed calls it runs is waited for first
+    /// (`Queue::submit_declared`: the call's step is known only once it ended). With null, after that wait timed out, or with another
     /// rank of the comm in this process (see `on_stream`), it returns once the result is on
     /// the device: its report with null.
     ///

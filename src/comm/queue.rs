@@ -137,9 +137,9 @@ impl Queue {
     /// known now: `f` gets the engine, that step and what the caller sends on the returned
     /// channel (its device work, enqueued after this returns; the job waits for it at most
     /// `timeout`, and a dropped sender fails it). An earlier operation still running that
-    /// did not declare its compressed calls (a non-blocking call, a staged HiTopK call on a
-    /// stream) may run some: this first waits for it to end, at most `timeout`; None after
-    /// that.
+    /// did not declare its compressed calls (a C fusion group, an async call of the core
+    /// that does not say, as `submit`'s) may run some: this first waits for it to end, at
+    /// most `timeout`; None after that.
     pub fn submit_declared<H: Send + 'static>(
         &self,
         timeout: Duration,
