@@ -294,3 +294,28 @@ QCCL_DEVICE uint64_t qccl_nthreads() { return (uint64_t)gridDim.x * blockDim.x; 
 
 // for (i = this thread's first; i < n; i += every thread of the grid)
 #define QCCL_GRID_STRIDE(i, n) for (uint64_t i = qccl_tid(); i < (n); i += qccl_nthreads())
+
+// ---- buckets ---------------------------------------------------------------------------------
+// The bucket holding element i, for a thread that visits its elements in increasing order
+// (qsgd's levels and decode, onebit's means): the next bucket is a step away, and a 64-bit
+// division (one per element would cost more than the rest of an element's work on a GPU)
+// happens only on a jump, such as to the thread's next grid-stride item.
+struct QcclBucketWalk {
+    uint64_t size, b, start, next;  // bucket b is [start, next)
+};
+
+// Nothing loaded yet: [1, 0) holds no element, and b + 1 wraps to bucket 0.
+QCCL_DEVICE QcclBucketWalk qccl_bucket_walk(uint64_t size) {
+    QcclBucketWalk w = {size, ~0ull, 1, 0};
+    return w;
+}
+
+// Moves to element i's bucket; true when that is another bucket (the first call included),
+// whose per-bucket values the caller then loads.
+QCCL_DEVICE bool qccl_bucket_walk_to(QcclBucketWalk& w, uint64_t i) {
+    if (i >= w.start && i < w.next) return false;
+    w.b = i >= w.next && i - w.next < w.size ? w.b + 1 : i / w.size;
+    w.start = w.b * w.size;
+    w.next = w.start + w.size;
+    return true;
+}

@@ -277,31 +277,6 @@ QCCL_DEVICE float qsgd_value(const QsgdDequant &d, unsigned q, unsigned top) {
     return v;
 }
 
-/* The quantizer of the bucket holding element i, loaded as a thread walks its group: one
- * division for the group's first element, then a step per bucket boundary crossed (a 64-bit
- * division per element costs more than the rest of the element's work on a GPU). */
-struct QsgdWalk {
-    uint64_t bi, next; /* the loaded bucket, and the first element past it */
-};
-
-QCCL_DEVICE QsgdWalk qsgd_walk_start(uint64_t i, unsigned bucket) {
-    QsgdWalk w;
-    w.bi = i / bucket;
-    w.next = (w.bi + 1) * bucket;
-    return w;
-}
-
-/* Moves to element i's bucket (i at or past the last one's start); true when it changed. */
-QCCL_DEVICE bool qsgd_walk_to(QsgdWalk &w, uint64_t i, unsigned bucket) {
-    bool moved = false;
-    while (i >= w.next) {
-        w.bi++;
-        w.next += bucket;
-        moved = true;
-    }
-    return moved;
-}
-
 /* The first m (at most 8) elements of a float buffer from element i: 16-byte loads where
  * `vec` and all 8 are there. Loops over a group run to 8 and stop at m inside, a constant
  * trip count the compiler unrolls, so a group's arrays stay in registers. */
@@ -339,6 +314,10 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
     uint8_t *stream = payload + qsgd_meta_bytes(n, bucket, maxabs);
     uint64_t groups = (n + 7) / 8;
     bool vec = qccl_aligned16(x, EF ? res : x, EF && w_out ? w_out : x);
+    /* The quantizer of the bucket the walk is in (common.cuh: loaded once per bucket). */
+    QcclBucketWalk walk = qccl_bucket_walk(bucket);
+    float lo2 = 0.0f, inv = 0.0f;
+    QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
     QCCL_GRID_STRIDE(g, groups) {
         uint64_t base = 8 * g;
         unsigned m = n - base < 8 ? (unsigned)(n - base) : 8u;
@@ -350,17 +329,14 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
                 w[j] = w[j] + r8[j];
         }
         uint64_t acc = 0;
-        QsgdWalk walk = qsgd_walk_start(base, bucket);
-        float lo2 = 0.0f, inv = 0.0f;
-        QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
         unsigned long long pair = 0; /* the draw of elements i & ~1 and i | 1 */
         for (unsigned j = 0; j < 8; j++) {
             if (j >= m)
                 break;
             uint64_t i = base + j;
-            if (j == 0 || qsgd_walk_to(walk, i, bucket)) {
+            if (qccl_bucket_walk_to(walk, i)) {
                 float l, h;
-                qsgd_read_bounds(payload, walk.bi, maxabs, &l, &h);
+                qsgd_read_bounds(payload, walk.b, maxabs, &l, &h);
                 float d = h * 0.5f - l * 0.5f;
                 /* d > 0 is false for NaN scales and constant buckets: every level is then 0. */
                 if (d > 0.0f) {
@@ -425,6 +401,8 @@ QCCL_DEVICE void qsgd_decode(const uint8_t *payload, float *out, uint64_t n, uns
     uint64_t groups = (n + 7) / 8;
     uint64_t total = (n * bits + 7) / 8;
     bool vec = qccl_aligned16(out, out, out);
+    QcclBucketWalk walk = qccl_bucket_walk(bucket);
+    QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
     QCCL_GRID_STRIDE(g, groups) {
         uint64_t at = g * bits, base = 8 * g;
         unsigned m = n - base < 8 ? (unsigned)(n - base) : 8u;
@@ -435,14 +413,12 @@ QCCL_DEVICE void qsgd_decode(const uint8_t *payload, float *out, uint64_t n, uns
         float v[8];
         if (ADD)
             qsgd_load8(v, out, base, m, vec);
-        QsgdWalk walk = qsgd_walk_start(base, bucket);
-        QsgdDequant dq = {0.0f, 0.0f, 0.0f, 0.0f};
         for (unsigned j = 0; j < 8; j++) {
             if (j >= m)
                 break;
-            if (j == 0 || qsgd_walk_to(walk, base + j, bucket)) {
+            if (qccl_bucket_walk_to(walk, base + j)) {
                 float l, h;
-                qsgd_read_bounds(payload, walk.bi, maxabs, &l, &h);
+                qsgd_read_bounds(payload, walk.b, maxabs, &l, &h);
                 dq = qsgd_dequant(l, h, top);
             }
             unsigned q = (unsigned)(acc >> (bits * j)) & top;

@@ -253,28 +253,22 @@ extern "C" __global__ void qccl_efsign_decode_add(const uint8_t* payload, float*
 }
 
 // Element i of a onebit payload: its bucket's mean for its sign bit. A thread asks for its
-// elements in increasing order, so its cursor loads a bucket's means once and finds the next
-// bucket a step away; a 64-bit division only on a jump (to a thread's next group), not per
-// element (which would cost more than the rest of the element's work on a GPU).
+// elements in increasing order: the walk (common.cuh) loads a bucket's means once.
 struct QcclOnebitCursor {
     const uint8_t* meta;
-    uint64_t bucket, b, start, next;  // the loaded bucket b is [start, next)
+    QcclBucketWalk walk;
     float pos, neg;
 };
 
 QCCL_DEVICE QcclOnebitCursor qccl_onebit_cursor(const uint8_t* meta, uint32_t bucket) {
-    // Nothing loaded: [1, 0) holds no element, and b + 1 wraps to bucket 0.
-    QcclOnebitCursor c = {meta, bucket, ~0ull, 1, 0, 0.0f, 0.0f};
+    QcclOnebitCursor c = {meta, qccl_bucket_walk(bucket), 0.0f, 0.0f};
     return c;
 }
 
 QCCL_DEVICE float qccl_onebit_value(QcclOnebitCursor& c, uint64_t i, uint32_t set) {
-    if (i < c.start || i >= c.next) {
-        c.b = i >= c.next && i - c.next < c.bucket ? c.b + 1 : i / c.bucket;
-        c.start = c.b * c.bucket;
-        c.next = c.start + c.bucket;
-        c.pos = qccl_load_f32_le(c.meta + 8 * c.b);
-        c.neg = qccl_load_f32_le(c.meta + 8 * c.b + 4);
+    if (qccl_bucket_walk_to(c.walk, i)) {
+        c.pos = qccl_load_f32_le(c.meta + 8 * c.walk.b);
+        c.neg = qccl_load_f32_le(c.meta + 8 * c.walk.b + 4);
     }
     return set ? c.pos : c.neg;
 }
