@@ -266,17 +266,21 @@ fn float64_conversions_match_rust() {
     .collect();
     let narrow = d.function(0, "qccl_f64_to_f32").unwrap();
     let widen = d.function(0, "qccl_f32_to_f64").unwrap();
-    for n in [0, 1, 7, doubles.len()] {
-        let x = &doubles[..n];
-        let xd = upload(&d, &*s, bytemuck::cast_slice(x));
-        let out = codec_plans::filled(&d, &*s, 4 * n, 0xa5);
+    // One conversion kernel over `input` (n elements) into `width` bytes each: the output.
+    let convert = |f: &dyn Function, input: &[u8], n: usize, width: usize| {
+        let src = upload(&d, &*s, input);
+        let out = codec_plans::filled(&d, &*s, width * n, 0xa5);
         let args = [
-            Arg::Ptr(xd.addr()),
+            Arg::Ptr(src.addr()),
             Arg::Ptr(out.addr()),
             Arg::U64(n as u64),
         ];
-        launch(&*s, &*narrow, n, &args).unwrap();
-        let got = floats(&download(&*s, out.addr(), 4 * n));
+        launch(&*s, f, n, &args).unwrap();
+        download(&*s, out.addr(), width * n)
+    };
+    for n in [0, 1, 7, doubles.len()] {
+        let x = &doubles[..n];
+        let got = floats(&convert(&*narrow, bytemuck::cast_slice(x), n, 4));
         for (i, (&v, g)) in x.iter().zip(&got).enumerate() {
             assert_eq!(
                 g.to_bits(),
@@ -286,15 +290,7 @@ fn float64_conversions_match_rust() {
         }
         // Back: every f32 the narrowing gave, NaNs with payloads among them.
         let f: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-        let fd = upload(&d, &*s, bytemuck::cast_slice(&f));
-        let wide = codec_plans::filled(&d, &*s, 8 * n, 0xa5);
-        let args = [
-            Arg::Ptr(fd.addr()),
-            Arg::Ptr(wide.addr()),
-            Arg::U64(n as u64),
-        ];
-        launch(&*s, &*widen, n, &args).unwrap();
-        let back = download(&*s, wide.addr(), 8 * n);
+        let back = convert(&*widen, bytemuck::cast_slice(&f), n, 8);
         for (i, (&v, b)) in f.iter().zip(back.chunks_exact(8)).enumerate() {
             let b = u64::from_ne_bytes(b.try_into().unwrap());
             assert_eq!(b, (v as f64).to_bits(), "widen n={n} [{i}] {v:e}");
