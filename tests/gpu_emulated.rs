@@ -434,15 +434,15 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
         }
     }
     // Behind a staged call on the same held stream, which declared how many compressed calls
-    // it runs (a dense all-reduce none, a compressed one on the ring, staged through the CPU
+    // it runs (a dense all-reduce none, a hierarchical compressed one, staged through the CPU
     // codecs, one): the compressed call's step is known, so it does not wait for the staged
     // call to end (it cannot: the stream is held) and both return at once.
-    for ring in [false, true] {
+    for hier in [false, true] {
         let mut made = 0;
         gated_twice(comm, dev, count, |d, user| {
             made += 1;
             let sra = Compression::parse("fp16").map_err(e)?.algo(Algo::Sra);
-            let c = match (made, ring) {
+            let c = match (made, hier) {
                 (1, false) => {
                     let bufs = [buf(d, len, true, true)];
                     let dense = comm
@@ -457,7 +457,7 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     }
                     .map_err(e);
                 }
-                (1, true) => sra.algo(Algo::Ring),
+                (1, true) => sra.algo(Algo::Hier),
                 _ => sra,
             };
             coded_at(&c, d, user)
@@ -868,12 +868,20 @@ fn host_coded(
     }
     let bytes = to_bytes(mine, dtype);
     match dtype {
-        DType::Float16 => {
-            run::<half::f16>(comm, c, op, bytemuck::cast_slice(&bytes).to_vec(), in_place)
-        }
-        DType::Bfloat16 => {
-            run::<half::bf16>(comm, c, op, bytemuck::cast_slice(&bytes).to_vec(), in_place)
-        }
+        DType::Float16 => run::<half::f16>(
+            comm,
+            c,
+            op,
+            halves(&bytes, half::f16::from_ne_bytes),
+            in_place,
+        ),
+        DType::Bfloat16 => run::<half::bf16>(
+            comm,
+            c,
+            op,
+            halves(&bytes, half::bf16::from_ne_bytes),
+            in_place,
+        ),
         DType::Float64 => {
             let values = bytes
                 .chunks_exact(8)
@@ -883,6 +891,11 @@ fn host_coded(
         }
         _ => run::<f32>(comm, c, op, mine.to_vec(), in_place),
     }
+}
+
+/// 16-bit values from their bytes (of any alignment: an empty `Vec<u8>`'s is 1).
+fn halves<T>(bytes: &[u8], from: fn([u8; 2]) -> T) -> Vec<T> {
+    bytes.chunks_exact(2).map(|c| from([c[0], c[1]])).collect()
 }
 
 /// Input `i` of rank `p` in call `call` of case `case`: deterministic, in [-1, 1).
@@ -1106,6 +1119,92 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
             algo: Some(Algo::AllGather),
             gather: true,
         },
+        // The ring: partial sums re-encoded at every hop, the owner's encoding forwarded.
+        CodedCase {
+            spec: "qsgd:bits=4,bucket=128,ef=1",
+            key: Some("ring.qsgd"),
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![1, 7, 4099, 65_537],
+            calls: 3,
+            tolerance: None,
+            l2: 1.0,
+            must_gpu: true,
+            dtype: DType::Float32,
+            algo: Some(Algo::Ring),
+            gather: false,
+        },
+        CodedCase {
+            spec: "fp16",
+            key: None,
+            layout: None,
+            op: ReduceOp::Avg,
+            counts: vec![0, 1, 7, 4099],
+            calls: 2,
+            tolerance: Some(1.0 / 128.0),
+            l2: 0.0,
+            must_gpu: true,
+            dtype: DType::Bfloat16,
+            algo: Some(Algo::Ring),
+            gather: false,
+        },
+        CodedCase {
+            spec: "topk:density=0.25,ef=1",
+            key: Some("ring.topk"),
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![1031],
+            calls: 3,
+            tolerance: None,
+            l2: 2.0,
+            must_gpu: true,
+            dtype: DType::Float32,
+            algo: Some(Algo::Ring),
+            gather: false,
+        },
+        // The tree: partial sums up, the root's encoding down.
+        CodedCase {
+            spec: "qsgd:bits=8,bucket=64,ef=1",
+            key: Some("tree.qsgd"),
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![1, 7, 4099, 65_537],
+            calls: 3,
+            tolerance: None,
+            l2: 0.5,
+            must_gpu: true,
+            dtype: DType::Float32,
+            algo: Some(Algo::Tree),
+            gather: false,
+        },
+        CodedCase {
+            spec: "fp16",
+            key: None,
+            layout: None,
+            op: ReduceOp::Avg,
+            counts: vec![0, 1, 4099],
+            calls: 2,
+            tolerance: Some(1.0 / 128.0),
+            l2: 0.0,
+            must_gpu: true,
+            dtype: DType::Float16,
+            algo: Some(Algo::Tree),
+            gather: false,
+        },
+        CodedCase {
+            spec: "randk:density=0.25,ef=1",
+            key: Some("tree.randk"),
+            layout: None,
+            op: ReduceOp::Sum,
+            counts: vec![1031],
+            calls: 3,
+            tolerance: None,
+            l2: 2.0,
+            must_gpu: true,
+            dtype: DType::Float32,
+            algo: Some(Algo::Tree),
+            gather: false,
+        },
     ];
     let user = dev.gpu.create_stream(0).map_err(e)?;
     let slice_bytes: usize = std::env::var("QCCL_BUFFSIZE")
@@ -1171,18 +1270,29 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                             return Err(format!("{what}: {exchanges} exchanges, want 1"));
                         }
                     } else if gpu_ran && n > 1 {
-                        // Two exchanges per slice; slice j+1 encoded before slice j moves.
+                        // SRA: two exchanges per slice, slice j+1 encoded before slice j
+                        // moves; the ring: 2(n-1) per slice; the tree: two per slice for
+                        // the parent and two for the children (the whole buffer sliced).
                         let last = count - count * (n - 1) / n;
                         let nsl = (4 * last).div_ceil(slice_bytes).max(1) as u64;
+                        let want = match case.algo {
+                            Some(Algo::Ring) => 2 * (n as u64 - 1) * nsl,
+                            Some(Algo::Tree) => {
+                                let nsl = (4 * count).div_ceil(slice_bytes).max(1) as u64;
+                                let links = u64::from(r > 0) + u64::from(2 * r + 1 < n);
+                                2 * links * nsl
+                            }
+                            _ => 2 * nsl,
+                        };
                         let exchanges = after.exchanges - before.exchanges;
                         let late = after.late_sends - before.late_sends;
-                        if exchanges != 2 * nsl || late > exchanges * (n as u64 - 1) {
+                        if exchanges != want || late > exchanges * (n as u64 - 1) {
                             return Err(format!(
-                                "{what}: {exchanges} exchanges ({late} late sends), want {}",
-                                2 * nsl
+                                "{what}: {exchanges} exchanges ({late} late sends), want {want}"
                             ));
                         }
-                        if nsl > 1 {
+                        // The ring's and the tree's encodes wait for the previous hop's bytes.
+                        if nsl > 1 && case.algo == Some(Algo::Sra) {
                             piped += 1;
                             overlapped += after.overlapped - before.overlapped;
                         }

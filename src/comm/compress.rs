@@ -452,7 +452,7 @@ impl PreparedAllReduce {
     }
 
     /// The call as the device path runs it: (plan, tensor key, op, count, seed, dtype,
-    /// schedule), when it is a flat SRA or all-gather scheme on a float type (what `gpu::sra`
+    /// schedule), when it is a flat SRA, all-gather or ring schedule on a float type (what `gpu::sra`
     /// implements; other than float32 through an f32 copy, as `with_f32`); None
     /// otherwise.
     pub(super) fn on_device(&self) -> Option<crate::gpu::sra::CallShape<'_>> {
@@ -461,6 +461,8 @@ impl PreparedAllReduce {
         let scheme = match self.schedule {
             Schedule::Flat(Flat::Sra) => Scheme::Sra,
             Schedule::Flat(Flat::AllGather) => Scheme::Gather,
+            Schedule::Flat(Flat::Ring) => Scheme::Ring,
+            Schedule::Flat(Flat::Tree) => Scheme::Tree,
             _ => return None,
         };
         floats.then_some((

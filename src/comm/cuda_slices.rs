@@ -49,7 +49,7 @@ impl Comm {
 
     /// Compressed all-reduce on device memory, enqueued on `stream`: as the host's
     /// [`Comm::all_reduce_compressed_out_of_place`] (float types, Sum or Avg; every rank ends
-    /// bit-identical, host ranks included). A flat SRA or all-gather scheme (sparse codecs) on f32 runs its codecs on the GPU;
+    /// bit-identical, host ranks included). A flat SRA, all-gather scheme (sparse codecs) or ring on f32 runs its codecs on the GPU;
     /// other calls are staged through page-locked memory.
     pub fn all_reduce_compressed_cuda<T: Element>(
         &self,

@@ -1,6 +1,6 @@
 //! The one entry for a compressed all-reduce on raw buffers that may be device memory (the C
 //! ABI's, Python's and cudarc's way in): the codecs run on the GPU where the call has that
-//! path (`gpu_sra.rs`: a flat SRA or all-gather scheme on float32, float16 or bfloat16
+//! path (`gpu_sra.rs`: a flat SRA, all-gather or ring schedule on float32, float16 or bfloat16
 //! device buffers), otherwise the call is staged
 //! through page-locked memory (`device.rs`) as any other. Callers say only how the call is
 //! ordered: on a stream (`all_reduce_compressed_at`) or queued (`submit_..._at`).

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 impl Comm {
     /// The GPU path of compressed all-reduce `call` on `send` (None: in place) and `recv`, if
-    /// it has one: a flat SRA or all-gather scheme (the one sparse codecs take) on a float
+    /// it has one: a flat SRA, all-gather scheme (the one sparse codecs take) or ring on a float
     /// type, more than 0 elements, every buffer aligned to its element in
     /// device memory of the comm's device, a launch plan for each of its codecs. None: stage
     /// the call as any other. Buffers on another device than the comm's are an error, as for
@@ -89,8 +89,8 @@ impl Comm {
                 Info,
                 "rank {}: compressed all-reduce on device buffers with the {} route: staged \
                  through page-locked memory, the CPU codecs encode (the codecs run on the GPU \
-                 in the flat SRA and all-gather schemes: QCCL_ALGO=sra or the call's algo \
-                 asks for SRA); said once per comm",
+                 in the flat SRA, all-gather and ring schedules: QCCL_ALGO=sra or the \
+                 call's algo asks for one); said once per comm",
                 self.rank,
                 call.algo().name()
             );

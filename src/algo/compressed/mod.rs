@@ -10,6 +10,7 @@
 //! the number of ranks (SRA as each slice is final, the others after their last exchange).
 
 pub mod gather;
+pub mod hop;
 pub mod ring;
 pub mod sra;
 pub mod tree;

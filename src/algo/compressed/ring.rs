@@ -1,49 +1,26 @@
 //! Compressed ring: reduce-scatter where every hop decodes, adds and re-encodes (n−1
 //! quantizations of a chunk, so the error grows with the world size: SRA's reason to exist),
-//! then an all-gather that forwards the owner's encoding unchanged.
+//! then an all-gather that forwards the owner's encoding unchanged. Written once over a
+//! [`HopSide`] (`run`, `run_gather`), for the host's calls and the device's.
 
-use super::{chunk, nslices, slice, Coder};
+use super::hop::{HopSide, HostHops, Outgoing};
+use super::sra::{Shape, SETS};
+use super::{chunk, slice, Coder};
 use crate::algo::Ctx;
-use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 use std::ops::Range;
 
 /// Compressed ring all-reduce (sum) of `work`, in place.
 pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Result<()> {
-    let (n, r, count) = (ctx.size, ctx.rank, work.len());
-    if n == 1 {
+    if ctx.size == 1 {
         return Ok(());
     }
-    let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
-    let nsl = nslices(ctx, chunks[n - 1].len());
-    let (next, prev) = (ctx.peer(1), ctx.peer(-1));
-    // Encoded into registered memory: an RDMA link sends it without a copy.
-    let mut out = ctx.wire_buf();
-    let mut land = Vec::new();
-    for step in 0..n - 1 {
-        let send_c = (r + n - step) % n;
-        let recv_c = (r + 2 * n - step - 1) % n;
-        for j in 0..nsl {
-            let (ss, rs) = (
-                slice(&chunks[send_c], nsl, j),
-                slice(&chunks[recv_c], nsl, j),
-            );
-            let len = cd.len(&ss);
-            cd.encode(work, ss, out.fit(len))?;
-            land.resize(cd.len(&rs), 0);
-            ctx.exchange(
-                &[SendReq {
-                    peer: next,
-                    data: out.bytes(),
-                }],
-                &mut [RecvReq::new(prev, &mut land)],
-            )?;
-            cd.decode(&land, work, rs, true)?;
-        }
-    }
-    ctx.give_wire([out]);
-    // Rank r finished chunk r+1.
-    all_gather(ctx, cd, work, &chunks, |q| (q + 1) % n)
+    let count = work.len();
+    let shape = Shape::of(ctx, count);
+    let mut side = HostHops::new(ctx, cd, work);
+    let done = run(ctx, shape, &mut side, count);
+    side.give_back(ctx);
+    done
 }
 
 /// Ring all-gather of encoded chunks: rank q's finished chunk is `owned(q)`; it encodes it
@@ -55,31 +32,89 @@ pub fn all_gather(
     chunks: &[Range<usize>],
     owned: impl Fn(usize) -> usize,
 ) -> Result<()> {
-    let (n, r) = (ctx.size, ctx.rank);
-    if n == 1 {
+    if ctx.size == 1 {
         return Ok(());
     }
-    let nsl = nslices(ctx, chunks.iter().map(|c| c.len()).max().unwrap_or(0));
-    let (next, prev) = (ctx.peer(1), ctx.peer(-1));
-    // Both registered: what lands is forwarded as it is.
-    let (mut cur, mut land) = (ctx.wire_buf(), ctx.wire_buf());
+    let longest = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+    let shape = Shape {
+        n: ctx.size,
+        rank: ctx.rank,
+        nsl: super::nslices(ctx, longest),
+    };
+    let mut side = HostHops::new(ctx, cd, work);
+    let done = run_gather(ctx, shape, &mut side, chunks, &owned, 0);
+    side.give_back(ctx);
+    done
+}
+
+/// Exchanges of the ring all-reduce on `shape`: n−1 per slice each way.
+pub fn exchanges(shape: Shape) -> usize {
+    2 * (shape.n - 1) * shape.nsl
+}
+
+/// The ring all-reduce of `count` elements for `shape.n` > 1 ranks, its exchanges on `x`:
+/// n−1 reduce-scatter steps per slice, then the all-gather of each rank's finished chunk.
+pub fn run<X: ?Sized>(
+    x: &mut X,
+    shape: Shape,
+    side: &mut dyn HopSide<X>,
+    count: usize,
+) -> Result<()> {
+    let (n, r, nsl) = (shape.n, shape.rank, shape.nsl);
+    let chunks: Vec<_> = (0..n).map(|c| chunk(count, n, c)).collect();
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let mut xs = 0;
+    for step in 0..n - 1 {
+        let send_c = (r + n - step) % n;
+        let recv_c = (r + 2 * n - step - 1) % n;
+        for j in 0..nsl {
+            let (ss, rs) = (
+                slice(&chunks[send_c], nsl, j),
+                slice(&chunks[recv_c], nsl, j),
+            );
+            let set = xs % SETS;
+            side.encode_to(set, next, ss)?;
+            let sent = Outgoing::Encoded { set, slot: next };
+            let land = side.len(&rs);
+            side.pass(x, sent, &[next], &[prev], land)?;
+            xs += 1;
+            side.take(prev, rs, true)?;
+        }
+    }
+    // Rank r finished chunk r+1.
+    run_gather(x, shape, side, &chunks, &|q| (q + 1) % n, xs)
+}
+
+/// The ring all-gather of `chunks` over `shape`, its exchanges on `x` after `xs` earlier
+/// ones of the call: per slice, this rank's `owned(rank)` encoded once, then n−1 steps each
+/// decoding what arrived and forwarding it.
+pub fn run_gather<X: ?Sized>(
+    x: &mut X,
+    shape: Shape,
+    side: &mut dyn HopSide<X>,
+    chunks: &[Range<usize>],
+    owned: &dyn Fn(usize) -> usize,
+    mut xs: usize,
+) -> Result<()> {
+    let (n, r, nsl) = (shape.n, shape.rank, shape.nsl);
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     for j in 0..nsl {
         let own = slice(&chunks[owned(r)], nsl, j);
-        cd.encode_own(work, own.clone(), cur.fit(cd.len(&own)))?;
+        let set = xs % SETS;
+        side.encode_own_to(set, next, own)?;
         for step in 0..n - 1 {
             let from = (r + 2 * n - step - 1) % n;
             let rs = slice(&chunks[owned(from)], nsl, j);
-            ctx.exchange(
-                &[SendReq {
-                    peer: next,
-                    data: cur.bytes(),
-                }],
-                &mut [RecvReq::new(prev, land.fit(cd.len(&rs)))],
-            )?;
-            cd.decode(land.bytes(), work, rs, false)?;
-            std::mem::swap(&mut cur, &mut land);
+            let what = if step == 0 {
+                Outgoing::Encoded { set, slot: next }
+            } else {
+                Outgoing::Forward
+            };
+            let land = side.len(&rs);
+            side.pass(x, what, &[next], &[prev], land)?;
+            xs += 1;
+            side.take(prev, rs, false)?;
         }
     }
-    ctx.give_wire([cur, land]);
     Ok(())
 }

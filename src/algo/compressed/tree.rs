@@ -1,77 +1,100 @@
 //! Compressed binary tree: each rank adds its children's decoded partial sums to its own exact
 //! data and sends its sum up encoded; the root encodes the total once and the encoding travels
-//! down unchanged. log2(n) quantizations on the way up.
+//! down unchanged. log2(n) quantizations on the way up. Written once over a [`HopSide`]
+//! (`run`), for the host's calls and the device's.
 
+use super::hop::{HopSide, HostHops, Outgoing};
+use super::sra::{Shape, SETS};
 use super::{nslices, slice, Coder};
-use crate::algo::wire::WireBuf;
+use crate::algo::tree::neighbours;
 use crate::algo::Ctx;
-use crate::transport::{RecvReq, SendReq};
 use crate::Result;
 
 /// Compressed tree all-reduce (sum) of `work`, in place.
 pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Result<()> {
-    let (n, r, count) = (ctx.size, ctx.rank, work.len());
-    if n == 1 {
+    if ctx.size == 1 {
         return Ok(());
     }
-    let (parent, kids) = crate::algo::tree::neighbours(r, n);
+    let count = work.len();
+    let shape = Shape {
+        n: ctx.size,
+        rank: ctx.rank,
+        nsl: nslices(ctx, count),
+    };
+    let mut side = HostHops::new(ctx, cd, work);
+    let done = run(ctx, shape, &mut side, count);
+    side.give_back(ctx);
+    done
+}
+
+/// The tree's shape for a call of `count` elements on `n` ranks with slices of `slice`
+/// bytes: the whole buffer is cut in slices (what `all_reduce` finds on its `ctx`).
+pub fn shape(count: usize, n: usize, rank: usize, slice: usize) -> Shape {
+    Shape {
+        n,
+        rank,
+        nsl: (4 * count).div_ceil(slice.max(1)).max(1),
+    }
+}
+
+/// Exchanges of the tree all-reduce on `shape`: per slice, one from the children and one to
+/// the parent on the way up, one from the parent and one to the children on the way down.
+pub fn exchanges(shape: Shape) -> usize {
+    let (parent, kids) = neighbours(shape.rank, shape.n);
+    2 * (usize::from(parent.is_some()) + usize::from(!kids.is_empty())) * shape.nsl
+}
+
+/// The tree all-reduce of `count` elements for `shape.n` > 1 ranks, its exchanges on `x`.
+pub fn run<X: ?Sized>(
+    x: &mut X,
+    shape: Shape,
+    side: &mut dyn HopSide<X>,
+    count: usize,
+) -> Result<()> {
+    let (n, r, nsl) = (shape.n, shape.rank, shape.nsl);
+    let (parent, kids) = neighbours(r, n);
     let whole = 0..count;
-    let nsl = nslices(ctx, count);
-    let mut land: Vec<Vec<u8>> = vec![Vec::new(); 2];
-    // Encoded (or forwarded) from registered memory: an RDMA link sends without a copy.
-    let mut out = ctx.wire_buf();
-    // Results the root encoded, one per slice, kept for the way down.
-    let mut down: Vec<WireBuf> = (0..nsl).map(|_| ctx.wire_buf()).collect();
-    for (j, result) in down.iter_mut().enumerate() {
+    let mut xs = 0;
+    for j in 0..nsl {
         let sj = slice(&whole, nsl, j);
         if !kids.is_empty() {
-            for l in land.iter_mut() {
-                l.resize(cd.len(&sj), 0);
-            }
-            let mut recvs: Vec<RecvReq<'_>> = kids
-                .iter()
-                .zip(land.iter_mut())
-                .map(|(&k, l)| RecvReq::new(k, l))
-                .collect();
-            ctx.exchange(&[], &mut recvs)?;
-            for l in land.iter().take(kids.len()) {
-                cd.decode(l, work, sj.clone(), true)?;
+            let land = side.len(&sj);
+            side.pass(x, Outgoing::Nothing, &[], &kids, land)?;
+            xs += 1;
+            for &k in &kids {
+                side.take(k, sj.clone(), true)?;
             }
         }
-        match parent {
+        if let Some(p) = parent {
+            let set = xs % SETS;
+            side.encode_to(set, p, sj)?;
+            side.pass(x, Outgoing::Encoded { set, slot: p }, &[p], &[], 0)?;
+            xs += 1;
+        }
+    }
+    for j in 0..nsl {
+        let sj = slice(&whole, nsl, j);
+        let down = match parent {
             Some(p) => {
-                let len = cd.len(&sj);
-                cd.encode(work, sj, out.fit(len))?;
-                ctx.exchange(
-                    &[SendReq {
-                        peer: p,
-                        data: out.bytes(),
-                    }],
-                    &mut [],
-                )?;
+                let land = side.len(&sj);
+                side.pass(x, Outgoing::Nothing, &[], &[p], land)?;
+                xs += 1;
+                side.take(p, sj, false)?;
+                Outgoing::Forward
             }
             None => {
-                let len = cd.len(&sj);
-                cd.encode_own(work, sj, result.fit(len))?
+                // The root encodes the total as it sends it down: the same bytes as on the way
+                // up (nothing changes the slice in between; the draws are keyed by position),
+                // with no encoding kept per slice.
+                let set = xs % SETS;
+                side.encode_own_to(set, r, sj)?;
+                Outgoing::Encoded { set, slot: r }
             }
+        };
+        if !kids.is_empty() {
+            side.pass(x, down, &kids, &[], 0)?;
+            xs += 1;
         }
     }
-    for (j, result) in down.iter_mut().enumerate() {
-        let sj = slice(&whole, nsl, j);
-        if let Some(p) = parent {
-            let len = cd.len(&sj);
-            ctx.exchange(&[], &mut [RecvReq::new(p, result.fit(len))])?;
-            cd.decode(result.bytes(), work, sj, false)?;
-        }
-        let sends: Vec<SendReq<'_>> = kids
-            .iter()
-            .map(|&k| SendReq {
-                peer: k,
-                data: result.bytes(),
-            })
-            .collect();
-        ctx.exchange(&sends, &mut [])?;
-    }
-    ctx.give_wire(down.into_iter().chain([out]));
     Ok(())
 }

@@ -18,6 +18,14 @@
 //! every peer, then the work zeroed (`qccl_ef_zero`) and every rank's encoding added in
 //! rank order, this rank's own from its send slot.
 //!
+//! The ring and the tree (`algo::compressed::{ring, tree}::run`, asked for with
+//! `QCCL_ALGO=ring|tree` or the call's algo) run over the same sides too, as `HopSide`s: the
+//! work buffer starts as the input plus the residual (`qccl_ef_compensate` over the whole
+//! buffer, as the host's), each hop's partial sum is encoded into the send slot of the rank
+//! it goes to, and a forward sends the bytes the previous exchange received from their
+//! page-locked receive slot, with no device work. Each rank encodes each element once per
+//! call (the tree's root as it sends the total down), so only encoded bytes cross PCIe.
+//!
 //! A call made on a caller's stream runs the schedule twice. `enqueue` (on the caller's
 //! thread, NCCL's enqueue-and-return) runs it over `side.rs`, which enqueues every kernel
 //! and copy of the call on the comm's stream: slice j+1's scatter encodes before slice j's
@@ -45,8 +53,10 @@
 use super::driver::{Arg, Driver, Stream};
 use super::plans::{grid_for, plan_for, CodecPlan, Convert, BLOCK};
 use crate::algo::compressed::gather::{self, GatherSide};
+use crate::algo::compressed::hop::HopSide;
 use crate::algo::compressed::sra::{self, Shape};
 use crate::algo::compressed::{chunk, slice};
+use crate::algo::compressed::{ring, tree};
 use crate::algo::Algo;
 use crate::codec::ef::TensorKey;
 use crate::codec::layout::CodecMap;
@@ -94,7 +104,7 @@ pub struct GpuAllReduce {
     convert: Option<Convert>,
     /// The buffers' type (the frames' descriptor names it, as the host's calls do).
     dtype: DType,
-    /// SRA, or the all-gather scheme (sparse codecs).
+    /// SRA, the all-gather scheme (sparse codecs) or the ring.
     scheme: Scheme,
     /// The comm's ranks, this rank and its slice bytes (QCCL_BUFFSIZE).
     n: usize,
@@ -110,7 +120,16 @@ pub(crate) enum Scheme {
     Sra,
     /// The all-gather scheme (`gather::run`), the one sparse codecs take.
     Gather,
+    /// The ring (`ring::run`): each hop decodes, adds and re-encodes.
+    Ring,
+    /// The binary tree (`tree::run`): partial sums up, the root's encoding down.
+    Tree,
 }
+
+/// A side that can run every scheme of [`Scheme`].
+trait SchemeSide<X: ?Sized>: GatherSide<X> + HopSide<X> {}
+
+impl<X: ?Sized, S: GatherSide<X> + HopSide<X>> SchemeSide<X> for S {}
 
 /// The call's shape: (plan, tensor key, op, count, seed, dtype, schedule).
 pub(crate) type CallShape<'a> = (
@@ -213,6 +232,7 @@ impl GpuAllReduce {
                 };
                 let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
                 let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, self.algo());
+                let view = self.start(st, res, view)?;
                 let dev = DeviceSide::new((st, self), (site, res), view, board, false);
                 let mover = Mover::new(self, self.n);
                 let mut side = Lockstep { mover, dev };
@@ -266,6 +286,7 @@ impl GpuAllReduce {
                 let Some(shape) = self.shape() else {
                     return self.alone(st, res, view);
                 };
+                let view = self.start(st, res, view)?;
                 let mut side = DeviceSide::new((st, self), (site, res), view, board, true);
                 let ran = self.schedule(&mut (), shape, &mut side);
                 lane.add_bytes(side.to_host, side.to_device);
@@ -280,6 +301,8 @@ impl GpuAllReduce {
         match self.scheme {
             Scheme::Sra => Algo::Sra,
             Scheme::Gather => Algo::AllGather,
+            Scheme::Ring => Algo::Ring,
+            Scheme::Tree => Algo::Tree,
         }
     }
 
@@ -288,11 +311,13 @@ impl GpuAllReduce {
         &self,
         x: &mut X,
         shape: Shape,
-        side: &mut dyn GatherSide<X>,
+        side: &mut impl SchemeSide<X>,
     ) -> Result<()> {
         match self.scheme {
             Scheme::Sra => sra::run(x, shape, side, self.count, true),
             Scheme::Gather => gather::run(x, shape, side, self.count),
+            Scheme::Ring => ring::run(x, shape, side, self.count),
+            Scheme::Tree => tree::run(x, shape, side, self.count),
         }
     }
 
@@ -301,12 +326,30 @@ impl GpuAllReduce {
         match self.scheme {
             Scheme::Sra => 2 * shape.nsl,
             Scheme::Gather => 1,
+            Scheme::Ring => ring::exchanges(shape),
+            Scheme::Tree => tree::exchanges(shape),
         }
+    }
+
+    /// The f32 buffers the schedule starts from: the ring re-encodes partial sums of the
+    /// work buffer, so it starts as the input plus the residual, the residual zeroed (the
+    /// host's `coded_turn` and `fill`); SRA and the all-gather scheme read the input where
+    /// they encode it, the residual added there.
+    fn start(&self, st: &mut DeviceState, res: Option<u64>, view: View) -> Result<View> {
+        if !matches!(self.scheme, Scheme::Ring | Scheme::Tree) {
+            return Ok(view);
+        }
+        self.alone(st, res, view)?;
+        Ok((None, view.1))
     }
 
     /// The schedule's shape on more than one rank.
     fn shape(&self) -> Option<Shape> {
-        (self.n > 1).then(|| Shape::new(self.count, self.n, self.rank, self.slice))
+        let (count, n, rank, slice) = (self.count, self.n, self.rank, self.slice);
+        (n > 1).then(|| match self.scheme {
+            Scheme::Tree => tree::shape(count, n, rank, slice),
+            _ => Shape::new(count, n, rank, slice),
+        })
     }
 
     /// One rank: as the host's, the residual added (or the input copied) into the f32 work
@@ -527,7 +570,8 @@ impl GpuAllReduce {
     }
 
     /// The room the call needs on `shape` (None: one rank): the same chunks and slices as
-    /// `sra::run` (the whole buffer for the all-gather scheme), and the f32 copy of a call on
+    /// `sra::run` and `ring::run` (the whole buffer for the all-gather scheme, its slices for the
+    /// tree), and the f32 copy of a call on
     /// another float type.
     fn sizes(&self, shape: Option<Shape>) -> Result<Sizes> {
         let mut s = Sizes {
@@ -545,13 +589,14 @@ impl GpuAllReduce {
         };
         let (n, nsl) = (shape.n, shape.nsl);
         let ranges: Vec<Range<usize>> = match self.scheme {
-            Scheme::Sra => (0..n)
+            Scheme::Sra | Scheme::Ring => (0..n)
                 .flat_map(|c| {
                     let c = chunk(self.count, n, c);
                     (0..nsl).map(move |j| slice(&c, nsl, j))
                 })
                 .collect(),
             Scheme::Gather => std::iter::once(0..self.count).collect(),
+            Scheme::Tree => (0..nsl).map(|j| slice(&(0..self.count), nsl, j)).collect(),
         };
         for r in ranges {
             s.slot = s.slot.max(self.plan.encoded_len(r.clone()));

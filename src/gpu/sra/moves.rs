@@ -15,6 +15,7 @@ use super::side::DeviceSide;
 use super::state::DeviceStats;
 use super::GpuAllReduce;
 use crate::algo::compressed::gather::GatherSide;
+use crate::algo::compressed::hop::{HopSide, Outgoing};
 use crate::algo::compressed::sra::{Phase, Side, SETS};
 use crate::algo::Ctx;
 use crate::codec::checked_payload;
@@ -90,24 +91,25 @@ impl<'a> Mover<'a> {
         Ok(())
     }
 
-    /// Exchange `self.x` of `board` on `ctx`, with `peers`, receiving `land(p)` bytes from
-    /// each; waits for it to be posted (it may still be being enqueued).
+    /// Exchange `self.x` of `board` on `ctx`: its bytes sent to the ranks `to`, `land(p)`
+    /// bytes received from each rank p of `from`; waits for it to be posted (it may still be
+    /// being enqueued).
     fn swap(
         &mut self,
         board: &Board,
         ctx: &mut Ctx<'_>,
-        set: usize,
-        peers: &[usize],
+        to: &[usize],
+        from: &[usize],
         land: &dyn Fn(usize) -> usize,
     ) -> Result<()> {
         let timeout = self.g.timeout;
         let s = board;
         let ex = s.exchange(self.x, timeout)?;
         let expected: Vec<usize> = ex.sends.iter().map(|s| s.0).collect();
-        if ex.rset != self.x % SETS || expected != peers || set >= SETS {
+        if ex.rset != self.x % SETS || expected != to || ex.from != from {
             return Err(Error::Internal(format!(
-                "exchange {} with ranks {peers:?} was enqueued with ranks {expected:?}",
-                self.x
+                "exchange {} to ranks {to:?} from {from:?} was enqueued to {expected:?} from {:?}",
+                self.x, ex.from
             )));
         }
         if let Some(d) = &ex.drained {
@@ -123,8 +125,8 @@ impl<'a> Mover<'a> {
         if s.encodes_queued(&mut self.encoded) {
             self.stats.overlapped += 1;
         }
-        let mut recvs = Vec::with_capacity(peers.len());
-        for &p in peers {
+        let mut recvs = Vec::with_capacity(from.len());
+        for &p in from {
             let len = land(p);
             if len > s.slot {
                 return Err(Error::Internal(format!(
@@ -187,7 +189,7 @@ impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
     fn swap(
         &mut self,
         ctx: &mut Ctx<'c>,
-        set: usize,
+        _set: usize,
         peers: &[usize],
         _phase: Phase,
         land: &dyn Fn(usize) -> usize,
@@ -195,7 +197,39 @@ impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
         // The previous exchange's headers are checked: the stream may decode its bytes.
         let board = &self.script.board;
         board.release(self.mover.x);
-        self.mover.swap(board, ctx, set, peers, land)
+        self.mover.swap(board, ctx, peers, peers, land)
+    }
+}
+
+impl<'c> HopSide<Ctx<'c>> for MoveSide<'_> {
+    fn len(&self, r: &Range<usize>) -> usize {
+        self.mover.g.plan.encoded_len(r.clone())
+    }
+
+    fn encode_to(&mut self, _: usize, _: usize, _: Range<usize>) -> Result<()> {
+        Ok(())
+    }
+
+    fn encode_own_to(&mut self, _: usize, _: usize, _: Range<usize>) -> Result<()> {
+        Ok(())
+    }
+
+    fn pass(
+        &mut self,
+        ctx: &mut Ctx<'c>,
+        _: Outgoing,
+        to: &[usize],
+        from: &[usize],
+        land: usize,
+    ) -> Result<()> {
+        // As `swap`: the previous exchange's headers are checked.
+        let board = &self.script.board;
+        board.release(self.mover.x);
+        self.mover.swap(board, ctx, to, from, &|_| land)
+    }
+
+    fn take(&mut self, from: usize, r: Range<usize>, _: bool) -> Result<()> {
+        self.mover.check(&self.script.board, from, r)
     }
 }
 
@@ -256,6 +290,38 @@ impl<'c> Side<Ctx<'c>> for Lockstep<'_> {
     ) -> Result<()> {
         self.dev.swap(&mut (), set, peers, phase, land)?;
         let board = self.dev.board();
-        self.mover.swap(board, ctx, set, peers, land)
+        self.mover.swap(board, ctx, peers, peers, land)
+    }
+}
+
+impl<'c> HopSide<Ctx<'c>> for Lockstep<'_> {
+    fn len(&self, r: &Range<usize>) -> usize {
+        self.mover.g.plan.encoded_len(r.clone())
+    }
+
+    fn encode_to(&mut self, set: usize, slot: usize, r: Range<usize>) -> Result<()> {
+        self.dev.encode_to(set, slot, r)
+    }
+
+    fn encode_own_to(&mut self, set: usize, slot: usize, r: Range<usize>) -> Result<()> {
+        self.dev.encode_own_to(set, slot, r)
+    }
+
+    fn pass(
+        &mut self,
+        ctx: &mut Ctx<'c>,
+        what: Outgoing,
+        to: &[usize],
+        from: &[usize],
+        land: usize,
+    ) -> Result<()> {
+        self.dev.pass(&mut (), what, to, from, land)?;
+        let board = self.dev.board();
+        self.mover.swap(board, ctx, to, from, &|_| land)
+    }
+
+    fn take(&mut self, from: usize, r: Range<usize>, add: bool) -> Result<()> {
+        self.mover.check(self.dev.board(), from, r.clone())?;
+        self.dev.take(from, r, add)
     }
 }

@@ -27,6 +27,8 @@ pub(super) struct Exchange {
     /// Per peer: the send slot's first byte, its length and the event after the encode that
     /// fills it (index into the events; None: nothing encoded, ready).
     pub(super) sends: Vec<(usize, *const u8, usize, Option<usize>)>,
+    /// The peers it receives from (SRA's: those it sends to; the ring's: the previous rank).
+    pub(super) from: Vec<usize>,
 }
 
 /// A peer's bytes of an exchange as the worker sends them: the peer, the send slot's first
@@ -38,6 +40,7 @@ pub(super) struct Posted {
     pub(super) rset: usize,
     pub(super) drained: Option<Arc<dyn Event>>,
     pub(super) sends: Vec<PostedSend>,
+    pub(super) from: Vec<usize>,
 }
 
 /// What the enqueueing side posted so far.
@@ -196,6 +199,7 @@ impl Board {
                         .iter()
                         .map(|&(peer, at, len, e)| (peer, at, len, ev(e)))
                         .collect(),
+                    from: ex.from.clone(),
                 }));
             }
             match &p.end {

@@ -9,6 +9,7 @@ use super::script::{Board, Exchange};
 use super::state::DeviceState;
 use super::GpuAllReduce;
 use crate::algo::compressed::gather::GatherSide;
+use crate::algo::compressed::hop::{HopSide, Outgoing};
 use crate::algo::compressed::sra::{Phase, Side, SETS};
 use crate::codec::{write_header, Site, HEADER_LEN};
 use crate::error::{Error, Result};
@@ -38,6 +39,8 @@ pub(super) struct DeviceSide<'a> {
     drained: Vec<Option<usize>>,
     /// The receive set whose decodes were enqueued since the last record.
     decoding: Option<usize>,
+    /// Where the latest exchange received, for the ring's forwards: (set, peer, bytes).
+    landed: Option<(usize, usize, usize)>,
     /// What the worker needs, posted as it is enqueued.
     board: &'a Board,
     /// Each exchange a wait for its progress value (false: the decodes are enqueued only
@@ -77,6 +80,7 @@ impl<'a> DeviceSide<'a> {
             encoded: vec![None; SETS * n],
             drained: vec![None; SETS],
             decoding: None,
+            landed: None,
             board,
             waits,
             to_host: 0,
@@ -276,11 +280,8 @@ impl Side<()> for DeviceSide<'_> {
         set: usize,
         peers: &[usize],
         phase: Phase,
-        _land: &dyn Fn(usize) -> usize,
+        land: &dyn Fn(usize) -> usize,
     ) -> Result<()> {
-        self.close_decodes()?;
-        let x = self.board.exchanges();
-        let rset = x % SETS;
         // Each peer's bytes: its own slot (scatter) or this rank's encoded sum (gather).
         let (n, me) = (self.board.n, self.rank);
         let from = |p: usize| match phase {
@@ -299,11 +300,79 @@ impl Side<()> for DeviceSide<'_> {
                 )
             })
             .collect();
+        self.post(sends, peers, land)
+    }
+}
+
+impl HopSide<()> for DeviceSide<'_> {
+    fn len(&self, r: &Range<usize>) -> usize {
+        self.g.plan.encoded_len(r.clone())
+    }
+
+    fn encode_to(&mut self, set: usize, slot: usize, r: Range<usize>) -> Result<()> {
+        self.encode(self.recv, r, set, slot, false)
+    }
+
+    fn encode_own_to(&mut self, set: usize, slot: usize, r: Range<usize>) -> Result<()> {
+        self.encode(self.recv, r, set, slot, true)
+    }
+
+    fn pass(
+        &mut self,
+        _: &mut (),
+        what: Outgoing,
+        to: &[usize],
+        from: &[usize],
+        land: usize,
+    ) -> Result<()> {
+        // The bytes, their length and the event after their encode (None: ready).
+        let bytes = match what {
+            Outgoing::Encoded { set, slot } => {
+                let i = set * self.board.n + slot;
+                let at = self.board.send_slot(set, slot).cast_const();
+                (at, self.sent[i], self.encoded[i])
+            }
+            Outgoing::Forward => {
+                let (set, p, len) = self.landed.ok_or_else(|| {
+                    Error::Internal("a forward after an exchange that received from no one".into())
+                })?;
+                // Checked by the worker when it arrived; sent from the host, as it is.
+                (self.board.recv_slot(set, p).cast_const(), len, None)
+            }
+            Outgoing::Nothing => (std::ptr::null(), 0, None),
+        };
+        let sends = to.iter().map(|&p| (p, bytes.0, bytes.1, bytes.2)).collect();
+        self.post(sends, from, &|_| land)
+    }
+
+    fn take(&mut self, from: usize, r: Range<usize>, add: bool) -> Result<()> {
+        self.decode(from, r, add)
+    }
+}
+
+impl DeviceSide<'_> {
+    /// Posts the next exchange: `sends` (peer, slot, bytes, its encode's event) and `land(p)`
+    /// bytes received from each of `from`; with `waits`, the stream's decodes then wait for
+    /// its progress value.
+    fn post(
+        &mut self,
+        sends: Vec<(usize, *const u8, usize, Option<usize>)>,
+        from: &[usize],
+        land: &dyn Fn(usize) -> usize,
+    ) -> Result<()> {
+        self.close_decodes()?;
+        let x = self.board.exchanges();
+        let rset = x % SETS;
+        self.landed = match from {
+            [p] => Some((rset, *p, land(*p))),
+            _ => None,
+        };
         // From here the worker may move this exchange's bytes, while the rest is enqueued.
         self.board.post_exchange(Exchange {
             rset,
             drained: self.drained[rset].take(),
             sends,
+            from: from.to_vec(),
         });
         if !self.waits {
             return Ok(());
