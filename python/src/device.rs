@@ -147,6 +147,31 @@ unsafe fn views<'a>(
     }
 }
 
+/// Runs the compressed all-reduce `call` on `send` (None: in place) and `recv` where they
+/// live, ordered on `target`, through the core's one entry for them (as the C call's): the
+/// codecs on the GPU where the call has that path, else staged. Its report when it completed
+/// before returning; None when enqueued on a stream.
+pub(crate) fn run_compressed(
+    py: Python<'_>,
+    c: &Arc<Comm>,
+    target: Target,
+    call: qccl::internal::PreparedAllReduce,
+    send: Option<Buf>,
+    recv: Buf,
+) -> PyResult<Option<qccl::Report>> {
+    refuse_unusable(target, send, recv)?;
+    let stream = match target {
+        Target::Wait => 0,
+        Target::Stream(h) => h,
+    };
+    let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
+    // SAFETY: as `run`'s: the buffers are live objects of this call, distinct (the callers
+    // checked), kept by the caller until it returns or until the stream passes it, and the
+    // stream is null or the caller's live stream of their device.
+    py.allow_threads(|| unsafe { c.all_reduce_compressed_at(call, sp, rp, stream as *mut _) })
+        .map_err(crate::py_err)
+}
+
 /// Runs `job` on `send` (None: in place or unused) and `recv` where they live, ordered on
 /// `target`. Some(outcome) when it completed before returning; None when enqueued on a stream.
 pub(crate) fn run(

@@ -879,22 +879,7 @@ impl PyComm {
                 .codec(&comp.codec, comp.key.is_some());
             check(&c, &call).py()?;
             let prepared = c.prepare_all_reduce_compressed(n, dt, op, &comp).py()?;
-            device::refuse_unusable(t, send, recv)?;
-            let stream = match t {
-                device::Target::Wait => 0,
-                device::Target::Stream(h) => h,
-            };
-            let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
-            // The codecs on the GPU where the call has that path, else staged (the core's
-            // one entry, as the C call's).
-            // SAFETY: as `device::run`'s: the buffers are live objects of this call, distinct
-            // (`pair`), kept by the caller until it returns or until the stream passes it,
-            // and the stream is null or the caller's live stream of their device.
-            let rep = py
-                .allow_threads(|| unsafe {
-                    c.all_reduce_compressed_at(prepared, sp, rp, stream as *mut _)
-                })
-                .py()?;
+            let rep = device::run_compressed(py, &c, t, prepared, send, recv)?;
             return rep
                 .map(|r| report_dict(py, r.algo.name(), r.wire.sent, r.wire.received))
                 .transpose();
@@ -937,7 +922,20 @@ impl PyComm {
         let b = buf_of("topk_all_reduce: buf", buf)?;
         let rep = if let Some(t) = device::target(stream, &[Some(b)])? {
             let prepared = c.prepare_topk(b.numel, b.dtype, scheme, &o).py()?;
-            match device::run(py, &c, t, Job::TopK(Arc::new(prepared)), None, b)? {
+            let prepared = match Box::new(prepared).into_compressed() {
+                // The naive all-gather is a compressed all-reduce (MSTopK, all-gather
+                // scheme): on device buffers its codec runs on the GPU.
+                Ok((call, k)) => {
+                    let Some(r) = device::run_compressed(py, &c, t, call, None, b)? else {
+                        return Ok(None);
+                    };
+                    let d = report_dict(py, scheme.name(), r.wire.sent, r.wire.received)?;
+                    d.set_item("k", k)?;
+                    return Ok(Some(d));
+                }
+                Err(p) => p,
+            };
+            match device::run(py, &c, t, Job::TopK(Arc::from(prepared)), None, b)? {
                 Some(Outcome::TopK(rep)) => rep,
                 _ => return Ok(None),
             }

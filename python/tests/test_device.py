@@ -290,9 +290,23 @@ def _coded(rank, size, uid):
             out.append(_host(a, np.float32, stream).tobytes())
     s.synchronize()
     stats = c.device_stats()
+    # The naive all-gather top-k is a compressed all-reduce (MSTopK, the all-gather scheme):
+    # on device buffers its codec runs on the GPU, one exchange.
+    topk = []
+    for i in range(2):
+        x = (_data(rank, n, np.float32) / 3 - i).astype(np.float32)
+        if rank == 0:
+            rep = c.topk_all_reduce(x, 0.1, key="tk", scheme="naiveag")
+            topk.append(x.tobytes())
+        else:
+            a = _dev(x)
+            rep = c.topk_all_reduce(a, 0.1, key="tk", scheme="naiveag")
+            topk.append(_host(a, np.float32).tobytes())
+        assert rep["algo"] == "naiveag" and rep["k"] == 410, rep
+    after = c.device_stats()
     assert c.async_error() is None
     c.close()
-    return out, stats
+    return out, stats, topk, (after["calls"] - stats["calls"], after["exchanges"] - stats["exchanges"])
 
 
 def test_compressed_calls_run_their_codecs_on_the_gpu():
@@ -300,8 +314,10 @@ def test_compressed_calls_run_their_codecs_on_the_gpu():
     uid = qccl.unique_id()
     with emulated(1):
         res = run_ranks(_coded, size, uid, timeout=180)
-    for rank, (out, stats) in enumerate(res):
+    for rank, (out, stats, topk, topk_stats) in enumerate(res):
         assert out == res[0][0], f"rank {rank} differs from rank 0"
+        assert topk == res[0][2], f"rank {rank}'s top-k differs from rank 0's"
+        assert topk_stats == ((0, 0) if rank == 0 else (2, 2)), (rank, topk_stats)
         want = {"calls": 0} if rank == 0 else {"calls": 4}
         assert stats["calls"] == want["calls"], (rank, stats)
         if rank:

@@ -287,6 +287,21 @@ impl PreparedTopK {
         }
     }
 
+    /// The compressed all-reduce a naive all-gather call (`NaiveAg`: MSTopK over the whole
+    /// tensor, the all-gather scheme) is, and the k its report names; the call itself for
+    /// the other schemes. On device buffers the core's entry for compressed all-reduces
+    /// (`Comm::all_reduce_compressed_at`) then runs MSTopK on the GPU instead of staging it.
+    #[doc(hidden)]
+    pub fn into_compressed(
+        self: Box<Self>,
+    ) -> std::result::Result<(super::PreparedAllReduce, usize), Box<PreparedTopK>> {
+        let call = *self;
+        match call.kind {
+            Kind::Coded(c) => Ok((c, k_of(call.opts.density, call.count))),
+            kind => Err(Box::new(PreparedTopK { kind, ..call })),
+        }
+    }
+
     /// Runs the call on `e` (the engine of the comm that prepared it, inside its turn) over
     /// `buf`, `count` elements of the prepared dtype, in place.
     pub fn run(&self, e: &mut crate::coll::Engine, buf: &mut [u8]) -> Result<TopKReport> {
