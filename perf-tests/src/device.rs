@@ -66,9 +66,9 @@ pub struct Gpu {
     in_flight: VecDeque<Box<dyn Event>>,
     /// Each call's report, pushed by the comm's worker as the call runs (in call order).
     done: Arc<Mutex<Vec<Ran>>>,
-    /// Compressed calls enqueued whole since the last sync (their algorithm), which report
-    /// nothing, and the comm's wire count before them.
-    unreported: Vec<Algo>,
+    /// Compressed calls enqueued whole since the last sync (their algorithm, and a top-k
+    /// call's k), which report nothing, and the comm's wire count before them.
+    unreported: Vec<(Algo, Option<usize>)>,
     wire_base: Option<Wire>,
     enqueued: usize,
     /// Bound on one wait for the stream: the comm's timeout for each call in flight.
@@ -178,25 +178,18 @@ impl Gpu {
             (s, sh.send * es),
             (r, sh.recv * es),
         )?;
-        let done = self.done.clone();
         let call_bufs: Vec<CallBuf> = bufs.clone();
         match work {
             // As the C API: the core's one entry for compressed all-reduces on raw buffers,
             // which runs the codecs on the GPU where the call has that path.
-            Work::Compressed(call) => self.enqueue_compressed(ctx.comm, *call, &call_bufs)?,
-            // SAFETY: the buffers are this section's device memory (lengths within
-            // `reserve`'s), freed only after the stream is synchronised (`reserve`, `Drop`),
-            // so they stay valid until the stream passes the call; the stream is this
-            // driver's, on their device.
-            work => unsafe {
-                let coded = work.coded_calls();
-                ctx.comm
-                    .on_stream(&call_bufs, self.stream.raw(), coded, move |e, hosts| {
-                        let ran = work.run(e, &bufs, hosts)?;
-                        done.lock().unwrap_or_else(|p| p.into_inner()).push(ran);
-                        Ok(())
-                    })?
+            Work::Compressed(call) => self.enqueue_compressed(ctx.comm, *call, &call_bufs, None)?,
+            // The naive all-gather top-k is a compressed all-reduce (MSTopK, the all-gather
+            // scheme): the same entry, its codec on the GPU.
+            Work::TopK(call) => match call.into_compressed() {
+                Ok((c, k)) => self.enqueue_compressed(ctx.comm, c, &call_bufs, Some(k))?,
+                Err(call) => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
             },
+            work => self.enqueue_staged(ctx.comm, work, bufs)?,
         }
         self.enqueued += 1;
         self.in_flight.push_back(self.stream.record()?);
@@ -205,6 +198,24 @@ impl Gpu {
             oldest.synchronize(self.timeout)?;
         }
         Ok(())
+    }
+
+    /// Enqueues `work` on `bufs` (the send buffer then the receive buffer, or the one buffer
+    /// in place), staged through page-locked memory (`Comm::on_stream`), as the C API does.
+    fn enqueue_staged(&mut self, comm: &Comm, work: Work, bufs: Vec<CallBuf>) -> Result<()> {
+        let done = self.done.clone();
+        let coded = work.coded_calls();
+        let call_bufs = bufs.clone();
+        // SAFETY: the buffers are this section's device memory (lengths within `reserve`'s),
+        // freed only after the stream is synchronised (`reserve`, `Drop`), so they stay valid
+        // until the stream passes the call; the stream is this driver's, on their device.
+        unsafe {
+            comm.on_stream(&call_bufs, self.stream.raw(), coded, move |e, hosts| {
+                let ran = work.run(e, &bufs, hosts)?;
+                done.lock().unwrap_or_else(|p| p.into_inner()).push(ran);
+                Ok(())
+            })
+        }
     }
 
     /// Enqueues compressed all-reduce `call` on `bufs` (the send buffer then the receive
@@ -216,6 +227,7 @@ impl Gpu {
         comm: &Comm,
         call: PreparedAllReduce,
         bufs: &[CallBuf],
+        topk: Option<usize>,
     ) -> Result<()> {
         if self.wire_base.is_none() {
             self.wire_base = Some(comm.wire()?);
@@ -238,12 +250,10 @@ impl Gpu {
         let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
         match report {
             Some(rep) => done.push(Ran {
-                algo: Some(rep.algo),
-                wire: Some(rep.wire),
                 inter: rep.inter,
-                ..Ran::default()
+                ..ran_of(algo, topk, rep.wire)
             }),
-            None => self.unreported.push(algo),
+            None => self.unreported.push((algo, topk)),
         }
         Ok(())
     }
@@ -269,11 +279,11 @@ impl Gpu {
                     received: d.received / n,
                 };
                 let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-                done.extend(calls.into_iter().map(|algo| Ran {
-                    algo: Some(algo),
-                    wire: Some(each),
-                    ..Ran::default()
-                }));
+                done.extend(
+                    calls
+                        .into_iter()
+                        .map(|(algo, topk)| ran_of(algo, topk, each)),
+                );
             }
         }
         let ran = std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
@@ -285,6 +295,26 @@ impl Gpu {
             )));
         }
         Ok(ran)
+    }
+}
+
+/// What a compressed all-reduce of schedule `algo` that moved `wire` reports; a naive
+/// all-gather top-k call (`topk`: its k) reports as the staged top-k calls do, with no
+/// schedule and zero step times (the baselines').
+fn ran_of(algo: Algo, topk: Option<usize>, wire: Wire) -> Ran {
+    match topk {
+        None => Ran {
+            algo: Some(algo),
+            wire: Some(wire),
+            ..Ran::default()
+        },
+        Some(k) => Ran {
+            algo: None,
+            wire: Some(wire),
+            inter: None,
+            steps: Some(([Duration::ZERO; 4], Duration::ZERO)),
+            k,
+        },
     }
 }
 

@@ -147,6 +147,22 @@ fn all_reduce_compressed() {
     }
 }
 
+/// The naive all-gather top-k goes through the same entry (MSTopK on the GPU): its wire
+/// bytes and relative error are the host run's.
+#[test]
+fn naive_all_gather_top_k_as_a_compressed_call() {
+    let args = ["--coll", "naiveag", "-k", "0.1"];
+    on_emulated_gpu(&args);
+    let run = |device: &str| {
+        let (code, out, err) = perf(Some("1"), 3, &[&["--device", device][..], &args].concat());
+        assert_eq!(code, Some(0), "{device}\n{out}\n{err}");
+        (column(&out, "wire(B)"), column(&out, "relerr"))
+    };
+    let host = run("host");
+    assert_eq!(host.0.len(), 4, "{host:?}");
+    assert_eq!(run("cuda"), host, "wire(B) and relerr, device against host");
+}
+
 #[test]
 fn reduce_scatter_unaligned_half() {
     on_emulated_gpu(&["--coll", "reduce_scatter", "-d", "half", "-u", "3"]);
