@@ -230,8 +230,7 @@ impl GpuAllReduce {
                 let Some(shape) = self.shape() else {
                     return self.alone(st, res, view);
                 };
-                let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
-                let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, self.algo());
+                let mut ctx = self.exchange_ctx(e);
                 let view = self.start(st, res, view)?;
                 let dev = DeviceSide::new((st, self), (site, res), view, board, false);
                 let mover = Mover::new(self, self.n);
@@ -527,6 +526,19 @@ impl GpuAllReduce {
         let Some(shape) = self.shape() else {
             return Ok(DeviceStats::default());
         };
+        let mut ctx = self.exchange_ctx(e);
+        let mut side = MoveSide {
+            mover: Mover::new(self, self.n),
+            script,
+        };
+        self.schedule(&mut ctx, shape, &mut side)?;
+        Ok(side.mover.stats)
+    }
+
+    /// The context the call's exchanges run in on `e`: its frames name the call as the
+    /// host's compressed calls do (schedule, type, the plan's fingerprint), so host and
+    /// device ranks of one job check each other's frames alike.
+    fn exchange_ctx<'e>(&self, e: &'e mut Engine) -> crate::algo::Ctx<'e> {
         let site = Site {
             seed: self.seed,
             step: 0,
@@ -534,13 +546,7 @@ impl GpuAllReduce {
             rank: self.rank as u64,
         };
         let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
-        let mut ctx = e.coded_ctx(CollKind::AllReduce, self.count, &coded, self.algo());
-        let mut side = MoveSide {
-            mover: Mover::new(self, self.n),
-            script,
-        };
-        self.schedule(&mut ctx, shape, &mut side)?;
-        Ok(side.mover.stats)
+        e.coded_ctx(CollKind::AllReduce, self.count, &coded, self.algo())
     }
 
     /// Ends a call whose bytes were moved (`moved`: what the exchanges did, or their
