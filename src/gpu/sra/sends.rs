@@ -91,7 +91,9 @@ impl<'a> SendSource<'a> for EncodedSends<'a> {
         }
         // SAFETY: `len` bytes of a send slot of the call's page-locked wire, alive while the
         // exchange runs; the encode's event completed, so no copy writes them any more, and
-        // nothing else does until the exchange returns.
+        // nothing else does until the exchange returns. Or, forwarded (no event), a receive
+        // slot the previous exchange filled: the next receive into its set is the exchange
+        // after this one.
         Ok(Some(unsafe { std::slice::from_raw_parts(at, len) }))
     }
 

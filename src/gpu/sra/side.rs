@@ -39,7 +39,8 @@ pub(super) struct DeviceSide<'a> {
     drained: Vec<Option<usize>>,
     /// The receive set whose decodes were enqueued since the last record.
     decoding: Option<usize>,
-    /// Where the latest exchange received, for the ring's forwards: (set, peer, bytes).
+    /// Where the latest exchange received from one rank, for forwards (the ring's, the
+    /// tree's way down): (set, peer, bytes).
     landed: Option<(usize, usize, usize)>,
     /// What the worker needs, posted as it is enqueued.
     board: &'a Board,
