@@ -14,7 +14,7 @@
 #
 # Figures (issue #22): the kernels against the device's copy bandwidth (qccl-gpu-bench);
 # all_reduce busbw on device vs host buffers at 2 and 4 ranks sharing the GPU (qccl-perf),
-# dense and compressed;
+# dense and compressed (SRA; the ring at 4 ranks);
 # torch.distributed on CUDA tensors, backend gloo vs qccl, same run (perf-tests/peers).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -97,6 +97,15 @@ for np in 2 4; do
             -J "$json/perf_z_${dev}_np$np.json"
         sed -n "/^== qccl-perf -np $np --device $dev -Z $z\$/,/rc=/p" "$log" >>"$fig"
     done
+done
+
+# The same codec on the ring, 4 ranks: every hop decodes, adds and re-encodes on the GPU
+# (since 2026-11-27; before, the ring was staged through the CPU codecs).
+for dev in cuda host; do
+    step "qccl-perf -np 4 --device $dev -Z $z -A ring" 45 "$kit/bin/qccl-perf" -np 4 -b 1M \
+        -e "$big" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" -Z "$z" -A ring \
+        -J "$json/perf_zring_${dev}_np4.json"
+    sed -n "/^== qccl-perf -np 4 --device $dev -Z $z -A ring\$/,/rc=/p" "$log" >>"$fig"
 done
 
 # torch.distributed on CUDA tensors: gloo vs qccl's backend, same run.

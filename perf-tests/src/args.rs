@@ -418,7 +418,8 @@ struct Cli {
     plot: Option<PathBuf>,
     /// Where the send and receive buffers live: host | cuda (device memory
     /// of GPU local rank % GPUs, staged by qccl through page-locked memory;
-    /// a compressed flat SRA or all-gather scheme runs its codecs on the GPU)
+    /// a compressed flat SRA, all-gather scheme, ring or tree, and naiveag,
+    /// run their codecs on the GPU)
     /// [default: cuda when a CUDA driver and GPU are usable, or
     /// QCCL_GPU_EMULATE is set; else host]
     #[arg(long, value_name = "host|cuda", help_heading = QCCL, verbatim_doc_comment)]

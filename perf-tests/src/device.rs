@@ -5,9 +5,10 @@
 //! is synchronised at the end of the timed loop, as nccl-tests does with
 //! cudaStreamSynchronize. qccl stages the buffers through page-locked host memory, except a
 //! compressed all-reduce, which goes through `Comm::all_reduce_compressed_at` as the C API's
-//! does: a flat SRA or all-gather scheme on a float type runs its codecs on the GPU (only
-//! encoded bytes cross PCIe); its wire column is then the comm's byte count over the loop,
-//! per call.
+//! does: a flat SRA, all-gather scheme, ring or tree on a float type runs its codecs on the
+//! GPU (only encoded bytes cross PCIe), and so does a naive all-gather top-k (`naiveag`, the
+//! all-gather scheme with MSTopK); its wire column is then the comm's byte count over the
+//! loop, per call.
 //!
 //! The one module of qccl-perf with `unsafe`: device addresses are raw, and `on_stream` takes
 //! the caller's promise that they stay valid until the stream passes each call (held here by

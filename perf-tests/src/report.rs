@@ -359,8 +359,9 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
         let _ = writeln!(
             s,
             "# device buffers (--device cuda): send and receive buffers in GPU memory, staged \
-             by qccl through page-locked host memory (a compressed flat SRA or all-gather scheme \
-             on a float type: its codecs run on the GPU, only encoded bytes cross PCIe); calls \
+             by qccl through page-locked host memory (a compressed flat SRA, all-gather scheme, \
+             ring or tree on a float type, and naiveag: its codecs run on the GPU, only \
+             encoded bytes cross PCIe); calls \
              enqueued on qccl-perf's stream, which is synchronised after each timed loop \
              (with -I after each call)"
         );
