@@ -23,6 +23,8 @@ pub enum Outgoing {
     },
     /// The bytes the previous exchange received (from one rank), forwarded unchanged.
     Forward,
+    /// The encoding `HopSide::keep_total` kept as total `j`.
+    Kept(usize),
     /// Nothing: the exchange only receives.
     Nothing,
 }
@@ -53,6 +55,14 @@ pub trait HopSide<X: ?Sized> {
     /// Decodes the bytes received from `from` in the latest exchange (the encoding of
     /// elements `r`) into the work buffer, or adds them to it when `add`.
     fn take(&mut self, from: usize, r: Range<usize>, add: bool) -> Result<()>;
+    /// As `encode_own_to`, the encoding kept as total `j` until an exchange sends it
+    /// (`Outgoing::Kept`); false (nothing done) for a side that keeps no totals and encodes
+    /// them as it sends them (the device's two sets of slots hold no more). The bytes are
+    /// the same either way: the tree's root encodes a slice it no longer changes, and the
+    /// draws are keyed by position.
+    fn keep_total(&mut self, _j: usize, _r: Range<usize>) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// The host's side: the CPU codecs over an f32 work buffer. One encode is sent before the
@@ -65,6 +75,8 @@ pub struct HostHops<'a, 'c> {
     landed: Vec<(usize, WireBuf)>,
     /// Buffers free to receive into.
     spare: Vec<WireBuf>,
+    /// Totals kept for a later exchange (`keep_total`), by index.
+    kept: Vec<WireBuf>,
 }
 
 impl<'a, 'c> HostHops<'a, 'c> {
@@ -76,13 +88,20 @@ impl<'a, 'c> HostHops<'a, 'c> {
             out: ctx.wire_buf(),
             landed: Vec::new(),
             spare: Vec::new(),
+            kept: Vec::new(),
         }
+    }
+
+    /// Room to keep `n` totals (`HopSide::keep_total`), from `ctx`'s scratch.
+    pub fn keep_room(&mut self, ctx: &mut Ctx<'_>, n: usize) {
+        self.kept.extend((0..n).map(|_| ctx.wire_buf()));
     }
 
     /// Hands the buffers back to the comm's scratch, keeping their registrations.
     pub fn give_back(self, ctx: &mut Ctx<'_>) {
         let landed = self.landed.into_iter().map(|(_, b)| b);
-        ctx.give_wire(std::iter::once(self.out).chain(landed).chain(self.spare));
+        let bufs = std::iter::once(self.out).chain(landed).chain(self.spare);
+        ctx.give_wire(bufs.chain(self.kept));
     }
 }
 
@@ -116,6 +135,10 @@ impl<'c> HopSide<Ctx<'c>> for HostHops<'_, '_> {
             .collect();
         let data = match (what, self.landed.as_slice()) {
             (Outgoing::Encoded { .. }, _) => self.out.bytes(),
+            (Outgoing::Kept(j), _) => match self.kept.get(j) {
+                Some(b) => b.bytes(),
+                None => return Err(Error::Internal(format!("no total {j} kept"))),
+            },
             (Outgoing::Nothing, _) => &[],
             (Outgoing::Forward, [(_, b)]) => b.bytes(),
             (Outgoing::Forward, l) => {
@@ -145,5 +168,15 @@ impl<'c> HopSide<Ctx<'c>> for HostHops<'_, '_> {
             )));
         };
         self.cd.decode(b.bytes(), self.work, r, add)
+    }
+
+    fn keep_total(&mut self, j: usize, r: Range<usize>) -> Result<bool> {
+        let len = self.cd.len(&r);
+        let Some(b) = self.kept.get_mut(j) else {
+            // No room made for it (`keep_room`): encoded when sent.
+            return Ok(false);
+        };
+        self.cd.encode_own(self.work, r, b.fit(len))?;
+        Ok(true)
     }
 }

@@ -22,6 +22,11 @@ pub fn all_reduce(ctx: &mut Ctx<'_>, cd: &mut Coder<'_>, work: &mut [f32]) -> Re
         nsl: nslices(ctx, count),
     };
     let mut side = HostHops::new(ctx, cd, work);
+    if ctx.rank == 0 {
+        // The root encodes each slice's total on the way up, sent on the way down while the
+        // children send it their next slices.
+        side.keep_room(ctx, shape.nsl);
+    }
     let done = run(ctx, shape, &mut side, count);
     side.give_back(ctx);
     done
@@ -55,6 +60,8 @@ pub fn run<X: ?Sized>(
     let (parent, kids) = neighbours(r, n);
     let whole = 0..count;
     let mut xs = 0;
+    // The root's totals kept from the way up (`HopSide::keep_total`), by slice.
+    let mut kept = Vec::with_capacity(nsl);
     for j in 0..nsl {
         let sj = slice(&whole, nsl, j);
         if !kids.is_empty() {
@@ -65,14 +72,18 @@ pub fn run<X: ?Sized>(
                 side.take(k, sj.clone(), true)?;
             }
         }
-        if let Some(p) = parent {
-            let set = xs % SETS;
-            side.encode_to(set, p, sj)?;
-            side.pass(x, Outgoing::Encoded { set, slot: p }, &[p], &[], 0)?;
-            xs += 1;
-        }
+        kept.push(match parent {
+            Some(p) => {
+                let set = xs % SETS;
+                side.encode_to(set, p, sj)?;
+                side.pass(x, Outgoing::Encoded { set, slot: p }, &[p], &[], 0)?;
+                xs += 1;
+                false
+            }
+            None => side.keep_total(j, sj)?,
+        });
     }
-    for j in 0..nsl {
+    for (j, &kept) in kept.iter().enumerate() {
         let sj = slice(&whole, nsl, j);
         let down = match parent {
             Some(p) => {
@@ -82,10 +93,10 @@ pub fn run<X: ?Sized>(
                 side.take(p, sj, false)?;
                 Outgoing::Forward
             }
+            None if kept => Outgoing::Kept(j),
             None => {
-                // The root encodes the total as it sends it down: the same bytes as on the way
-                // up (nothing changes the slice in between; the draws are keyed by position),
-                // with no encoding kept per slice.
+                // A side that keeps no totals (the device) encodes each as it sends it: the
+                // same bytes.
                 let set = xs % SETS;
                 side.encode_own_to(set, r, sj)?;
                 Outgoing::Encoded { set, slot: r }

@@ -340,6 +340,11 @@ impl HopSide<()> for DeviceSide<'_> {
                 // Checked by the worker when it arrived; sent from the host, as it is.
                 (self.board.recv_slot(set, p).cast_const(), len, None)
             }
+            Outgoing::Kept(j) => {
+                return Err(Error::Internal(format!(
+                    "total {j} sent, but the device keeps no totals"
+                )))
+            }
             Outgoing::Nothing => (std::ptr::null(), 0, None),
         };
         let sends = to.iter().map(|&p| (p, bytes.0, bytes.1, bytes.2)).collect();
