@@ -330,6 +330,19 @@ def test_compressed_calls_run_their_codecs_on_the_gpu():
         total = np.sum([(_data(r, n, np.float32) / 7 + i).astype(np.float64) for r in range(size)], axis=0)
         got = np.frombuffer(got, np.float32)
         assert np.max(np.abs(got - total)) <= 0.1 * (1 + np.max(np.abs(total))), i
+    # The first top-k call (no residual yet): every element is the float32 sum, in rank order
+    # from zero, of the inputs of the ranks that selected it, each rank selecting at most k.
+    xs = [(_data(r, n, np.float32) / 3).astype(np.float32) for r in range(size)]
+    got = np.frombuffer(res[0][2][0], np.float32)
+    sums = []
+    for mask in range(1 << size):
+        acc = np.zeros(n, np.float32)
+        for r in range(size):
+            if mask >> r & 1:
+                acc = (acc + xs[r]).astype(np.float32)
+        sums.append(acc)
+    assert np.all(np.any(np.stack(sums) == got, axis=0)), "a top-k element is no sum of inputs"
+    assert 0 < np.count_nonzero(got) <= size * 410, np.count_nonzero(got)
 
 
 def _async_failure(rank, size, uid):
