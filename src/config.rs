@@ -65,6 +65,11 @@ pub struct Config {
     /// between them until they finish (QCCL_STAGING_BYTES, default 256 MiB; a larger call
     /// still runs, alone): enqueueing more waits for earlier calls.
     pub staging_bytes: usize,
+    /// Dense all-reduces of ranks that each run in their own process on one machine reduce
+    /// device buffers on the GPU through CUDA IPC, without staging them through host memory
+    /// (QCCL_CUDA_IPC=1, default off). Used only when every rank of the comm asked for it at
+    /// init; each such call then exchanges a short descriptor first, host buffers too.
+    pub cuda_ipc: bool,
 }
 
 impl Default for Config {
@@ -86,6 +91,7 @@ impl Default for Config {
             compression: None,
             filter: Filter::default(),
             staging_bytes: crate::gpu::staging::DEFAULT_STAGING_BYTES,
+            cuda_ipc: false,
         }
     }
 }
@@ -255,6 +261,17 @@ impl Config {
         }
         if let Some(b) = env_num("QCCL_STAGING_BYTES")? {
             c.staging_bytes = size(b);
+        }
+        if let Some(v) = env_var("QCCL_CUDA_IPC") {
+            c.cuda_ipc = match v.trim() {
+                "" | "0" => false,
+                "1" => true,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "QCCL_CUDA_IPC={other} is not 0 or 1"
+                    )))
+                }
+            };
         }
         c.validate()?;
         Ok(c)

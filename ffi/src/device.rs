@@ -5,6 +5,10 @@
 //! once the result is on the device (`Comm::on_buffers`). Host buffers with a NULL stream
 //! take the host path unchanged.
 //!
+//! On a comm using CUDA IPC (QCCL_CUDA_IPC=1 on every rank) a dense blocking all-reduce goes
+//! through `Comm::all_reduce_dense_at`, which reduces device buffers through the peers'
+//! mapped memory when every rank's are on one device, and returns once done.
+//!
 //! A compressed all-reduce goes through the core's one entry for them
 //! (`Comm::all_reduce_compressed_at`, `Comm::submit_all_reduce_compressed_at`): a flat SRA or
 //! all-gather scheme (sparse codecs) on float32, float16 or bfloat16 device buffers whose
@@ -44,6 +48,20 @@ pub(crate) fn launch_on(
         }
         Err(op) => op,
     };
+    if h.comm.uses_cuda_ipc() {
+        if let Op::AllReduce { send, recv, call } = &op {
+            // SAFETY: as above; returns once done (the buffers are then free again).
+            return unsafe {
+                h.comm.all_reduce_dense_at(
+                    call,
+                    send.map(|s| s.start() as u64),
+                    recv.start() as u64,
+                    stream,
+                )
+            }
+            .map(drop);
+        }
+    }
     let comm = h.clone();
     let bufs = op.call_bufs();
     if !stream.is_null() {

@@ -14,7 +14,7 @@
 #
 # Figures (issue #22): the kernels against the device's copy bandwidth (qccl-gpu-bench);
 # all_reduce busbw on device vs host buffers at 2 and 4 ranks sharing the GPU (qccl-perf),
-# dense and compressed (SRA; the ring at 4 ranks);
+# dense (staged, and over CUDA IPC) and compressed (SRA; the ring at 4 ranks);
 # torch.distributed on CUDA tensors, backend gloo vs qccl, same run (perf-tests/peers).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -85,6 +85,15 @@ for np in 2 4; do
             -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" -J "$json/perf_${dev}_np$np.json"
         sed -n "/^== qccl-perf -np $np --device $dev\$/,/rc=/p" "$log" >>"$fig"
     done
+done
+
+# The same dense all_reduce on device buffers over CUDA IPC (QCCL_CUDA_IPC=1, since
+# 2026-11-27): the ranks reduce through each other's mapped GPU memory, no host staging.
+for np in 2 4; do
+    step "qccl-perf -np $np --device cuda QCCL_CUDA_IPC=1" 45 env QCCL_CUDA_IPC=1 \
+        "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" -f 4 -n "$iters" -w "$iters" -c 1 \
+        --device cuda -J "$json/perf_ipc_np$np.json"
+    sed -n "/^== qccl-perf -np $np --device cuda QCCL_CUDA_IPC=1\$/,/rc=/p" "$log" >>"$fig"
 done
 
 # Compressed all_reduce (qsgd 4-bit): on device buffers its codecs run on the GPU and only

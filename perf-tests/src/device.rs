@@ -190,6 +190,23 @@ impl Gpu {
                 Ok((c, k)) => self.enqueue_compressed(ctx.comm, c, &call_bufs, Some(k))?,
                 Err(call) => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
             },
+            // As the C API on a comm using CUDA IPC: a dense all-reduce through the core's
+            // entry, which reduces through the peers' mapped memory when every rank's
+            // buffers are on one device, returning once done.
+            Work::AllReduce(call) if ctx.comm.uses_cuda_ipc() => {
+                let (send, recv) = send_recv_of(&call_bufs)?;
+                // SAFETY: as in `enqueue_compressed`: this section's device memory, distinct
+                // buffers, valid until the call returned; the stream is this driver's.
+                let algo = unsafe {
+                    ctx.comm
+                        .all_reduce_dense_at(&call, send, recv, self.stream.raw())
+                }?;
+                let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+                done.push(Ran {
+                    algo,
+                    ..Ran::default()
+                });
+            }
             work => self.enqueue_staged(ctx.comm, work, bufs)?,
         }
         self.enqueued += 1;
@@ -234,16 +251,7 @@ impl Gpu {
             self.wire_base = Some(comm.wire()?);
         }
         let algo = call.algo();
-        let (send, recv) = match bufs {
-            [whole] => (None, whole.addr),
-            [send, recv] => (Some(send.addr), recv.addr),
-            _ => {
-                return Err(Error::Internal(format!(
-                    "qccl-perf: a compressed all-reduce on {} buffers",
-                    bufs.len()
-                )))
-            }
-        };
+        let (send, recv) = send_recv_of(bufs)?;
         // SAFETY: as in `enqueue`: this section's device memory, distinct buffers (in place
         // is `send: None`), valid until the stream passes the call; the stream is this
         // driver's, on their device.
@@ -296,6 +304,19 @@ impl Gpu {
             )));
         }
         Ok(ran)
+    }
+}
+
+/// An all-reduce's send (None: in place) and receive addresses from its buffers (the send
+/// buffer then the receive buffer, or the one buffer in place).
+fn send_recv_of(bufs: &[CallBuf]) -> Result<(Option<u64>, u64)> {
+    match bufs {
+        [whole] => Ok((None, whole.addr)),
+        [send, recv] => Ok((Some(send.addr), recv.addr)),
+        _ => Err(Error::Internal(format!(
+            "qccl-perf: an all-reduce on {} buffers",
+            bufs.len()
+        ))),
     }
 }
 

@@ -19,7 +19,18 @@ const QUICK: &[&str] = &[
 /// qccl-perf on `np` ranks (0: one, without -np) with `args` and the quick sizes,
 /// QCCL_GPU_EMULATE set to `emulate` (None: unset); (exit code, stdout, stderr).
 fn perf(emulate: Option<&str>, np: usize, args: &[&str]) -> (Option<i32>, String, String) {
+    perf_with(emulate, np, args, &[])
+}
+
+/// As [`perf`], with `env` added.
+fn perf_with(
+    emulate: Option<&str>,
+    np: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
     let mut cmd = Command::new(BIN);
+    cmd.envs(env.iter().copied());
     if np > 0 {
         cmd.args(["-np", &np.to_string()]);
     }
@@ -100,6 +111,22 @@ fn on_emulated_gpu_with(args: impl Fn(usize) -> Vec<String>) {
 #[test]
 fn all_reduce_dense() {
     on_emulated_gpu(&["-d", "float", "-o", "sum"]);
+}
+
+/// QCCL_CUDA_IPC=1: the dense all-reduces of 3 ranks (processes sharing the emulated GPU)
+/// reduce through each other's mapped memory, every dtype and op checked; the header says so.
+#[test]
+fn all_reduce_dense_over_cuda_ipc() {
+    let args = ["--device", "cuda", "-d", "all", "-o", "all"];
+    let (code, out, err) = perf_with(Some("1"), 3, &args, &[("QCCL_CUDA_IPC", "1")]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("# QCCL_CUDA_IPC=1: dense all_reduce"), "{out}");
+    let ranks = out.lines().filter(|l| l.starts_with("#  Rank ")).count();
+    assert_eq!(ranks, 3, "{out}");
+    assert!(
+        out.contains("# Out of bounds values : 0 OK"),
+        "{out}\n{err}"
+    );
 }
 
 /// The names of the table's columns (its header line, without the leading `#`).
@@ -268,4 +295,9 @@ fn on_a_real_gpu() {
             check(&out, &err, np, real);
         }
     }
+    // Dense all-reduces over CUDA IPC between 3 processes on the one GPU.
+    let all = ["--device", "cuda"];
+    let (code, out, err) = perf_with(None, 3, &all, &[("QCCL_CUDA_IPC", "1")]);
+    assert_eq!(code, Some(0), "CUDA IPC on 3\n{out}\n{err}");
+    check(&out, &err, 3, real);
 }

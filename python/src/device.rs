@@ -172,6 +172,31 @@ pub(crate) fn run_compressed(
         .map_err(crate::py_err)
 }
 
+/// Runs the dense all-reduce `call` on `send` (None: in place) and `recv` on a comm using
+/// CUDA IPC, through the core's entry (as the C call's): over CUDA IPC when every rank's
+/// buffers are on one device (returning "cuda_ipc"), staged or on the host otherwise
+/// (returning the algorithm's name); returns once done, on a stream too.
+pub(crate) fn run_dense(
+    py: Python<'_>,
+    c: &Arc<Comm>,
+    target: Target,
+    call: &qccl::internal::AllReduceCall,
+    send: Option<Buf>,
+    recv: Buf,
+) -> PyResult<String> {
+    refuse_unusable(target, send, recv)?;
+    let stream = match target {
+        Target::Wait => 0,
+        Target::Stream(h) => h,
+    };
+    let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
+    // SAFETY: as `run_compressed`'s; the call returns once done.
+    let algo = py
+        .allow_threads(|| unsafe { c.all_reduce_dense_at(call, sp, rp, stream as *mut _) })
+        .map_err(crate::py_err)?;
+    Ok(algo.map_or("cuda_ipc", |a| a.name()).to_string())
+}
+
 /// Runs `job` on `send` (None: in place or unused) and `recv` where they live, ordered on
 /// `target`. Some(outcome) when it completed before returning; None when enqueued on a stream.
 pub(crate) fn run(

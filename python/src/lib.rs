@@ -525,7 +525,12 @@ impl PyComm {
                 .op(op)
                 .bufs(sized(send), CallSize::Bytes(recv.bytes));
             check(&c, &call).py()?;
-            let job = Job::AllReduce(Box::new(c.prepare_all_reduce(n, dt, op, algo).py()?));
+            let prepared = c.prepare_all_reduce(n, dt, op, algo).py()?;
+            if c.uses_cuda_ipc() {
+                // The core's entry: over CUDA IPC when every rank's buffers are on one device.
+                return device::run_dense(py, &c, t, &prepared, send, recv).map(Some);
+            }
+            let job = Job::AllReduce(Box::new(prepared));
             return Ok(
                 device::run(py, &c, t, job, send, recv)?.and_then(|o| match o {
                     Outcome::Algo(a) => Some(a.name().to_string()),

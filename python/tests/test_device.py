@@ -25,20 +25,25 @@ COUNTS = [0, 1, 131]
 
 
 @contextlib.contextmanager
-def emulated(devices):
-    """QCCL_GPU_EMULATE=devices for the rank processes started inside (None: unset)."""
-    old = os.environ.get("QCCL_GPU_EMULATE")
-    if devices is None:
-        os.environ.pop("QCCL_GPU_EMULATE", None)
+def _env(name, value):
+    """`name`=`value` for the rank processes started inside (None: unset)."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
     else:
-        os.environ["QCCL_GPU_EMULATE"] = str(devices)
+        os.environ[name] = str(value)
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("QCCL_GPU_EMULATE", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["QCCL_GPU_EMULATE"] = old
+            os.environ[name] = old
+
+
+def emulated(devices):
+    """QCCL_GPU_EMULATE=devices for the rank processes started inside (None: unset)."""
+    return _env("QCCL_GPU_EMULATE", devices)
 
 
 def _data(rank, count, dtype):
@@ -112,7 +117,9 @@ def _collectives(rank, size, uid):
             c.all_reduce(d, op="sum")
             out[("all_reduce", name, n)] = _host(d, dt)
             r = _dev(np.zeros(n, dt))
-            assert c.all_reduce(_dev(mine), r, op="max") is not None
+            algo = c.all_reduce(_dev(mine), r, op="max")
+            assert algo is not None
+            out[("algo", name, n)] = algo
             out[("all_reduce_max", name, n)] = _host(r, dt)
             # Mixed: host send, device recv.
             r = _dev(np.zeros(n, dt))
@@ -171,12 +178,21 @@ def _collectives(rank, size, uid):
     return out
 
 
-@pytest.mark.parametrize("size", [1, 3])
-def test_collectives_on_device_buffers(size):
+@pytest.mark.parametrize("size,ipc", [(1, False), (3, False), (3, True)])
+def test_collectives_on_device_buffers(size, ipc):
+    """Every collective on emulated device buffers; with QCCL_CUDA_IPC=1 the dense
+    all-reduces of device buffers run over CUDA IPC (the ranks are processes of one machine),
+    and those with a host buffer on some rank stage as before."""
     uid = qccl.unique_id()
-    with emulated(1):
+    with emulated(1), _env("QCCL_CUDA_IPC", "1" if ipc else None):
         res = run_ranks(_collectives, size, uid, timeout=300)
     bad = []
+    for dt in DTYPES:
+        for n in COUNTS:
+            for rank, out in enumerate(res):
+                algo = out[("algo", np.dtype(dt).name, n)]
+                if (algo == "cuda_ipc") != (ipc and n > 0):
+                    bad.append(f"rank {rank}: {np.dtype(dt).name} count {n}: ran {algo}")
 
     def eq(key, rank, got, exp):
         exp = np.asarray(exp)

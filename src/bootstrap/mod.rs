@@ -28,7 +28,7 @@ mod wire;
 
 /// Version of the bootstrap protocol (unique id layout and rendezvous messages). A root and a
 /// rank speaking different versions fail the init with a message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 pub use env::detect;
 pub use host::{host_id, machine_id, Topology};

@@ -23,6 +23,9 @@ pub struct PeerInfo {
     /// The rank has a usable RDMA device and may use it (`transport::ib`): a pair whose ranks
     /// both do talks over RDMA across hosts.
     pub rdma: bool,
+    /// The rank asked for CUDA IPC between the ranks of its machine (QCCL_CUDA_IPC=1): a
+    /// comm uses it only when every rank did.
+    pub cuda_ipc: bool,
 }
 
 /// The result of a successful rendezvous, identical on every rank.

@@ -237,6 +237,7 @@ mod tests {
             pid: 1000 + rank as u32,
             cpus: vec![rank],
             rdma: false,
+            cuda_ipc: false,
         }
     }
 

@@ -536,6 +536,7 @@ mod tests {
             pid: 1,
             cpus: vec![0],
             rdma: false,
+            cuda_ipc: false,
         };
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();

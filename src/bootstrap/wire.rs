@@ -273,6 +273,7 @@ pub(crate) fn encode_hello(version: u32, secret: &[u8; 16], me: &PeerInfo, size:
     put_host_id(&mut b, &me.machine_id);
     put_cpus(&mut b, &me.cpus);
     b.push(u8::from(me.rdma));
+    b.push(u8::from(me.cuda_ipc));
     framed(b)
 }
 
@@ -297,6 +298,7 @@ pub(crate) fn decode_hello(body: &[u8], ours: u32) -> Result<Hello> {
         let machine_id = self::host_id(&mut rd)?;
         let cpus = self::cpus(&mut rd)?;
         let rdma = flag(&mut rd)?;
+        let cuda_ipc = flag(&mut rd)?;
         rd.finish()?;
         Some(PeerInfo {
             rank: rank as usize,
@@ -306,6 +308,7 @@ pub(crate) fn decode_hello(body: &[u8], ours: u32) -> Result<Hello> {
             pid,
             cpus,
             rdma,
+            cuda_ipc,
         })
     } else {
         None
@@ -334,6 +337,7 @@ pub(crate) fn encode_table(world: &World) -> Vec<u8> {
         put_host_id(&mut b, &p.machine_id);
         put_cpus(&mut b, &p.cpus);
         b.push(u8::from(p.rdma));
+        b.push(u8::from(p.cuda_ipc));
     }
     framed(b)
 }
@@ -379,6 +383,7 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply> {
                 let machine_id = self::host_id(&mut rd)?;
                 let cpus = self::cpus(&mut rd)?;
                 let rdma = flag(&mut rd)?;
+                let cuda_ipc = flag(&mut rd)?;
                 peers.push(PeerInfo {
                     rank,
                     host_id,
@@ -387,6 +392,7 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply> {
                     pid,
                     cpus,
                     rdma,
+                    cuda_ipc,
                 });
             }
             Reply::Table(World { comm_id, peers })
@@ -475,6 +481,7 @@ mod tests {
             pid: 77 + rank as u32,
             cpus: [vec![], vec![3], vec![0, 7, 8, 63], vec![1000]][rank % 4].clone(),
             rdma: rank % 3 == 1,
+            cuda_ipc: rank.is_multiple_of(2),
         }
     }
 

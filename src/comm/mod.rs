@@ -2,6 +2,7 @@
 
 mod api;
 mod compress;
+mod cuda_ipc;
 #[cfg(feature = "cuda")]
 mod cuda_slices;
 mod device;
@@ -9,6 +10,7 @@ mod device_all_reduce;
 mod gpu_sra;
 mod hier;
 mod hitopk;
+mod ipc_descriptor;
 mod pipeline;
 mod queue;
 mod register;
@@ -69,6 +71,10 @@ struct Placement {
     /// Another rank of this comm runs in this process (threads, or two `Comm::init`s of one
     /// process): calls on a caller's stream then return once done (`device.rs` says why).
     process_peers: bool,
+    /// Every rank asked for CUDA IPC (QCCL_CUDA_IPC=1) and runs in a process of its own on
+    /// one machine, and there are at least two: the same on every rank
+    /// (`comm/cuda_ipc.rs`).
+    cuda_ipc: bool,
 }
 
 /// A communicator: a group of ranks that run collectives together.
@@ -127,6 +133,11 @@ pub struct Comm {
     pinned_pool: Arc<crate::gpu::staging::Pool>,
     /// Compressed all-reduces with the codecs on the GPU (shared with the engine).
     gpu_lane: Arc<crate::gpu::sra::state::GpuLane>,
+    /// Dense all-reduces over CUDA IPC (`cuda_ipc.rs`): the device side, used only in the
+    /// comm's turn, made by the first such call.
+    ipc_lane: std::sync::Mutex<Option<crate::gpu::ipc::IpcLane>>,
+    /// All-reduces that ran over CUDA IPC.
+    ipc_calls: std::sync::atomic::AtomicU64,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -222,6 +233,7 @@ impl Comm {
             pid: std::process::id(),
             cpus: crate::launch::allowed_cpus().unwrap_or_default(),
             rdma: rdma.is_some(),
+            cuda_ipc: config.cuda_ipc,
         };
         let world = join(id, &me, size, Instant::now() + config.init_timeout)?;
         let peers: Vec<SocketAddr> = world.peers.iter().map(|p| p.addr).collect();
@@ -229,8 +241,10 @@ impl Comm {
             .peers
             .iter()
             .any(|p| p.rank != rank && p.pid == me.pid && p.machine_id == me.machine_id);
+        let cuda_ipc = ipc_descriptor::cuda_ipc_between(&world.peers);
         let place = Placement {
             process_peers,
+            cuda_ipc,
             machine_ranks: world
                 .peers
                 .iter()
@@ -298,6 +312,8 @@ impl Comm {
                         &crate::launch::allowed_cpus().unwrap_or_default()[..],
                     )),
                     process_peers: host_ids.len() > 1,
+                    // Threads of one process: CUDA opens no IPC handle of its own process.
+                    cuda_ipc: false,
                 };
                 Comm::build(
                     r,
@@ -453,6 +469,8 @@ impl Comm {
             queued_staging: Default::default(),
             pinned_pool,
             gpu_lane,
+            ipc_lane: Default::default(),
+            ipc_calls: Default::default(),
         })
     }
 
@@ -555,6 +573,7 @@ mod tests {
             pid: rank as u32,
             cpus: cpus.to_vec(),
             rdma: false,
+            cuda_ipc: false,
         }
     }
 

@@ -33,6 +33,9 @@ pub struct AllReduceCall {
     op: ReduceOp,
     rank: usize,
     comm_id: u64,
+    /// The comm uses CUDA IPC and the call is dense: it starts with the descriptor exchange
+    /// (`cuda_ipc.rs`).
+    ipc: bool,
 }
 
 impl Comm {
@@ -117,6 +120,8 @@ impl Comm {
 
     fn call(&self, route: Route, count: usize, dtype: DType, op: ReduceOp) -> AllReduceCall {
         AllReduceCall {
+            // Compressed calls on device buffers run their codecs on the GPU, never here.
+            ipc: self.place.cuda_ipc && !matches!(route, Route::Compressed(_)),
             route,
             count,
             dtype,
@@ -129,8 +134,29 @@ impl Comm {
 
 impl AllReduceCall {
     /// Runs the call on `e` (the preparing comm's engine, inside its turn): `recv` holds
-    /// `count` elements, `send` (out of place) too. Returns the algorithm that ran.
+    /// `count` elements, `send` (out of place) too. Returns the algorithm that ran. On a
+    /// comm using CUDA IPC it first tells the others that its buffers are host memory
+    /// (`cuda_ipc.rs`).
     pub fn run(&self, e: &mut Engine, send: Option<&[u8]>, recv: &mut [u8]) -> Result<Algo> {
+        self.check_lens(send, recv)?;
+        if self.exchanges() {
+            let host = super::ipc_descriptor::Descriptor::host(recv.len());
+            super::ipc_descriptor::exchange(e, &host)?;
+        }
+        self.run_agreed(e, send, recv)
+    }
+
+    /// True when the call starts with a CUDA IPC descriptor exchange.
+    pub(super) fn exchanges(&self) -> bool {
+        self.ipc && self.count > 0
+    }
+
+    /// (count, dtype, op).
+    pub(super) fn shape(&self) -> (usize, DType, ReduceOp) {
+        (self.count, self.dtype, self.op)
+    }
+
+    fn check_lens(&self, send: Option<&[u8]>, recv: &[u8]) -> Result<()> {
         let bytes = self.count * self.dtype.size();
         if recv.len() != bytes || send.is_some_and(|s| s.len() != bytes) {
             return Err(Error::invalid(format!(
@@ -141,6 +167,17 @@ impl AllReduceCall {
                 self.dtype
             )));
         }
+        Ok(())
+    }
+
+    /// As `run`, after the CUDA IPC agreement (if any) was made.
+    pub(super) fn run_agreed(
+        &self,
+        e: &mut Engine,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+    ) -> Result<Algo> {
+        self.check_lens(send, recv)?;
         // One line per call at TRACE: which route each all-reduce took (tests read it).
         crate::qlog!(
             Trace,

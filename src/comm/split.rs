@@ -207,6 +207,7 @@ impl Comm {
             machine_ranks: self.place.machine_ranks,
             machine_cores: self.place.machine_cores,
             process_peers: self.place.process_peers && members.len() > 1,
+            cuda_ipc: self.place.cuda_ipc && members.len() > 1,
         };
         let fabric = match &self.fabric {
             Fabric::Tcp { ip, rdma, .. } => Fabric::Tcp {

@@ -78,6 +78,12 @@ pub enum Arg {
     F64(f64),
 }
 
+/// A CUDA IPC memory handle (`CUipcMemHandle`): names one device allocation to another
+/// process of the same machine, which maps it with [`Driver::ipc_open`]. 64 opaque bytes,
+/// sent as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcHandle(pub [u8; 64]);
+
 /// A kernel entry point loaded on one device; `Driver::function` makes it.
 pub trait Function: Send + Sync {
     /// The entry point's name, `qccl_reduce_sum_f32`.
@@ -111,6 +117,20 @@ pub trait Driver: Send + Sync {
 
     /// `len` bytes (at least 1) of device memory on `ordinal`; contents unspecified.
     fn alloc_device(&self, ordinal: usize, len: usize) -> Result<Box<dyn DeviceMem>>;
+
+    /// Maps another process's device allocation of `len` bytes, named by `handle` (its
+    /// [`DeviceMem::ipc_handle`]), into this process on device `ordinal`
+    /// (`cuIpcOpenMemHandle_v2` with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`): copies and
+    /// kernels of that device may then use the returned address; dropping it unmaps
+    /// (`cuIpcCloseMemHandle`), leaving the exporter's memory alone. A handle of this very
+    /// process is refused, as CUDA refuses it; so is one whose allocation is gone or smaller
+    /// than `len`, naming what was wrong.
+    fn ipc_open(
+        &self,
+        ordinal: usize,
+        handle: &IpcHandle,
+        len: usize,
+    ) -> Result<Box<dyn DeviceMem>>;
 
     /// A new stream of qccl's own on device `ordinal` (non-blocking with respect to the
     /// legacy default stream).
@@ -163,6 +183,11 @@ pub trait DeviceMem: Send {
 
     /// Device ordinal.
     fn ordinal(&self) -> usize;
+
+    /// The handle another process of this machine opens this allocation with
+    /// (`cuIpcGetMemHandle`; memory from `alloc_device`, whose first byte it names). Memory
+    /// mapped by `ipc_open` is not exported again (an error).
+    fn ipc_handle(&self) -> Result<IpcHandle>;
 }
 
 /// A stream: work on it runs in order.

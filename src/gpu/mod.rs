@@ -46,6 +46,10 @@ pub mod kernels;
 #[doc(hidden)]
 pub mod sra;
 
+// Dense all-reduce between the processes of one machine over CUDA IPC (not API yet).
+#[doc(hidden)]
+pub mod ipc;
+
 // Codecs' and reductions' kernel launch sequences over the driver contract.
 #[doc(hidden)]
 pub mod plans;

@@ -45,9 +45,10 @@ fn peer() -> impl Strategy<Value = PeerInfo> {
         any::<u32>(),
         cpus(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(rank, host_id, machine_id, addr, pid, cpus, rdma)| PeerInfo {
+            |(rank, host_id, machine_id, addr, pid, cpus, rdma, cuda_ipc)| PeerInfo {
                 rank: rank as usize,
                 host_id,
                 machine_id,
@@ -55,6 +56,7 @@ fn peer() -> impl Strategy<Value = PeerInfo> {
                 pid,
                 cpus,
                 rdma,
+                cuda_ipc,
             },
         )
 }
@@ -355,6 +357,7 @@ fn huge_length_fields_are_refused() {
         pid: 5,
         cpus: vec![1, 2],
         rdma: false,
+        cuda_ipc: false,
     };
     let hello = body(&encode_hello(VERSION, &[0; 16], &p, 2));
     // Host id, machine id and CPU mask lengths (u16) at their offsets.

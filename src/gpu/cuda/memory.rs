@@ -4,7 +4,7 @@
 use super::call::{check, failed};
 use super::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::driver::{DeviceMem, Memory, Pinned};
+use crate::gpu::driver::{DeviceMem, IpcHandle, Memory, Pinned};
 use cudarc::driver::sys::{self, CUpointer_attribute as Attr, CUresult};
 use std::sync::Arc;
 
@@ -238,11 +238,14 @@ impl Drop for CudaPinned {
 }
 
 /// Device memory from `cuMemAlloc` (not the stream-ordered pool, so CUDA IPC can share it),
-/// freed with `cuMemFree`.
+/// freed with `cuMemFree`; or another process's, mapped with `cuIpcOpenMemHandle_v2` and
+/// unmapped with `cuIpcCloseMemHandle` (the exporter's memory is left alone).
 pub(super) struct CudaDeviceMem {
     addr: u64,
     len: usize,
     ctx: Arc<Context>,
+    /// Mapped from another process (`open`), not allocated here.
+    imported: bool,
 }
 
 impl CudaDeviceMem {
@@ -256,7 +259,38 @@ impl CudaDeviceMem {
         check(r, "cuMemAlloc", || {
             format!("allocating {len} bytes on CUDA device {}", ctx.ordinal())
         })?;
-        Ok(CudaDeviceMem { addr, len, ctx })
+        Ok(CudaDeviceMem {
+            addr,
+            len,
+            ctx,
+            imported: false,
+        })
+    }
+
+    /// Maps the allocation `handle` names into `ctx`, `len` bytes of it.
+    pub(super) fn open(ctx: Arc<Context>, handle: &IpcHandle, len: usize) -> Result<CudaDeviceMem> {
+        check_len(len, "memory shared over CUDA IPC")?;
+        let _current = ctx.enter()?;
+        let h = sys::CUipcMemHandle_st {
+            reserved: handle.0.map(|b| b as std::ffi::c_char),
+        };
+        let mut addr: sys::CUdeviceptr = 0;
+        let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: `addr` is a valid out-pointer; the handle is passed by value; the mapping
+        // is closed in Drop.
+        let r = unsafe { sys::cuIpcOpenMemHandle_v2(&mut addr, h, lazy) };
+        check(r, "cuIpcOpenMemHandle", || {
+            format!(
+                "mapping {len} bytes of another process's memory on CUDA device {}",
+                ctx.ordinal()
+            )
+        })?;
+        Ok(CudaDeviceMem {
+            addr,
+            len,
+            ctx,
+            imported: true,
+        })
     }
 }
 
@@ -272,23 +306,56 @@ impl DeviceMem for CudaDeviceMem {
     fn ordinal(&self) -> usize {
         self.ctx.ordinal()
     }
+
+    fn ipc_handle(&self) -> Result<IpcHandle> {
+        if self.imported {
+            return Err(Error::invalid(format!(
+                "device address {:#x} was mapped from another process over CUDA IPC: it is \
+                 not exported again",
+                self.addr
+            )));
+        }
+        let _current = self.ctx.enter()?;
+        let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        // SAFETY: `h` is a valid out-pointer; `addr` is the first byte of a live cuMemAlloc
+        // allocation of this context.
+        let r = unsafe { sys::cuIpcGetMemHandle(&mut h, self.addr) };
+        check(r, "cuIpcGetMemHandle", || {
+            format!(
+                "sharing {} bytes at device address {:#x} on CUDA device {}",
+                self.len,
+                self.addr,
+                self.ctx.ordinal()
+            )
+        })?;
+        Ok(IpcHandle(h.reserved.map(|b| b as u8)))
+    }
 }
 
 impl Drop for CudaDeviceMem {
     fn drop(&mut self) {
-        let freed = self.ctx.enter().and_then(|_current| {
-            // SAFETY: allocated by cuMemAlloc in this context and freed once, here.
-            let r = unsafe { sys::cuMemFree_v2(self.addr) };
-            check(r, "cuMemFree", || {
+        let done = self.ctx.enter().and_then(|_current| {
+            let (r, call) = if self.imported {
+                // SAFETY: opened by cuIpcOpenMemHandle_v2 in this context and closed once,
+                // here; the users synchronise before dropping it.
+                (
+                    unsafe { sys::cuIpcCloseMemHandle(self.addr) },
+                    "cuIpcCloseMemHandle",
+                )
+            } else {
+                // SAFETY: allocated by cuMemAlloc in this context and freed once, here.
+                (unsafe { sys::cuMemFree_v2(self.addr) }, "cuMemFree")
+            };
+            check(r, call, || {
                 format!(
-                    "freeing {} bytes at device address {:#x} on CUDA device {}",
+                    "releasing {} bytes at device address {:#x} on CUDA device {}",
                     self.len,
                     self.addr,
                     self.ctx.ordinal()
                 )
             })
         });
-        if let Err(e) = freed {
+        if let Err(e) = done {
             crate::qlog!(Warn, "{e}");
         }
     }

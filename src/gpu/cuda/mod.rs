@@ -20,7 +20,7 @@ mod memory;
 mod module;
 mod stream;
 
-use super::driver::{DeviceInfo, DeviceMem, Driver, Function, Memory, Pinned, Stream};
+use super::driver::{DeviceInfo, DeviceMem, Driver, Function, IpcHandle, Memory, Pinned, Stream};
 use crate::error::{Error, Result};
 use context::Context;
 use memory::{CudaDeviceMem, CudaPinned};
@@ -96,6 +96,16 @@ impl Driver for CudaDriver {
     fn alloc_device(&self, ordinal: usize, len: usize) -> Result<Box<dyn DeviceMem>> {
         let ctx = self.context(ordinal)?.clone();
         Ok(Box::new(CudaDeviceMem::alloc(ctx, len)?))
+    }
+
+    fn ipc_open(
+        &self,
+        ordinal: usize,
+        handle: &IpcHandle,
+        len: usize,
+    ) -> Result<Box<dyn DeviceMem>> {
+        let ctx = self.context(ordinal)?.clone();
+        Ok(Box::new(CudaDeviceMem::open(ctx, handle, len)?))
     }
 
     fn create_stream(&self, ordinal: usize) -> Result<Box<dyn Stream>> {

@@ -13,8 +13,10 @@
 //! allocation that reused the address).
 
 use crate::error::{Error, Result};
+use crate::gpu::driver::IpcHandle;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::os::unix::fs::MetadataExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -44,7 +46,9 @@ fn os_error(what: impl std::fmt::Display) -> Error {
     Error::io(what, std::io::Error::last_os_error())
 }
 
-/// The two mappings of one allocation's memfd; unmapped on drop.
+/// The two mappings of one allocation's memfd; unmapped on drop. The memfd stays open with
+/// them: another process maps the same memory through it (`/proc/<pid>/fd/<fd>`), which is
+/// how the emulated driver shares device memory over CUDA IPC.
 struct Mapping {
     /// `PROT_NONE`: the device address.
     device: NonNull<c_void>,
@@ -52,6 +56,8 @@ struct Mapping {
     host: NonNull<u8>,
     /// Bytes mapped (whole pages).
     mapped: usize,
+    /// The memfd both map.
+    fd: std::os::fd::OwnedFd,
 }
 
 // SAFETY: the mappings are plain memory owned by this value; which thread unmaps them does
@@ -78,9 +84,15 @@ impl Mapping {
         if unsafe { libc::ftruncate(raw, size) } != 0 {
             return Err(os_error(format!("ftruncate of a {mapped}-byte memfd")));
         }
+        Mapping::of(fd, mapped)
+    }
+
+    /// Maps the first `mapped` bytes (whole pages, at least one) of memfd `fd` twice.
+    fn of(fd: std::os::fd::OwnedFd, mapped: usize) -> Result<Mapping> {
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
         let map = |prot| {
-            // SAFETY: a new shared mapping of the whole memfd at an address the kernel picks;
-            // it overlaps nothing of ours.
+            // SAFETY: a new shared mapping of the memfd's first `mapped` bytes (the caller
+            // checked its size) at an address the kernel picks; it overlaps nothing of ours.
             let p =
                 unsafe { libc::mmap(std::ptr::null_mut(), mapped, prot, libc::MAP_SHARED, raw, 0) };
             if p == libc::MAP_FAILED {
@@ -100,11 +112,11 @@ impl Mapping {
                 return Err(e);
             }
         };
-        // The mappings keep the memfd's memory; the descriptor closes here.
         Ok(Mapping {
             device,
             host,
             mapped,
+            fd,
         })
     }
 }
@@ -132,6 +144,8 @@ pub struct Allocation {
     pub len: usize,
     /// Bytes mapped at `addr`: `len` rounded up to pages.
     pub mapped: usize,
+    /// Another process's memory, mapped by `ipc_open` (not exported again).
+    pub imported: bool,
     /// `None` once freed.
     mapping: RwLock<Option<Mapping>>,
 }
@@ -285,13 +299,73 @@ impl MemoryTable {
             addr: mapping.device.as_ptr() as u64,
             len,
             mapped,
+            imported: false,
             mapping: RwLock::new(Some(mapping)),
         });
+        Ok(self.insert(alloc))
+    }
+
+    fn insert(self: &Arc<Self>, alloc: Arc<Allocation>) -> EmuDeviceMem {
         self.lock().by_addr.insert(alloc.addr, alloc.clone());
-        Ok(EmuDeviceMem {
+        EmuDeviceMem {
             alloc,
             table: self.clone(),
-        })
+        }
+    }
+
+    /// Maps the allocation `handle` names (another process's, [`EmuDeviceMem::ipc_handle`])
+    /// on device `ordinal`, `len` bytes of it.
+    pub fn open_ipc(
+        self: &Arc<Self>,
+        ordinal: usize,
+        handle: &IpcHandle,
+        len: usize,
+    ) -> Result<EmuDeviceMem> {
+        let h = Exported::decode(handle)?;
+        if h.pid == std::process::id() {
+            return Err(Error::invalid(format!(
+                "a CUDA IPC handle of this very process (pid {}): CUDA opens handles of other \
+                 processes only (CUDA_ERROR_INVALID_CONTEXT)",
+                h.pid
+            )));
+        }
+        if len == 0 || len as u64 > h.len {
+            return Err(Error::invalid(format!(
+                "{len} bytes of a {}-byte allocation shared over CUDA IPC by pid {}",
+                h.len, h.pid
+            )));
+        }
+        let path = format!("/proc/{}/fd/{}", h.pid, h.fd);
+        let gone = |why: String| {
+            Error::invalid(format!(
+                "the device allocation pid {} shared over CUDA IPC is gone ({why}) \
+                 (CUDA_ERROR_INVALID_VALUE)",
+                h.pid
+            ))
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| gone(format!("{path}: {e}")))?;
+        let meta = file.metadata().map_err(|e| gone(e.to_string()))?;
+        // Descriptor numbers are reused: the inode says it is still the same memfd.
+        if (meta.ino(), meta.dev()) != (h.ino, h.dev) || meta.len() < h.mapped {
+            return Err(gone(format!("{path} is another file now")));
+        }
+        let mapping = Mapping::of(file.into(), h.mapped as usize)?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1 << 62);
+        let alloc = Arc::new(Allocation {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ordinal,
+            addr: mapping.device.as_ptr() as u64,
+            len,
+            mapped: mapping.mapped,
+            imported: true,
+            mapping: RwLock::new(Some(mapping)),
+        });
+        self.lock().used[ordinal] += alloc.mapped as u64;
+        Ok(self.insert(alloc))
     }
 
     /// The allocation whose requested bytes hold `addr`.
@@ -338,6 +412,84 @@ impl crate::gpu::driver::DeviceMem for EmuDeviceMem {
 
     fn ordinal(&self) -> usize {
         self.alloc.ordinal
+    }
+
+    fn ipc_handle(&self) -> Result<IpcHandle> {
+        self.export()
+    }
+}
+
+/// What an emulated IPC handle holds: where the exporter's memfd is and which file it must
+/// still be.
+struct Exported {
+    pid: u32,
+    fd: i32,
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mapped: u64,
+}
+
+impl Exported {
+    const MAGIC: [u8; 8] = *b"qcclemu1";
+
+    fn encode(&self) -> IpcHandle {
+        let mut b = [0u8; 64];
+        b[..8].copy_from_slice(&Self::MAGIC);
+        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.fd.to_le_bytes());
+        b[16..24].copy_from_slice(&self.dev.to_le_bytes());
+        b[24..32].copy_from_slice(&self.ino.to_le_bytes());
+        b[32..40].copy_from_slice(&self.len.to_le_bytes());
+        b[40..48].copy_from_slice(&self.mapped.to_le_bytes());
+        IpcHandle(b)
+    }
+
+    fn decode(h: &IpcHandle) -> Result<Exported> {
+        let b = &h.0;
+        if b[..8] != Self::MAGIC {
+            return Err(Error::invalid(
+                "not a CUDA IPC handle of the emulated driver (CUDA_ERROR_INVALID_VALUE)",
+            ));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        Ok(Exported {
+            pid: u32_at(8),
+            fd: u32_at(12) as i32,
+            dev: u64_at(16),
+            ino: u64_at(24),
+            len: u64_at(32),
+            mapped: u64_at(40),
+        })
+    }
+}
+
+impl EmuDeviceMem {
+    fn export(&self) -> Result<IpcHandle> {
+        if self.alloc.imported {
+            return Err(Error::invalid(format!(
+                "{} was mapped from another process over CUDA IPC: it is not exported again",
+                self.alloc.describe()
+            )));
+        }
+        let mapping = self.alloc.mapping.read().unwrap_or_else(|p| p.into_inner());
+        let m = mapping
+            .as_ref()
+            .ok_or_else(|| Error::invalid(format!("{} was freed", self.alloc.describe())))?;
+        let what = "reading an emulated allocation's memfd";
+        let meta = std::fs::File::from(m.fd.try_clone().map_err(|e| Error::io(what, e))?)
+            .metadata()
+            .map_err(|e| Error::io(what, e))?;
+        Ok(Exported {
+            pid: std::process::id(),
+            fd: std::os::fd::AsRawFd::as_raw_fd(&m.fd),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: self.alloc.len as u64,
+            mapped: self.alloc.mapped as u64,
+        }
+        .encode())
     }
 }
 

@@ -10,6 +10,11 @@
 //!   read-write at a private address the streams copy through. `locate` answers `Device`
 //!   for any byte of a live allocation's requested length, else `Host` (pinned memory too:
 //!   an anonymous mapping, listed only so that kernels may be given it).
+//! - CUDA IPC: an allocation's memfd stays open, and its handle names it (pid, descriptor,
+//!   inode); `ipc_open` in another process of the machine maps it through
+//!   `/proc/<pid>/fd/<fd>` (the inode checked: descriptor numbers are reused) and lists the
+//!   mapping like an allocation of its own, so copies and kernels there reach the
+//!   exporter's bytes. A handle of the opening process itself is refused, as CUDA does.
 //! - Kernels (`compile.rs`, `library.rs`): `function` builds the kernel's `kernels/*.cu` file
 //!   for the CPU with g++ through the shim (cached on disk, loaded once per process) and a
 //!   launch runs it on the stream's worker, in order with the copies, with device-pointer
@@ -64,7 +69,9 @@ pub use memory::{EmuDeviceMem, EmuPinned, DEVICE_MEMORY};
 pub use stream::EmuStream;
 
 use crate::error::{Error, Result};
-use crate::gpu::driver::{DeviceInfo, DeviceMem, Driver, Function, Memory, Pinned, Stream};
+use crate::gpu::driver::{
+    DeviceInfo, DeviceMem, Driver, Function, IpcHandle, Memory, Pinned, Stream,
+};
 use fault::Faults;
 use memory::{MemoryTable, PinnedTable};
 use std::collections::HashMap;
@@ -275,6 +282,16 @@ impl Driver for EmuDriver {
         let mem = self.shared.memory.alloc(ordinal, len)?;
         self.implicit_sync(ordinal);
         Ok(Box::new(mem))
+    }
+
+    fn ipc_open(
+        &self,
+        ordinal: usize,
+        handle: &IpcHandle,
+        len: usize,
+    ) -> Result<Box<dyn DeviceMem>> {
+        self.check_ordinal(ordinal)?;
+        Ok(Box::new(self.shared.memory.open_ipc(ordinal, handle, len)?))
     }
 
     fn create_stream(&self, ordinal: usize) -> Result<Box<dyn Stream>> {

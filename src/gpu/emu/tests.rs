@@ -718,3 +718,73 @@ fn pageable_copies_behind_a_held_stream_wait_for_it() {
     s.synchronize(T).unwrap();
     assert_eq!(back, data);
 }
+
+/// CUDA IPC: a child process maps an allocation of this one through its handle, reads what
+/// this process wrote and writes back what this one then reads; a handle of the process
+/// itself, a handle of no allocation and one whose allocation was freed are refused, as is
+/// exporting a mapping again.
+#[test]
+fn ipc_handles_map_another_process_memory() {
+    const NAME: &str = "gpu::emu::tests::ipc_handles_map_another_process_memory";
+    const LEN: usize = 10_007;
+    let d = EmuDriver::new(1);
+    let s = d.create_stream(0).unwrap();
+    if in_child(NAME) {
+        let hex = std::env::var("QCCL_GPU_EMU_IPC_HANDLE").unwrap();
+        let mut h = [0u8; 64];
+        for (i, b) in h.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+        }
+        let opened = d.ipc_open(0, &IpcHandle(h), LEN);
+        if std::env::var("QCCL_GPU_EMU_IPC_GONE").is_ok() {
+            let e = opened.err().expect("a freed allocation's handle opened");
+            assert!(e.to_string().contains("is gone"), "{e}");
+            return;
+        }
+        let m = opened.unwrap();
+        assert_eq!(d.locate(m.addr()).unwrap(), Memory::Device { ordinal: 0 });
+        let mut got = vec![0u8; LEN];
+        to_host(&*s, &mut got, m.addr()).unwrap();
+        s.synchronize(T).unwrap();
+        assert!(got == pattern(LEN, 7), "the exporter's bytes");
+        let mine = pattern(LEN, 9);
+        to_device(&*s, m.addr(), &mine).unwrap();
+        s.synchronize(T).unwrap();
+        let e = m.ipc_handle().unwrap_err();
+        assert!(e.to_string().contains("not exported again"), "{e}");
+        // Past the exporter's allocation.
+        assert!(d.ipc_open(0, &IpcHandle(h), LEN + 1).is_err());
+        return;
+    }
+    let m = d.alloc_device(0, LEN).unwrap();
+    let mine = pattern(LEN, 7);
+    to_device(&*s, m.addr(), &mine).unwrap();
+    s.synchronize(T).unwrap();
+    let h = m.ipc_handle().unwrap();
+    let e = d.ipc_open(0, &h, LEN).err().expect("opened its own handle");
+    assert!(e.to_string().contains("this very process"), "{e}");
+    let e = d
+        .ipc_open(0, &IpcHandle([7; 64]), LEN)
+        .err()
+        .expect("opened garbage");
+    assert!(e.to_string().contains("not a CUDA IPC handle"), "{e}");
+    let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+    let child = |gone: bool| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, NAME)
+            .env("QCCL_GPU_EMU_IPC_HANDLE", &hex);
+        if gone {
+            cmd.env("QCCL_GPU_EMU_IPC_GONE", "1");
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    child(false);
+    let mut got = vec![0u8; LEN];
+    to_host(&*s, &mut got, m.addr()).unwrap();
+    s.synchronize(T).unwrap();
+    assert!(got == pattern(LEN, 9), "the child's bytes");
+    drop(m);
+    child(true);
+}

@@ -1,0 +1,244 @@
+//! A dense all-reduce of device buffers between processes of one machine over CUDA IPC: no
+//! byte crosses PCIe. Each rank copies its input into a device buffer of its own that the
+//! others have mapped (`scratch`, shared once per size with `Driver::ipc_open`); the owner of
+//! chunk r (rank r, chunks as `algo::part` cuts them) reduces chunk r of every rank's scratch
+//! into its receive buffer with `reduce.cu`'s kernels, in rank order (each chunk is reduced
+//! once, so every rank ends with the same bits), and puts it back into its scratch; every
+//! rank then copies the other chunks from their owners' scratch.
+//!
+//! This file only enqueues device work; `comm/cuda_ipc.rs` decides when the path applies
+//! (every rank's buffers on one device) and puts the engine's barriers between the steps:
+//! after `stage` (every input in place), after `reduce_own` (every chunk reduced), after
+//! `gather` (no rank rewrites its scratch while a peer still reads it).
+
+use super::driver::{Arg, DeviceMem, Driver, IpcHandle, Stream};
+use super::kernels::dtype_suffix;
+use super::plans::{grid_for, BLOCK};
+use crate::algo::part;
+use crate::error::{Error, Result};
+use crate::types::{DType, ReduceOp};
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Scratch grows in steps of this many bytes (and by half again), so that calls of nearby
+/// sizes do not make the peers map a new buffer each time.
+const SCRATCH_STEP: usize = 1 << 20;
+
+/// One rank's device side of the IPC all-reduce on its comm's device, kept across calls.
+pub struct IpcLane {
+    driver: Arc<dyn Driver>,
+    ordinal: usize,
+    stream: Box<dyn Stream>,
+    timeout: Duration,
+    /// The device's PCI bus id: ranks whose buffers are on the same one share memory.
+    bus_id: String,
+    /// This rank's input, where the peers map it, and its handle.
+    scratch: Option<(Box<dyn DeviceMem>, IpcHandle)>,
+    /// The peers' scratch buffers mapped here, by rank, with the handle each was opened from.
+    peers: Vec<Option<(IpcHandle, Box<dyn DeviceMem>)>>,
+}
+
+/// What a rank tells the others about its scratch: its handle and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shared {
+    /// The scratch's IPC handle.
+    pub handle: IpcHandle,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl IpcLane {
+    /// A lane on device `ordinal` for a comm of `size` ranks; every wait bounded by `timeout`.
+    pub fn new(
+        driver: Arc<dyn Driver>,
+        ordinal: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> Result<IpcLane> {
+        let stream = driver.create_stream(ordinal)?;
+        let bus_id = driver.device(ordinal)?.bus_id;
+        Ok(IpcLane {
+            driver,
+            ordinal,
+            stream,
+            timeout,
+            bus_id,
+            scratch: None,
+            peers: (0..size).map(|_| None).collect(),
+        })
+    }
+
+    /// The device it runs on.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The device's PCI bus id.
+    pub fn bus_id(&self) -> &str {
+        &self.bus_id
+    }
+
+    /// Enqueues the copy of the call's input (`bytes` at device address `src`) into the
+    /// scratch, after the work enqueued on the caller's stream `raw` so far; the scratch
+    /// grows first when it is too small (only between calls: the previous call ended with
+    /// a barrier, so no peer reads it). Returns what the peers need to map it.
+    ///
+    /// # Safety
+    /// `src` must be device memory of this device holding `bytes` (>= 1) bytes, valid and
+    /// not written until `synchronize` returned; `raw` null or a live stream of this device.
+    pub unsafe fn stage(&mut self, raw: *mut c_void, src: u64, bytes: usize) -> Result<Shared> {
+        // SAFETY: the caller's promise about `raw`.
+        let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
+        let ready = caller.record()?;
+        self.stream.wait_event(&*ready)?;
+        if self.scratch.as_ref().is_none_or(|(m, _)| m.len() < bytes) {
+            let old = self.scratch.as_ref().map_or(0, |(m, _)| m.len());
+            let len = bytes
+                .max(old + old / 2)
+                .checked_next_multiple_of(SCRATCH_STEP)
+                .ok_or_else(|| Error::invalid(format!("{bytes} bytes of IPC scratch")))?;
+            // The old one goes first: its peers' mappings are dropped when they see the new
+            // handle (`open_peers`).
+            self.scratch = None;
+            let mem = self.driver.alloc_device(self.ordinal, len)?;
+            let handle = mem.ipc_handle()?;
+            self.scratch = Some((mem, handle));
+        }
+        let (mem, handle) = self.scratch.as_ref().expect("made above");
+        // SAFETY: the scratch holds at least `bytes` and only this lane writes it, between
+        // barriers no peer reads across; `src` is the caller's promise.
+        unsafe { self.stream.copy_on_device(mem.addr(), src, bytes)? };
+        Ok(Shared {
+            handle: *handle,
+            len: mem.len(),
+        })
+    }
+
+    /// Maps the peers' scratch buffers (`shared[q]` for rank q; this rank's `rank` is
+    /// skipped), reusing the mappings of handles seen before.
+    pub fn open_peers(&mut self, rank: usize, shared: &[Shared]) -> Result<()> {
+        for (q, s) in shared.iter().enumerate() {
+            if q == rank || self.peers[q].as_ref().is_some_and(|(h, _)| *h == s.handle) {
+                continue;
+            }
+            // A peer's new scratch: the mapping of its old one is closed first.
+            self.peers[q] = None;
+            let mem = self
+                .driver
+                .ipc_open(self.ordinal, &s.handle, s.len)
+                .map_err(|e| e.prefixed(&format!("rank {q}'s all-reduce input over CUDA IPC: ")))?;
+            self.peers[q] = Some((s.handle, mem));
+        }
+        Ok(())
+    }
+
+    /// Rank `q`'s scratch address here.
+    fn scratch_of(&self, rank: usize, q: usize) -> Result<u64> {
+        let mem = if q == rank {
+            self.scratch.as_ref().map(|(m, _)| &**m)
+        } else {
+            self.peers[q].as_ref().map(|(_, m)| &**m)
+        };
+        mem.map(|m| m.addr())
+            .ok_or_else(|| Error::Internal(format!("rank {q}'s IPC scratch is not mapped")))
+    }
+
+    /// Enqueues this rank's chunk of the all-reduce of `count` elements: chunk `rank` of
+    /// every rank's scratch reduced with `op` in rank order into `recv`'s chunk (Avg divided
+    /// once at the end), then copied into this rank's scratch for the others.
+    ///
+    /// # Safety
+    /// `recv` must be device memory of this device of `count` elements of `dtype`, not used
+    /// by anything else until `synchronize` returned; every scratch staged and mapped, and
+    /// not rewritten until the peers passed the barrier after `gather`.
+    pub unsafe fn reduce_own(
+        &self,
+        (rank, size): (usize, usize),
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let mine = part(count, size, rank, es);
+        let (at, len) = (mine.start as u64, mine.len());
+        let n = (len / es) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        if size < 2 {
+            return Err(Error::Internal(
+                "an all-reduce over CUDA IPC needs at least two ranks".into(),
+            ));
+        }
+        let reduce = self.driver.function(
+            self.ordinal,
+            &format!("qccl_reduce_{}_{}", op.name(), dtype_suffix(dtype)),
+        )?;
+        let out = recv + at;
+        for q in 1..size {
+            let a = if q == 1 {
+                self.scratch_of(rank, 0)? + at
+            } else {
+                out
+            };
+            let b = self.scratch_of(rank, q)? + at;
+            let args = [Arg::Ptr(out), Arg::Ptr(a), Arg::Ptr(b), Arg::U64(n)];
+            // SAFETY: reduce.cu's qccl_reduce_<op>_<T>(T* out, const T* a, const T* b,
+            // uint64_t n), out == a allowed: `n` elements of this rank's chunk of `recv` and
+            // of two scratch buffers, each holding the whole call (the caller's promise).
+            unsafe {
+                self.stream
+                    .launch(&*reduce, grid_for(len / 16), BLOCK, &args)?
+            };
+        }
+        if op == ReduceOp::Avg {
+            let finish = self.driver.function(
+                self.ordinal,
+                &format!("qccl_finish_avg_{}", dtype_suffix(dtype)),
+            )?;
+            let args = [Arg::Ptr(out), Arg::U64(n), Arg::U64(size as u64)];
+            // SAFETY: reduce.cu's qccl_finish_avg_<T>(T* x, uint64_t count, uint64_t n) over
+            // the chunk reduced above.
+            unsafe {
+                self.stream
+                    .launch(&*finish, grid_for(len / 16), BLOCK, &args)?
+            };
+        }
+        let own = self.scratch_of(rank, rank)? + at;
+        // SAFETY: the chunk of `recv` reduced above into the same chunk of this rank's
+        // scratch, which no peer reads until the barrier after this call's `synchronize`.
+        unsafe { self.stream.copy_on_device(own, out, len) }
+    }
+
+    /// Enqueues the copies of every other rank's reduced chunk from its scratch into `recv`.
+    ///
+    /// # Safety
+    /// As `reduce_own`; every owner's chunk reduced and synchronised (a barrier passed).
+    pub unsafe fn gather(
+        &self,
+        (rank, size): (usize, usize),
+        recv: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        for q in (0..size).filter(|&q| q != rank) {
+            let chunk = part(count, size, q, dtype.size());
+            if chunk.is_empty() {
+                continue;
+            }
+            let at = chunk.start as u64;
+            let from = self.scratch_of(rank, q)? + at;
+            // SAFETY: owner q's reduced chunk, which it does not rewrite before the barrier
+            // after this call's `synchronize`, into the same chunk of `recv`.
+            unsafe { self.stream.copy_on_device(recv + at, from, chunk.len())? };
+        }
+        Ok(())
+    }
+
+    /// Waits, at most the comm's timeout, for the work enqueued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize(self.timeout)
+    }
+}

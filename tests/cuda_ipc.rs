@@ -1,0 +1,245 @@
+//! Dense all-reduces over CUDA IPC (QCCL_CUDA_IPC=1) between ranks in separate processes, on
+//! the emulated GPU driver: its device memory faults when host code touches it, and another
+//! process reaches it only through the handle `ipc_open` maps, so a result that is right
+//! here was reduced through the peers' mapped memory. Every dtype and op, counts 0, 1 and
+//! primes, in place and out of place, on a caller's stream and the legacy default one, at
+//! 1, 3, 5 and 7 ranks, against the float64 reference, every rank bit-identical; and the
+//! agreement: a rank with host buffers, or one that did not ask for CUDA IPC, makes every
+//! rank take the usual path, still right.
+
+mod common;
+
+use common::job::{exit_with, text, Job, CHILD};
+use common::suite::same_on_all_ranks;
+use common::{check_reduce, input, ops_for};
+use qccl::internal::gpu_driver::{DeviceMem, Driver, Stream};
+use qccl::{Comm, DType, ReduceOp};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(60);
+const LIMIT: Duration = Duration::from_secs(300);
+
+#[test]
+fn child() {
+    let Ok(scenario) = std::env::var(CHILD) else {
+        return;
+    };
+    exit_with(run_child(&scenario), 0, 3);
+}
+
+/// Where a rank's buffers are in a scenario.
+#[derive(Clone, Copy, PartialEq)]
+enum Place {
+    Device,
+    Host,
+}
+
+fn run_child(scenario: &str) -> Result<(), String> {
+    let gpu = qccl::internal::emulate_gpu(1).map_err(|e| e.to_string())?;
+    let comm = Comm::from_env().map_err(|e| e.to_string())?;
+    let (rank, n) = (comm.rank(), comm.size());
+    let wants_ipc = std::env::var("QCCL_CUDA_IPC").is_ok_and(|v| v == "1");
+    let (cases, place, expect_ipc) = match scenario {
+        // Every dtype and op, on device buffers everywhere.
+        "all" => (every_case(), Place::Device, n > 1),
+        // A smaller grid for 7 ranks.
+        "few" => (few_cases(), Place::Device, n > 1),
+        // Rank 1's buffers are host memory: every rank takes the usual path.
+        "mixed" => (
+            few_cases(),
+            if rank == 1 {
+                Place::Host
+            } else {
+                Place::Device
+            },
+            false,
+        ),
+        // Some rank did not ask for CUDA IPC: none uses it.
+        "partial" => (few_cases(), Place::Device, false),
+        other => return Err(format!("unknown scenario {other}")),
+    };
+    if comm.uses_cuda_ipc() != (n > 1 && scenario != "partial") {
+        return Err(format!(
+            "uses_cuda_ipc() is {} on {n} ranks (scenario {scenario}, QCCL_CUDA_IPC wanted \
+             here: {wants_ipc})",
+            comm.uses_cuda_ipc()
+        ));
+    }
+    let user = gpu.create_stream(0).map_err(|e| e.to_string())?;
+    let mut calls = 0;
+    for (i, &(dtype, op, count)) in cases.iter().enumerate() {
+        for in_place in [false, true] {
+            let inputs: Vec<Vec<u8>> = (0..n)
+                .map(|q| input(dtype, op, q, count, i as u64))
+                .collect();
+            let what = format!("{dtype} {op} count {count} in place {in_place}");
+            // On the caller's stream for in-place calls, the legacy default one otherwise.
+            let stream = if in_place {
+                user.raw()
+            } else {
+                std::ptr::null_mut()
+            };
+            let got = match place {
+                Place::Device => on_device(
+                    &comm,
+                    &*gpu,
+                    &*user,
+                    &inputs[rank],
+                    (dtype, op),
+                    in_place,
+                    stream,
+                ),
+                Place::Host => on_host(&comm, &inputs[rank], (dtype, op), in_place),
+            }
+            .map_err(|e| format!("{what}: {e}"))?;
+            check_reduce(dtype, op, &inputs, 0..count, &got).map_err(|e| format!("{what}: {e}"))?;
+            same_on_all_ranks(&comm, &got, &what)?;
+            calls += u64::from(count > 0);
+        }
+    }
+    let want = if expect_ipc { calls } else { 0 };
+    if comm.cuda_ipc_calls() != want {
+        return Err(format!(
+            "{} calls over CUDA IPC, expected {want} (scenario {scenario})",
+            comm.cuda_ipc_calls()
+        ));
+    }
+    Ok(())
+}
+
+/// Every dtype with every op it takes, at counts 0, 1 and primes.
+fn every_case() -> Vec<(DType, ReduceOp, usize)> {
+    let mut cases = Vec::new();
+    for dtype in DType::ALL {
+        for op in ops_for(dtype) {
+            for count in [0, 1, 7, 4099, 65537] {
+                cases.push((dtype, op, count));
+            }
+        }
+    }
+    cases
+}
+
+fn few_cases() -> Vec<(DType, ReduceOp, usize)> {
+    vec![
+        (DType::Float32, ReduceOp::Sum, 100_003),
+        (DType::Bfloat16, ReduceOp::Avg, 4099),
+        (DType::Int8, ReduceOp::Prod, 7),
+        (DType::Float64, ReduceOp::Max, 1),
+        (DType::Float16, ReduceOp::Min, 0),
+    ]
+}
+
+/// The all-reduce of `mine` in device buffers (a receive buffer of garbage out of place);
+/// the result read back.
+fn on_device(
+    comm: &Comm,
+    gpu: &dyn Driver,
+    user: &dyn Stream,
+    mine: &[u8],
+    (dtype, op): (DType, ReduceOp),
+    in_place: bool,
+    stream: *mut std::ffi::c_void,
+) -> Result<Vec<u8>, String> {
+    let e = |e: qccl::Error| e.to_string();
+    let len = mine.len();
+    let count = len / dtype.size();
+    let upload = |bytes: &[u8]| -> Result<Box<dyn DeviceMem>, String> {
+        let m = gpu.alloc_device(0, bytes.len().max(1)).map_err(e)?;
+        // SAFETY: `bytes` outlives the synchronize below; `m` holds them.
+        unsafe { user.copy_to_device(m.addr(), bytes.as_ptr(), bytes.len()) }.map_err(e)?;
+        user.synchronize(WAIT).map_err(e)?;
+        Ok(m)
+    };
+    let send = upload(mine)?;
+    let recv = if in_place {
+        None
+    } else {
+        Some(upload(&vec![0xa5; len])?)
+    };
+    let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
+    let out = recv.as_deref().unwrap_or(&*send);
+    let from = (!in_place).then(|| send.addr());
+    // SAFETY: device buffers of `len` bytes that live until the call returned; `stream` is
+    // null or `user`, a live stream of their device.
+    unsafe { comm.all_reduce_dense_at(&call, from, out.addr(), stream) }.map_err(e)?;
+    let mut got = vec![0u8; len];
+    // SAFETY: `got` outlives the synchronize below. On `user`: the call is done before it
+    // returned, which the copy must see even when the call was on the legacy stream.
+    unsafe { user.copy_to_host(got.as_mut_ptr(), out.addr(), len) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    Ok(got)
+}
+
+/// The same all-reduce on host buffers, through the same entry.
+fn on_host(
+    comm: &Comm,
+    mine: &[u8],
+    (dtype, op): (DType, ReduceOp),
+    in_place: bool,
+) -> Result<Vec<u8>, String> {
+    let e = |e: qccl::Error| e.to_string();
+    let count = mine.len() / dtype.size();
+    let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
+    let mut send = mine.to_vec();
+    let mut recv = vec![0xa5u8; mine.len()];
+    let (from, out) = if in_place {
+        (None, send.as_mut_ptr() as u64)
+    } else {
+        (Some(send.as_ptr() as u64), recv.as_mut_ptr() as u64)
+    };
+    // SAFETY: host buffers of the call's bytes, alive until it returns.
+    unsafe { comm.all_reduce_dense_at(&call, from, out, std::ptr::null_mut()) }.map_err(e)?;
+    Ok(if in_place { send } else { recv })
+}
+
+/// Runs `scenario` on `n` ranks, rank r with `env(r)` added; asserts every rank passed.
+fn job(n: usize, scenario: &str, env: impl Fn(usize) -> Vec<(&'static str, &'static str)>) {
+    let job = Job::new(n);
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            let mut vars = vec![("QCCL_TIMEOUT_MS", "60000")];
+            vars.extend(env(r));
+            job.spawn(r, scenario, &vars)
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let o = common::job::wait(c, LIMIT);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "rank {r} of {n} ({scenario}): {}",
+            text(&o)
+        );
+    }
+}
+
+fn ipc(_: usize) -> Vec<(&'static str, &'static str)> {
+    vec![("QCCL_CUDA_IPC", "1")]
+}
+
+#[test]
+fn every_dtype_and_op_at_three_ranks() {
+    job(3, "all", ipc);
+}
+
+#[test]
+fn every_dtype_and_op_at_five_ranks() {
+    job(5, "all", ipc);
+}
+
+#[test]
+fn one_and_seven_ranks() {
+    job(1, "few", ipc);
+    job(7, "few", ipc);
+}
+
+#[test]
+fn a_rank_with_host_buffers_makes_every_rank_stage() {
+    job(3, "mixed", ipc);
+}
+
+#[test]
+fn a_rank_that_did_not_ask_turns_it_off_for_all() {
+    job(3, "partial", |r| if r == 2 { vec![] } else { ipc(r) });
+}
