@@ -2,8 +2,8 @@
 //! the emulated GPU driver: its device memory faults when host code touches it, and another
 //! process reaches it only through the handle `ipc_open` maps, so a result that is right
 //! here was reduced through the peers' mapped memory. Every dtype and op, counts 0, 1 and
-//! primes, in place and out of place, on a caller's stream and the legacy default one, at
-//! 1, 3, 5 and 7 ranks, against the float64 reference, every rank bit-identical; and the
+//! primes, in place and out of place, on a caller's stream, the legacy default one and
+//! queued (the C API's non-blocking calls), at 1, 3, 5 and 7 ranks, against the float64 reference, every rank bit-identical; and the
 //! agreement: a rank with host buffers, or one that did not ask for CUDA IPC, makes every
 //! rank take the usual path, still right.
 
@@ -25,6 +25,17 @@ fn child() {
         return;
     };
     exit_with(run_child(&scenario), 0, 3);
+}
+
+/// How a call is made.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum How {
+    /// Out of place, the legacy default stream.
+    Default,
+    /// In place, on a caller's stream.
+    Stream,
+    /// Out of place, queued (`submit_all_reduce_dense_at`, the C API's non-blocking call).
+    Queued,
 }
 
 /// Where a rank's buffers are in a scenario.
@@ -68,27 +79,15 @@ fn run_child(scenario: &str) -> Result<(), String> {
     let user = gpu.create_stream(0).map_err(|e| e.to_string())?;
     let mut calls = 0;
     for (i, &(dtype, op, count)) in cases.iter().enumerate() {
-        for in_place in [false, true] {
+        for how in [How::Default, How::Stream, How::Queued] {
+            // In place on the caller's stream, out of place otherwise.
+            let in_place = how == How::Stream;
             let inputs: Vec<Vec<u8>> = (0..n)
                 .map(|q| input(dtype, op, q, count, i as u64))
                 .collect();
-            let what = format!("{dtype} {op} count {count} in place {in_place}");
-            // On the caller's stream for in-place calls, the legacy default one otherwise.
-            let stream = if in_place {
-                user.raw()
-            } else {
-                std::ptr::null_mut()
-            };
+            let what = format!("{dtype} {op} count {count} {how:?}");
             let got = match place {
-                Place::Device => on_device(
-                    &comm,
-                    &*gpu,
-                    &*user,
-                    &inputs[rank],
-                    (dtype, op),
-                    in_place,
-                    stream,
-                ),
+                Place::Device => on_device(&comm, &*gpu, &*user, &inputs[rank], (dtype, op), how),
                 Place::Host => on_host(&comm, &inputs[rank], (dtype, op), in_place),
             }
             .map_err(|e| format!("{what}: {e}"))?;
@@ -130,16 +129,15 @@ fn few_cases() -> Vec<(DType, ReduceOp, usize)> {
     ]
 }
 
-/// The all-reduce of `mine` in device buffers (a receive buffer of garbage out of place);
-/// the result read back.
+/// The all-reduce of `mine` in device buffers (a receive buffer of garbage out of place),
+/// made as `how` says; the result read back.
 fn on_device(
     comm: &Comm,
     gpu: &dyn Driver,
     user: &dyn Stream,
     mine: &[u8],
     (dtype, op): (DType, ReduceOp),
-    in_place: bool,
-    stream: *mut std::ffi::c_void,
+    how: How,
 ) -> Result<Vec<u8>, String> {
     let e = |e: qccl::Error| e.to_string();
     let len = mine.len();
@@ -152,17 +150,31 @@ fn on_device(
         Ok(m)
     };
     let send = upload(mine)?;
-    let recv = if in_place {
-        None
-    } else {
-        Some(upload(&vec![0xa5; len])?)
+    let recv = match how {
+        How::Stream => None,
+        How::Default | How::Queued => Some(upload(&vec![0xa5; len])?),
     };
     let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
     let out = recv.as_deref().unwrap_or(&*send);
-    let from = (!in_place).then(|| send.addr());
-    // SAFETY: device buffers of `len` bytes that live until the call returned; `stream` is
-    // null or `user`, a live stream of their device.
-    unsafe { comm.all_reduce_dense_at(&call, from, out.addr(), stream) }.map_err(e)?;
+    let from = recv.is_some().then(|| send.addr());
+    match how {
+        // SAFETY: device buffers of `len` bytes that live until the request ended.
+        How::Queued => unsafe { comm.submit_all_reduce_dense_at(Box::new(call), from, out.addr()) }
+            .map_err(e)?
+            .wait()
+            .map_err(e)?,
+        // SAFETY: device buffers of `len` bytes that live until the call returned; the
+        // stream is null or `user`, a live stream of their device.
+        _ => {
+            let stream = match how {
+                How::Stream => user.raw(),
+                _ => std::ptr::null_mut(),
+            };
+            unsafe { comm.all_reduce_dense_at(&call, from, out.addr(), stream) }
+                .map_err(e)
+                .map(drop)?
+        }
+    }
     let mut got = vec![0u8; len];
     // SAFETY: `got` outlives the synchronize below. On `user`: the call is done before it
     // returned, which the copy must see even when the call was on the legacy stream.

@@ -6,8 +6,9 @@
 //! take the host path unchanged.
 //!
 //! On a comm using CUDA IPC (QCCL_CUDA_IPC=1 on every rank) a dense blocking all-reduce goes
-//! through `Comm::all_reduce_dense_at`, which reduces device buffers through the peers'
-//! mapped memory when every rank's are on one device, and returns once done.
+//! through `Comm::all_reduce_dense_at` (a non-blocking one through
+//! `Comm::submit_all_reduce_dense_at`), which reduces device buffers through the peers'
+//! mapped memory when every rank's are on one device; a blocking one returns once done.
 //!
 //! A compressed all-reduce goes through the core's one entry for them
 //! (`Comm::all_reduce_compressed_at`, `Comm::submit_all_reduce_compressed_at`): a flat SRA or
@@ -96,6 +97,16 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
             return unsafe { h.comm.submit_all_reduce_compressed_at(call, send, recv) }
         }
         Err(op) => op,
+    };
+    let op = match op {
+        // On a comm using CUDA IPC: the core's entry (over CUDA IPC when every rank's
+        // buffers are on one device).
+        Op::AllReduce { send, recv, call } if h.comm.uses_cuda_ipc() => {
+            let (send, recv) = (send.map(|s| s.start() as u64), recv.start() as u64);
+            // SAFETY: the caller's promise, passed on; the buffers are distinct.
+            return unsafe { h.comm.submit_all_reduce_dense_at(call, send, recv) };
+        }
+        op => op,
     };
     let (bufs, coded) = (op.call_bufs(), op.coded_calls());
     let run = move |e: &mut qccl_core::internal::Engine, hosts: &[*mut u8]| {

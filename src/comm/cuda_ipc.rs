@@ -25,8 +25,11 @@ use crate::algo::Algo;
 use crate::coll::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::ipc::IpcLane;
-use crate::gpu::staging::{self, CallBuf};
+use crate::gpu::staging::{self, CallBuf, Staging};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 impl Comm {
     /// True when this comm's dense all-reduces agree on CUDA IPC first (QCCL_CUDA_IPC=1 on
@@ -39,7 +42,7 @@ impl Comm {
     /// How many all-reduces ran over CUDA IPC on this comm so far.
     #[doc(hidden)]
     pub fn cuda_ipc_calls(&self) -> u64 {
-        self.ipc_calls.load(std::sync::atomic::Ordering::Relaxed)
+        self.ipc_calls.load(Ordering::Relaxed)
     }
 
     /// The dense all-reduce `call` on `send` (None: in place) and `recv`, raw addresses of
@@ -61,6 +64,88 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<Option<Algo>> {
+        let on = match self.place_call(call, send, recv, stream as usize)? {
+            Ok(on) => on,
+            Err(bufs) => {
+                // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
+                return unsafe {
+                    self.on_buffers(&bufs, stream, |hosts| {
+                        self.execute(|e| run_on(call, e, hosts, true))
+                    })
+                }
+                .map(Some);
+            }
+        };
+        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.staging_on(&mut guard, on.driver.clone(), on.ordinal)?;
+        let turn = self.ipc_turn();
+        // SAFETY: the caller's promise, passed on.
+        self.execute(|e| unsafe { turn.run(e, st, call, &on) })
+    }
+
+    /// As [`Comm::all_reduce_dense_at`] with the legacy default stream, but queued behind the
+    /// comm's earlier operations and returning at once (the C ABI's non-blocking calls):
+    /// the request ends once the result is in `recv`.
+    ///
+    /// # Safety
+    /// As [`Comm::all_reduce_dense_at`], until the request has ended.
+    #[doc(hidden)]
+    pub unsafe fn submit_all_reduce_dense_at(
+        &self,
+        call: Box<AllReduceCall>,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<crate::Request<()>> {
+        let on = match self.place_call(&call, send, recv, 0)? {
+            Ok(on) => on,
+            Err(bufs) => {
+                // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
+                return unsafe {
+                    self.submit_on_buffers(bufs, Some(0), move |e, hosts| {
+                        run_on(&call, e, hosts, true).map(drop)
+                    })
+                };
+            }
+        };
+        let staging = self.queued_staging.clone();
+        let first = if staging.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            Some(self.new_staging(on.driver.clone(), on.ordinal)?)
+        } else {
+            None
+        };
+        let turn = self.ipc_turn();
+        self.queue.submit_holding((), Some(0), move |e, _| {
+            let mut guard = staging.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.is_none() {
+                *guard = first;
+            }
+            let st = guard.as_mut().expect("made before the call was queued");
+            // SAFETY: the caller's promise, passed on; the legacy default stream.
+            unsafe { turn.run(e, st, &call, &on) }.map(drop)
+        })
+    }
+
+    fn ipc_turn(&self) -> IpcTurn {
+        IpcTurn {
+            lane: self.ipc_lane.clone(),
+            calls: self.ipc_calls.clone(),
+            rank: self.rank,
+            size: self.size,
+            timeout: self.config.timeout,
+            comm_id: self.comm_id,
+        }
+    }
+
+    /// The call on device buffers, ordered on `stream` (a `CUstream`, 0 for the legacy
+    /// default stream), when it may go over CUDA IPC and each non-empty buffer is device
+    /// memory (`all_on_device`); else its buffers, for the usual path.
+    fn place_call(
+        &self,
+        call: &AllReduceCall,
+        send: Option<u64>,
+        recv: u64,
+        stream: usize,
+    ) -> Result<std::result::Result<OnDevice, Vec<CallBuf>>> {
         let (count, dtype, _) = call.shape();
         let bytes = count * dtype.size();
         let bufs = super::device::send_recv(send.map(|s| (s, bytes)), (recv, bytes));
@@ -69,98 +154,23 @@ impl Comm {
         } else {
             None
         };
-        let Some((driver, place, ordinal)) = found else {
-            // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
-            return unsafe {
-                self.on_buffers(&bufs, stream, |hosts| {
-                    self.execute(|e| run_on(call, e, hosts, true))
-                })
-            }
-            .map(Some);
-        };
-        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let st = self.staging_on(&mut guard, driver.clone(), ordinal)?;
-        self.execute(|e| {
-            let mut slot = self.ipc_lane.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                *slot = Some(IpcLane::new(
-                    driver,
-                    ordinal,
-                    self.size,
-                    self.config.timeout,
-                )?);
-            }
-            let lane = slot.as_mut().expect("made above");
-            // SAFETY: the caller's promise: the input is device memory of this device.
-            let staged = unsafe { lane.stage(stream, send.unwrap_or(recv), bytes) };
-            let mine = match &staged {
-                Ok(s) => Descriptor {
-                    bytes: bytes as u64,
-                    device: Some((lane.bus_id().to_owned(), *s)),
-                },
-                Err(err) => {
-                    crate::qlog!(
-                        Warn,
-                        "rank {}: CUDA IPC not set up ({err}): staged",
-                        self.rank
-                    );
-                    Descriptor::host(bytes)
-                }
-            };
-            let table = exchange(e, &mine)?;
-            let peers = on_one_device(&table);
-            let opened = match &peers {
-                Some(p) => lane
-                    .open_peers(self.rank, p)
-                    .and_then(|()| lane.synchronize()),
-                None => Ok(()),
-            };
-            if let Err(err) = &opened {
-                crate::qlog!(
-                    Warn,
-                    "rank {}: CUDA IPC not set up ({err}): staged",
-                    self.rank
-                );
-            }
-            // Also the barrier after which every input is in its scratch.
-            if peers.is_none() || !all_ok(e, opened.is_ok())? {
-                // The scratch copy reads the input, which the staged call may rewrite.
-                if let Err(err) = lane.synchronize().and(staged.map(drop)) {
-                    // Broken (a failed copy is sticky): the next call makes a new lane.
-                    crate::qlog!(Warn, "rank {}: CUDA IPC lane dropped: {err}", self.rank);
-                    *slot = None;
-                }
-                // SAFETY: the caller's promise, passed on.
-                return unsafe { st.run(&bufs, &place, stream, |h| run_on(call, e, h, false)) }
-                    .map(Some);
-            }
-            let me = (self.rank, self.size);
-            crate::qlog!(
-                Trace,
-                "rank {}: comm {:#018x}: all_reduce(count={count}, {dtype}): CUDA IPC",
-                self.rank,
-                self.comm_id
-            );
-            let (_, _, op) = call.shape();
-            // SAFETY: `recv` is device memory of this device holding the call (the caller's
-            // promise); every scratch is staged and mapped (agreed above), and none is
-            // rewritten before the last barrier below.
-            unsafe { lane.reduce_own(me, recv, count, dtype, op)? };
-            lane.synchronize()?;
-            e.barrier()?;
-            // SAFETY: as above; every owner's chunk is reduced (the barrier).
-            unsafe { lane.gather(me, recv, count, dtype)? };
-            lane.synchronize()?;
-            e.barrier()?;
-            self.ipc_calls
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(None)
+        Ok(match found {
+            Some((driver, place, ordinal)) => Ok(OnDevice {
+                driver,
+                place,
+                ordinal,
+                bufs,
+                src: send.unwrap_or(recv),
+                recv,
+                stream,
+            }),
+            None => Err(bufs),
         })
     }
 
     /// The driver, placement and device of `bufs` when each non-empty one is device memory
     /// (at least one), on the comm's device; None otherwise.
-    fn all_on_device(&self, bufs: &[CallBuf]) -> Result<Option<OnDevice>> {
+    fn all_on_device(&self, bufs: &[CallBuf]) -> Result<Option<Found>> {
         let Ok(driver) = crate::gpu::select::driver() else {
             return Ok(None);
         };
@@ -180,11 +190,130 @@ impl Comm {
 }
 
 /// A call's driver, where its buffers are, and their one device.
-type OnDevice = (
-    std::sync::Arc<dyn crate::gpu::driver::Driver>,
+type Found = (
+    Arc<dyn crate::gpu::driver::Driver>,
     staging::Placement,
     usize,
 );
+
+/// A call's buffers when all are device memory: its driver, where they are, their device,
+/// the input (send, or recv in place), the output, and the caller's stream (a `CUstream`).
+struct OnDevice {
+    driver: Arc<dyn crate::gpu::driver::Driver>,
+    place: staging::Placement,
+    ordinal: usize,
+    bufs: Vec<CallBuf>,
+    src: u64,
+    recv: u64,
+    stream: usize,
+}
+
+/// What a call over CUDA IPC needs of its comm in the comm's turn (queued calls take it to
+/// the worker).
+struct IpcTurn {
+    lane: Arc<Mutex<Option<IpcLane>>>,
+    calls: Arc<AtomicU64>,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    comm_id: u64,
+}
+
+impl IpcTurn {
+    /// Runs `call` on the device buffers `on` in the comm's turn (on `e`): over CUDA IPC
+    /// when every rank's buffers are on one device (None), else staged through `st` (the
+    /// algorithm that ran).
+    ///
+    /// # Safety
+    /// `on`'s buffers must be valid for the call until this returns, and its stream null or
+    /// a live stream of their device.
+    unsafe fn run(
+        &self,
+        e: &mut Engine,
+        st: &mut Staging,
+        call: &AllReduceCall,
+        on: &OnDevice,
+    ) -> Result<Option<Algo>> {
+        let (count, dtype, op) = call.shape();
+        let bytes = count * dtype.size();
+        let mut slot = self.lane.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(IpcLane::new(
+                on.driver.clone(),
+                on.ordinal,
+                self.size,
+                self.timeout,
+            )?);
+        }
+        let lane = slot.as_mut().expect("made above");
+        // SAFETY: the caller's promise: the input is device memory of this device.
+        let staged = unsafe { lane.stage(on.stream as *mut c_void, on.src, bytes) };
+        let mine = match &staged {
+            Ok(s) => Descriptor {
+                bytes: bytes as u64,
+                device: Some((lane.bus_id().to_owned(), *s)),
+            },
+            Err(err) => {
+                crate::qlog!(
+                    Warn,
+                    "rank {}: CUDA IPC not set up ({err}): staged",
+                    self.rank
+                );
+                Descriptor::host(bytes)
+            }
+        };
+        let table = exchange(e, &mine)?;
+        let peers = on_one_device(&table);
+        let opened = match &peers {
+            Some(p) => lane
+                .open_peers(self.rank, p)
+                .and_then(|()| lane.synchronize()),
+            None => Ok(()),
+        };
+        if let Err(err) = &opened {
+            crate::qlog!(
+                Warn,
+                "rank {}: CUDA IPC not set up ({err}): staged",
+                self.rank
+            );
+        }
+        // Also the barrier after which every input is in its scratch.
+        if peers.is_none() || !all_ok(e, opened.is_ok())? {
+            // The scratch copy reads the input, which the staged call may rewrite.
+            if let Err(err) = lane.synchronize().and(staged.map(drop)) {
+                // Broken (a failed copy is sticky): the next call makes a new lane.
+                crate::qlog!(Warn, "rank {}: CUDA IPC lane dropped: {err}", self.rank);
+                *slot = None;
+            }
+            // SAFETY: the caller's promise, passed on.
+            return unsafe {
+                st.run(&on.bufs, &on.place, on.stream as *mut c_void, |h| {
+                    run_on(call, e, h, false)
+                })
+            }
+            .map(Some);
+        }
+        let me = (self.rank, self.size);
+        crate::qlog!(
+            Trace,
+            "rank {}: comm {:#018x}: all_reduce(count={count}, {dtype}): CUDA IPC",
+            self.rank,
+            self.comm_id
+        );
+        // SAFETY: `recv` is device memory of this device holding the call (the caller's
+        // promise); every scratch is staged and mapped (agreed above), and none is
+        // rewritten before the last barrier below.
+        unsafe { lane.reduce_own(me, on.recv, count, dtype, op)? };
+        lane.synchronize()?;
+        e.barrier()?;
+        // SAFETY: as above; every owner's chunk is reduced (the barrier).
+        unsafe { lane.gather(me, on.recv, count, dtype)? };
+        lane.synchronize()?;
+        e.barrier()?;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
+    }
+}
 
 /// Runs `call` on `e` over `hosts` (send, if any, then recv; host addresses standing for the
 /// buffers); `exchange`: with its CUDA IPC descriptor ("host"), unless already made.

@@ -189,6 +189,16 @@ impl Comm {
                 match Box::new(prepared).into_compressed() {
                     // Compressed by QCCL_COMPRESSION: the one entry for device all-reduces.
                     Ok(c) => return self.enqueue_prepared_cuda(c, send, recv, stream),
+                    // On a comm using CUDA IPC, dense ones take the core's entry (which
+                    // returns once done, over CUDA IPC when every rank's buffers are on one
+                    // device).
+                    Err(dense) if self.uses_cuda_ipc() => {
+                        // SAFETY: as below; the call returns once done.
+                        return unsafe {
+                            self.all_reduce_dense_at(&dense, send.map(|s| s.0), recv.0, raw(stream))
+                        }
+                        .map(drop);
+                    }
                     Err(dense) => Some(dense),
                 }
             }

@@ -102,7 +102,7 @@ impl Comm {
         Ok(guard.as_mut().expect("set above"))
     }
 
-    fn new_staging(
+    pub(super) fn new_staging(
         &self,
         driver: std::sync::Arc<dyn crate::gpu::driver::Driver>,
         ordinal: usize,

@@ -135,9 +135,9 @@ pub struct Comm {
     gpu_lane: Arc<crate::gpu::sra::state::GpuLane>,
     /// Dense all-reduces over CUDA IPC (`cuda_ipc.rs`): the device side, used only in the
     /// comm's turn, made by the first such call.
-    ipc_lane: std::sync::Mutex<Option<crate::gpu::ipc::IpcLane>>,
+    ipc_lane: Arc<std::sync::Mutex<Option<crate::gpu::ipc::IpcLane>>>,
     /// All-reduces that ran over CUDA IPC.
-    ipc_calls: std::sync::atomic::AtomicU64,
+    ipc_calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
