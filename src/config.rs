@@ -65,7 +65,7 @@ pub struct Config {
     /// between them until they finish (QCCL_STAGING_BYTES, default 256 MiB; a larger call
     /// still runs, alone): enqueueing more waits for earlier calls.
     pub staging_bytes: usize,
-    /// Dense all-reduces of ranks that each run in their own process on one machine reduce
+    /// Dense all-reduces of the ranks of one machine (processes or threads) reduce
     /// device buffers on the GPU through CUDA IPC, without staging them through host memory
     /// (QCCL_CUDA_IPC=1, default off). Used only when every rank of the comm asked for it at
     /// init; each such call then exchanges a short descriptor first, host buffers too.

@@ -3,9 +3,10 @@
 //! process reaches it only through the handle `ipc_open` maps, so a result that is right
 //! here was reduced through the peers' mapped memory. Every dtype and op, counts 0, 1 and
 //! primes, in place and out of place, on a caller's stream, the legacy default one and
-//! queued (the C API's non-blocking calls), at 1, 3, 5 and 7 ranks, against the float64 reference, every rank bit-identical; and the
-//! agreement: a rank with host buffers, or one that did not ask for CUDA IPC, makes every
-//! rank take the usual path, still right.
+//! queued (the C API's non-blocking calls), at 1, 3, 5 and 7 ranks (and 3 threads of one
+//! process, which use each other's addresses), against the float64 reference, every rank
+//! bit-identical; and the agreement: a rank with host buffers, or one that did not ask for
+//! CUDA IPC, makes every rank take the usual path, still right.
 
 mod common;
 
@@ -48,6 +49,11 @@ enum Place {
 fn run_child(scenario: &str) -> Result<(), String> {
     let gpu = qccl::internal::emulate_gpu(1).map_err(|e| e.to_string())?;
     let comm = Comm::from_env().map_err(|e| e.to_string())?;
+    run_cases(&comm, &*gpu, scenario)
+}
+
+/// One rank of `scenario` on `comm`, its device buffers on `gpu`.
+fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String> {
     let (rank, n) = (comm.rank(), comm.size());
     let wants_ipc = std::env::var("QCCL_CUDA_IPC").is_ok_and(|v| v == "1");
     let (cases, place, expect_ipc) = match scenario {
@@ -87,12 +93,12 @@ fn run_child(scenario: &str) -> Result<(), String> {
                 .collect();
             let what = format!("{dtype} {op} count {count} {how:?}");
             let got = match place {
-                Place::Device => on_device(&comm, &*gpu, &*user, &inputs[rank], (dtype, op), how),
-                Place::Host => on_host(&comm, &inputs[rank], (dtype, op), in_place),
+                Place::Device => on_device(comm, gpu, &*user, &inputs[rank], (dtype, op), how),
+                Place::Host => on_host(comm, &inputs[rank], (dtype, op), in_place),
             }
             .map_err(|e| format!("{what}: {e}"))?;
             check_reduce(dtype, op, &inputs, 0..count, &got).map_err(|e| format!("{what}: {e}"))?;
-            same_on_all_ranks(&comm, &got, &what)?;
+            same_on_all_ranks(comm, &got, &what)?;
             calls += u64::from(count > 0);
         }
     }
@@ -254,4 +260,26 @@ fn a_rank_with_host_buffers_makes_every_rank_stage() {
 #[test]
 fn a_rank_that_did_not_ask_turns_it_off_for_all() {
     job(3, "partial", |r| if r == 2 { vec![] } else { ipc(r) });
+}
+
+/// Ranks as threads of this process (`Comm::init_threads`, as `qcclCommInitAll`): they reach
+/// each other's device memory at its address, no IPC handle (CUDA opens none of its own
+/// process).
+#[test]
+fn ranks_as_threads_of_one_process() {
+    let gpu = qccl::internal::emulate_gpu(1).unwrap();
+    let config = qccl::Config {
+        cuda_ipc: true,
+        ..qccl::Config::default()
+    };
+    let comms = Comm::init_threads(3, config).unwrap();
+    std::thread::scope(|s| {
+        for comm in comms {
+            let gpu = gpu.clone();
+            s.spawn(move || {
+                let r = comm.rank();
+                run_cases(&comm, &*gpu, "few").unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            });
+        }
+    });
 }

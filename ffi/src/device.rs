@@ -173,6 +173,62 @@ mod tests {
             .into_owned()
     }
 
+    type Dev = Box<dyn DeviceMem>;
+
+    /// `n` comms of `qcclCommInitAll`.
+    fn init_all(n: usize) -> Vec<qcclComm_t> {
+        let mut comms = vec![null_mut(); n];
+        // SAFETY: room for `n` comms; no device list.
+        assert_eq!(
+            unsafe { qcclCommInitAll(comms.as_mut_ptr(), n as i32, std::ptr::null()) },
+            qcclSuccess
+        );
+        comms
+    }
+
+    /// Rank r of n's first two C calls on `count` floats of device memory, each checked: a
+    /// sum out of place on NULL into `recv`, then a max in place in `send` on a stream of the
+    /// caller's. Returns (send, recv, this rank's input, the sum).
+    fn sum_then_max(
+        gpu: &dyn Driver,
+        comm: qcclComm_t,
+        (r, n): (usize, usize),
+        count: usize,
+    ) -> (Dev, Dev, Vec<f32>, Vec<f32>) {
+        let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 7) as f32).collect();
+        let want: Vec<f32> = (0..count)
+            .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).sum())
+            .collect();
+        let send = upload(gpu, &mine);
+        let recv = upload(gpu, &vec![0.0; count]);
+        let (sp, rp) = (send.addr() as *const c_void, recv.addr() as *mut c_void);
+        // SAFETY (both calls): device buffers of `count` floats, alive for the call; a stream
+        // of the emulated driver or NULL.
+        let rc = unsafe { qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, null_mut()) };
+        assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+        assert_eq!(download(gpu, &*recv, count), want);
+        let user = gpu.create_stream(0).unwrap();
+        let rc = unsafe {
+            qcclAllReduce(
+                sp,
+                sp as *mut c_void,
+                count,
+                qcclFloat32,
+                qcclMax,
+                comm,
+                user.raw(),
+            )
+        };
+        assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+        // Enqueued (or done, over CUDA IPC): the stream passes the call once it is done.
+        user.synchronize(WAIT).unwrap();
+        let max: Vec<f32> = (0..count)
+            .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).fold(0.0, f32::max))
+            .collect();
+        assert_eq!(download(gpu, &*send, count), max);
+        (send, recv, mine, want)
+    }
+
     /// Compressed all-reduces through the C calls, two ranks on device buffers (the codec on
     /// the GPU: NULL, a stream, and non-blocking with qcclWait) and one on host buffers: every
     /// rank ends with the same bits, close to the float64 sum, error feedback carried over
@@ -323,12 +379,7 @@ mod tests {
     fn c_calls_take_device_buffers() {
         let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
         let n = 3;
-        let mut comms = vec![null_mut(); n];
-        // SAFETY: room for `n` comms; no device list.
-        assert_eq!(
-            unsafe { qcclCommInitAll(comms.as_mut_ptr(), n as i32, std::ptr::null()) },
-            qcclSuccess
-        );
+        let comms = init_all(n);
         let count = 70_001;
         std::thread::scope(|s| {
             for (r, &comm) in comms.iter().enumerate() {
@@ -336,40 +387,9 @@ mod tests {
                 let comm = comm as usize;
                 s.spawn(move || {
                     let comm = comm as qcclComm_t;
-                    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 7) as f32).collect();
-                    let want: Vec<f32> = (0..count)
-                        .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).sum())
-                        .collect();
-                    let send = upload(&*gpu, &mine);
-                    let recv = upload(&*gpu, &vec![0.0; count]);
+                    let (send, recv, mine, want) = sum_then_max(&*gpu, comm, (r, n), count);
                     let (sp, rp) = (send.addr() as *const c_void, recv.addr() as *mut c_void);
-                    // SAFETY (every call below): device buffers of `count` floats, alive for
-                    // the call; streams of the emulated driver or NULL.
-                    let rc = unsafe {
-                        qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, null_mut())
-                    };
-                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
-                    assert_eq!(download(&*gpu, &*recv, count), want);
-                    // In place on a stream of the caller's.
                     let user = gpu.create_stream(0).unwrap();
-                    let rc = unsafe {
-                        qcclAllReduce(
-                            sp,
-                            sp as *mut c_void,
-                            count,
-                            qcclFloat32,
-                            qcclMax,
-                            comm,
-                            user.raw(),
-                        )
-                    };
-                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
-                    // Enqueued: the stream passes the call once it is done.
-                    user.synchronize(WAIT).unwrap();
-                    let max: Vec<f32> = (0..count)
-                        .map(|i| (0..n).map(|p| ((p + i) % 7) as f32).fold(0.0, f32::max))
-                        .collect();
-                    assert_eq!(download(&*gpu, &*send, count), max);
                     // Grouped: an all-reduce into `recv`, then `recv` sent on round the ring
                     // and `send` sent the other way; one staged copy of `recv` (spans.rs), so
                     // the send reads what the all-reduce wrote.
@@ -430,6 +450,95 @@ mod tests {
                         qcclAllReduce(sp, rp, count, qcclFloat32, qcclMin, comm, null_mut())
                     };
                     assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                });
+            }
+        });
+        for c in comms {
+            assert_eq!(qcclCommDestroy(c), qcclSuccess);
+        }
+    }
+
+    /// QCCL_CUDA_IPC=1 (set for a child run of this test, the variable being read when the
+    /// comms are made): three ranks of `qcclCommInitAll` reduce device buffers through each
+    /// other's memory, from the blocking call on NULL and on a stream (in place) and from
+    /// the non-blocking one; a call with host buffers on one rank makes all stage.
+    #[test]
+    fn c_calls_take_cuda_ipc() {
+        const NAME: &str = "device::tests::c_calls_take_cuda_ipc";
+        if std::env::var("QCCL_CUDA_IPC").as_deref() != Ok("1") {
+            let o = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+                .env("QCCL_CUDA_IPC", "1")
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "{}\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert!(
+                String::from_utf8_lossy(&o.stdout).contains("1 passed"),
+                "the child ran no test"
+            );
+            return;
+        }
+        let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
+        let n = 3;
+        let comms = init_all(n);
+        let count = 10_007;
+        std::thread::scope(|s| {
+            for (r, &comm) in comms.iter().enumerate() {
+                let gpu = gpu.clone();
+                let comm = comm as usize;
+                s.spawn(move || {
+                    let comm = comm as qcclComm_t;
+                    let c = crate::handle::comm(comm).unwrap();
+                    assert!(c.comm.uses_cuda_ipc());
+                    let (send, recv, mine, want) = sum_then_max(&*gpu, comm, (r, n), count);
+                    let (sp, rp) = (send.addr() as *const c_void, recv.addr() as *mut c_void);
+                    upload_into(&*gpu, &*send, &mine);
+                    upload_into(&*gpu, &*recv, &vec![0.0; count]);
+                    let mut req = null_mut();
+                    let rc = unsafe {
+                        qcclIAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, &mut req)
+                    };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+                    assert_eq!(download(&*gpu, &*recv, count), want);
+                    assert_eq!(c.comm.cuda_ipc_calls(), 3, "rank {r}");
+                    // Rank 1 on host buffers: every rank stages.
+                    let host_in = mine.clone();
+                    let mut host_out = vec![0f32; count];
+                    let rc = if r == 1 {
+                        unsafe {
+                            qcclAllReduce(
+                                host_in.as_ptr().cast(),
+                                host_out.as_mut_ptr().cast(),
+                                count,
+                                qcclFloat32,
+                                qcclSum,
+                                comm,
+                                null_mut(),
+                            )
+                        }
+                    } else {
+                        unsafe {
+                            qcclAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, null_mut())
+                        }
+                    };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    let got = if r == 1 {
+                        host_out
+                    } else {
+                        download(&*gpu, &*recv, count)
+                    };
+                    assert_eq!(got, want, "rank {r}, mixed");
+                    assert_eq!(
+                        c.comm.cuda_ipc_calls(),
+                        3,
+                        "rank {r}: the mixed call staged"
+                    );
                 });
             }
         });

@@ -1,15 +1,16 @@
 //! Dense all-reduces over CUDA IPC (QCCL_CUDA_IPC=1): when every rank's buffers are on one
-//! device, the ranks reduce them on the GPU through each other's mapped memory
-//! (`gpu::ipc`) instead of staging them through page-locked host memory.
+//! device, the ranks reduce them on the GPU through each other's memory (`gpu::ipc`:
+//! mapped over CUDA IPC from another process, at its address in the same one) instead of
+//! staging them through page-locked host memory.
 //!
 //! Whether a call can take that path depends on every rank's buffers, which each rank alone
-//! knows. So on a comm whose ranks all asked for it at init (each in its own process, on
-//! one machine: `cuda_ipc_between`, the same answer everywhere), every dense all-reduce
+//! knows. So on a comm whose ranks all asked for it at init, all on one machine
+//! (`ipc_descriptor::cuda_ipc_between`, the same answer everywhere), every dense all-reduce
 //! starts with an all-gather of a short descriptor, whichever way it was called: host
-//! buffers and staged calls (groups, non-blocking calls) say "host" inside
-//! `AllReduceCall::run`, calls through [`Comm::all_reduce_dense_at`] on device buffers say
-//! "device, this bus id, this scratch". Only when all say the same device do they run the
-//! IPC path; otherwise each runs the call as it would have (device buffers staged), so
+//! buffers and staged calls (groups) say "host" inside `AllReduceCall::run`; calls through
+//! [`Comm::all_reduce_dense_at`] or [`Comm::submit_all_reduce_dense_at`] on device buffers
+//! say "device, this bus id, this scratch". Only when all say the same device do they run
+//! the IPC path; otherwise each runs the call as it would have (device buffers staged), so
 //! every rank makes the same choice. A rank that cannot set the path up (no memory for
 //! its scratch, a peer's buffer that does not map) says so in the next agreement and the
 //! ranks fall back together, before any result is written.
@@ -33,7 +34,7 @@ use std::time::Duration;
 
 impl Comm {
     /// True when this comm's dense all-reduces agree on CUDA IPC first (QCCL_CUDA_IPC=1 on
-    /// every rank, each in its own process, on one machine).
+    /// every rank, all on one machine).
     #[doc(hidden)]
     pub fn uses_cuda_ipc(&self) -> bool {
         self.place.cuda_ipc

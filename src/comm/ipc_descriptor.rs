@@ -10,14 +10,11 @@ use crate::gpu::driver::IpcHandle;
 use crate::gpu::ipc::Shared;
 use crate::types::DType;
 
-/// True when the ranks of `peers` (the init's table) all asked for CUDA IPC, each runs in a
-/// process of its own, all on one machine, and there are at least two.
+/// True when the ranks of `peers` (the init's table) all asked for CUDA IPC, all on one
+/// machine, and there are at least two (ranks that share a process reach each other's
+/// device memory at its address: `gpu::ipc`).
 pub(super) fn cuda_ipc_between(peers: &[PeerInfo]) -> bool {
-    let mut pids: Vec<u32> = peers.iter().map(|p| p.pid).collect();
-    pids.sort_unstable();
-    pids.dedup();
     peers.len() >= 2
-        && pids.len() == peers.len()
         && peers
             .iter()
             .all(|p| p.cuda_ipc && p.machine_id == peers[0].machine_id)
@@ -51,7 +48,9 @@ impl Descriptor {
         b[8..16].copy_from_slice(&self.bytes.to_le_bytes());
         if let Some((bus, s)) = &self.device {
             b[0] = 1;
+            b[4..8].copy_from_slice(&s.pid.to_le_bytes());
             b[16..24].copy_from_slice(&(s.len as u64).to_le_bytes());
+            b[24..32].copy_from_slice(&s.addr.to_le_bytes());
             let bus = &bus.as_bytes()[..bus.len().min(BUS_ID)];
             b[32..32 + bus.len()].copy_from_slice(bus);
             b[64..128].copy_from_slice(&s.handle.0);
@@ -71,6 +70,8 @@ impl Descriptor {
                 Shared {
                     handle: IpcHandle(handle),
                     len: u64_at(16) as usize,
+                    pid: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+                    addr: u64_at(24),
                 },
             )
         });

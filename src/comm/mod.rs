@@ -71,9 +71,8 @@ struct Placement {
     /// Another rank of this comm runs in this process (threads, or two `Comm::init`s of one
     /// process): calls on a caller's stream then return once done (`device.rs` says why).
     process_peers: bool,
-    /// Every rank asked for CUDA IPC (QCCL_CUDA_IPC=1) and runs in a process of its own on
-    /// one machine, and there are at least two: the same on every rank
-    /// (`comm/cuda_ipc.rs`).
+    /// Every rank asked for CUDA IPC (QCCL_CUDA_IPC=1), all on one machine, and there are
+    /// at least two: the same on every rank (`comm/cuda_ipc.rs`).
     cuda_ipc: bool,
 }
 
@@ -312,8 +311,10 @@ impl Comm {
                         &crate::launch::allowed_cpus().unwrap_or_default()[..],
                     )),
                     process_peers: host_ids.len() > 1,
-                    // Threads of one process: CUDA opens no IPC handle of its own process.
-                    cuda_ipc: false,
+                    // Threads of one process reach each other's device memory directly.
+                    cuda_ipc: config.cuda_ipc
+                        && host_ids.len() > 1
+                        && host_ids.iter().all(|h| *h == host_ids[0]),
                 };
                 Comm::build(
                     r,

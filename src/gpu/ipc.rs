@@ -1,5 +1,6 @@
-//! A dense all-reduce of device buffers between processes of one machine over CUDA IPC: no
-//! byte crosses PCIe. Each rank copies its input into a device buffer of its own that the
+//! A dense all-reduce of device buffers between the ranks of one machine over CUDA IPC (or,
+//! for ranks that are threads of one process, their plain device addresses): no byte
+//! crosses PCIe. Each rank copies its input into a device buffer of its own that the
 //! others have mapped (`scratch`, shared once per size with `Driver::ipc_open`); the owner of
 //! chunk r (rank r, chunks as `algo::part` cuts them) reduces chunk r of every rank's scratch
 //! into its receive buffer with `reduce.cu`'s kernels, in rank order (each chunk is reduced
@@ -35,17 +36,31 @@ pub struct IpcLane {
     bus_id: String,
     /// This rank's input, where the peers map it, and its handle.
     scratch: Option<(Box<dyn DeviceMem>, IpcHandle)>,
-    /// The peers' scratch buffers mapped here, by rank, with the handle each was opened from.
-    peers: Vec<Option<(IpcHandle, Box<dyn DeviceMem>)>>,
+    /// The peers' scratch buffers reachable here, by rank.
+    peers: Vec<Option<Peer>>,
 }
 
-/// What a rank tells the others about its scratch: its handle and length.
+/// A peer's scratch as this rank reaches it.
+enum Peer {
+    /// In another process: mapped from its handle.
+    Mapped(IpcHandle, Box<dyn DeviceMem>),
+    /// In this process (ranks as threads): its own address, used as it is (CUDA opens no
+    /// handle of its own process, and needs none: one address space, one context per
+    /// device).
+    Here(u64),
+}
+
+/// What a rank tells the others about its scratch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shared {
     /// The scratch's IPC handle.
     pub handle: IpcHandle,
     /// Its length in bytes.
     pub len: usize,
+    /// The process it lives in.
+    pub pid: u32,
+    /// Its device address in that process.
+    pub addr: u64,
 }
 
 impl IpcLane {
@@ -112,14 +127,25 @@ impl IpcLane {
         Ok(Shared {
             handle: *handle,
             len: mem.len(),
+            pid: std::process::id(),
+            addr: mem.addr(),
         })
     }
 
-    /// Maps the peers' scratch buffers (`shared[q]` for rank q; this rank's `rank` is
-    /// skipped), reusing the mappings of handles seen before.
+    /// Reaches the peers' scratch buffers (`shared[q]` for rank q; this rank's `rank` is
+    /// skipped): those of other processes mapped, reusing the mappings of handles seen
+    /// before; those of this process at their address.
     pub fn open_peers(&mut self, rank: usize, shared: &[Shared]) -> Result<()> {
+        let here = std::process::id();
         for (q, s) in shared.iter().enumerate() {
-            if q == rank || self.peers[q].as_ref().is_some_and(|(h, _)| *h == s.handle) {
+            if q == rank {
+                continue;
+            }
+            if s.pid == here {
+                self.peers[q] = Some(Peer::Here(s.addr));
+                continue;
+            }
+            if matches!(&self.peers[q], Some(Peer::Mapped(h, _)) if *h == s.handle) {
                 continue;
             }
             // A peer's new scratch: the mapping of its old one is closed first.
@@ -128,20 +154,22 @@ impl IpcLane {
                 .driver
                 .ipc_open(self.ordinal, &s.handle, s.len)
                 .map_err(|e| e.prefixed(&format!("rank {q}'s all-reduce input over CUDA IPC: ")))?;
-            self.peers[q] = Some((s.handle, mem));
+            self.peers[q] = Some(Peer::Mapped(s.handle, mem));
         }
         Ok(())
     }
 
     /// Rank `q`'s scratch address here.
     fn scratch_of(&self, rank: usize, q: usize) -> Result<u64> {
-        let mem = if q == rank {
-            self.scratch.as_ref().map(|(m, _)| &**m)
+        let addr = if q == rank {
+            self.scratch.as_ref().map(|(m, _)| m.addr())
         } else {
-            self.peers[q].as_ref().map(|(_, m)| &**m)
+            self.peers[q].as_ref().map(|p| match p {
+                Peer::Mapped(_, m) => m.addr(),
+                Peer::Here(addr) => *addr,
+            })
         };
-        mem.map(|m| m.addr())
-            .ok_or_else(|| Error::Internal(format!("rank {q}'s IPC scratch is not mapped")))
+        addr.ok_or_else(|| Error::Internal(format!("rank {q}'s IPC scratch is not mapped")))
     }
 
     /// Enqueues this rank's chunk of the all-reduce of `count` elements: chunk `rank` of
