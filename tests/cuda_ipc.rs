@@ -47,7 +47,12 @@ enum Place {
 }
 
 fn run_child(scenario: &str) -> Result<(), String> {
-    let gpu = qccl::internal::emulate_gpu(1).map_err(|e| e.to_string())?;
+    // "real-*": the process's own driver (a GPU), else the emulated one.
+    let (gpu, scenario) = match scenario.strip_prefix("real-") {
+        Some(s) => (qccl::internal::gpu(), s),
+        None => (qccl::internal::emulate_gpu(1), scenario),
+    };
+    let gpu = gpu.map_err(|e| e.to_string())?;
     let comm = Comm::from_env().map_err(|e| e.to_string())?;
     run_cases(&comm, &*gpu, scenario)
 }
@@ -282,4 +287,22 @@ fn ranks_as_threads_of_one_process() {
             });
         }
     });
+}
+
+/// The same on a real GPU, 3 processes sharing device 0 (`--ignored`; QCCL_REQUIRE_GPU=1
+/// makes a missing GPU a failure).
+#[test]
+#[ignore = "needs an NVIDIA GPU (QCCL_REQUIRE_GPU=1 makes a missing one a failure)"]
+fn on_a_real_gpu() {
+    if let Err(e) = qccl::gpu::available() {
+        assert_ne!(
+            std::env::var("QCCL_REQUIRE_GPU").as_deref(),
+            Ok("1"),
+            "QCCL_REQUIRE_GPU=1 but no GPU: {e}"
+        );
+        eprintln!("skipped: {e}");
+        return;
+    }
+    job(3, "real-few", ipc);
+    job(3, "real-all", ipc);
 }

@@ -57,7 +57,7 @@ fi
 
 # The GPU suite, one test at a time (ranks of one test share the GPU).
 if [ "$part" != figures ]; then
-    for t in kernels_nvrtc gpu_driver gpu_emulated; do
+    for t in kernels_nvrtc gpu_driver gpu_emulated cuda_ipc; do
         step "$t --ignored" 75 "$kit/bin/$t" --ignored --test-threads=1
     done
     [ -n "${PYTHONPATH:-}" ] &&
