@@ -60,7 +60,15 @@ pub fn serve(nic: &Target<'_>, qp: &QpShared, hello: &Hello, stream: &mut TcpStr
             Ok(a) => a,
             Err(Close) => return,
         };
-        if stream.write_all(&answer.encode(req.psn)).is_err() || answer != Response::Ack {
+        let sent = stream.write_all(&answer.encode(req.psn));
+        if answer == Response::NakRemoteAccess {
+            // This side goes to the error state only once the initiator has its NAK: failing
+            // first flushes this side's receives, and its comm, seeing them, may tear the
+            // connection down before the NAK is sent, so that the initiator saw a lost peer
+            // (RetryExceeded) instead of the remote access error (seen in CI under load).
+            qp.fail(&mut qp.lock());
+        }
+        if sent.is_err() || answer != Response::Ack {
             // After a NAK the initiator's queue pair is in the error state: nothing follows.
             return;
         }
@@ -100,7 +108,7 @@ fn handle(
                         "unknown rkey"
                     }
                 );
-                qp.fail(&mut qp.lock());
+                // `serve` fails the queue pair once the NAK is sent.
                 return Ok(Response::NakRemoteAccess);
             }
         }
@@ -129,11 +137,10 @@ fn handle(
                 qp.name,
                 req.rkey
             );
-            let mut g = qp.lock();
             if let Some(id) = recv {
-                g.recvs.push_front(id);
+                qp.lock().recvs.push_front(id);
             }
-            qp.fail(&mut g);
+            // `serve` fails the queue pair once the NAK is sent.
             return Ok(Response::NakRemoteAccess);
         }
     }
