@@ -14,6 +14,7 @@ use common::job::{exit_with, text, Job, CHILD};
 use common::suite::same_on_all_ranks;
 use common::{check_reduce, input, ops_for};
 use qccl::internal::gpu_driver::{DeviceMem, Driver, Stream};
+use qccl::internal::{Buf, Coll, CollCall};
 use qccl::{Comm, DType, ReduceOp};
 use std::time::Duration;
 
@@ -78,6 +79,8 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         ),
         // Some rank did not ask for CUDA IPC: none uses it.
         "partial" => (few_cases(), Place::Device, false),
+        // Reduce-scatter and all-gather, every dtype (and op).
+        "colls" => return colls(comm, gpu),
         other => return Err(format!("unknown scenario {other}")),
     };
     if comm.uses_cuda_ipc() != (n > 1 && scenario != "partial") {
@@ -111,6 +114,106 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
     if comm.cuda_ipc_calls() != want {
         return Err(format!(
             "{} calls over CUDA IPC, expected {want} (scenario {scenario})",
+            comm.cuda_ipc_calls()
+        ));
+    }
+    Ok(())
+}
+
+/// Reduce-scatter (every op) and all-gather of every dtype at counts 0, 1 and primes, in
+/// place (NCCL's layouts) and out of place, over CUDA IPC (counted).
+fn colls(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let e = |e: qccl::Error| e.to_string();
+    let user = gpu.create_stream(0).map_err(e)?;
+    let mut calls = 0;
+    let mut salt = 0;
+    for dtype in DType::ALL {
+        let mut colls: Vec<(Coll, ReduceOp)> = ops_for(dtype)
+            .into_iter()
+            .map(|op| (Coll::ReduceScatter, op))
+            .collect();
+        colls.push((Coll::AllGather, ReduceOp::Sum));
+        for (coll, op) in colls {
+            for count in [0, 1, 7, 4099] {
+                for in_place in [false, true] {
+                    salt += 1;
+                    let what = format!("{coll:?} {dtype} {op} count {count} in place {in_place}");
+                    let es = dtype.size();
+                    let part = count * es;
+                    // Every rank's input: n parts (reduce-scatter) or one (all-gather).
+                    let parts = if coll == Coll::ReduceScatter { n } else { 1 };
+                    let inputs: Vec<Vec<u8>> = (0..n)
+                        .map(|q| input(dtype, op, q, count * parts, salt))
+                        .collect();
+                    let mine = &inputs[rank];
+                    // In place: the whole buffer, this rank's input at its place.
+                    let whole = if coll == Coll::ReduceScatter {
+                        mine.clone()
+                    } else {
+                        let mut w = vec![0xa5u8; part * n];
+                        w[rank * part..(rank + 1) * part].copy_from_slice(mine);
+                        w
+                    };
+                    let recv_len = if in_place {
+                        whole.len()
+                    } else if coll == Coll::ReduceScatter {
+                        part
+                    } else {
+                        part * n
+                    };
+                    let up = |b: &[u8]| -> Result<Box<dyn DeviceMem>, String> {
+                        let m = gpu.alloc_device(0, b.len().max(1)).map_err(e)?;
+                        // SAFETY: `b` outlives the synchronize below; `m` holds it.
+                        unsafe { user.copy_to_device(m.addr(), b.as_ptr(), b.len()) }.map_err(e)?;
+                        user.synchronize(WAIT).map_err(e)?;
+                        Ok(m)
+                    };
+                    let send = if in_place { None } else { Some(up(mine)?) };
+                    let recv = up(&if in_place {
+                        whole
+                    } else {
+                        vec![0xa5; recv_len]
+                    })?;
+                    let sbuf = send.as_ref().map_or(Buf::None, |_| Buf::Bytes(mine.len()));
+                    let call = CollCall::new(coll, count, dtype)
+                        .op(op)
+                        .bufs(sbuf, Buf::Bytes(recv_len));
+                    // SAFETY: device buffers of the call's sizes, alive until it returned.
+                    unsafe {
+                        comm.coll_dense_at(
+                            &call,
+                            send.as_ref().map(|s| s.addr()),
+                            recv.addr(),
+                            std::ptr::null_mut(),
+                        )
+                    }
+                    .map_err(|e| format!("{what}: {e}"))?;
+                    let mut got = vec![0u8; recv_len];
+                    // SAFETY: `got` outlives the synchronize below.
+                    unsafe { user.copy_to_host(got.as_mut_ptr(), recv.addr(), recv_len) }
+                        .map_err(e)?;
+                    user.synchronize(WAIT).map_err(e)?;
+                    if coll == Coll::ReduceScatter {
+                        let at = if in_place { rank * part } else { 0 };
+                        let range = rank * count..(rank + 1) * count;
+                        check_reduce(dtype, op, &inputs, range, &got[at..at + part])
+                            .map_err(|e| format!("{what}: {e}"))?;
+                    } else {
+                        let want: Vec<u8> = inputs.concat();
+                        if got != want {
+                            return Err(format!("{what}: the gathered bytes differ"));
+                        }
+                        same_on_all_ranks(comm, &got, &what)?;
+                    }
+                    calls += u64::from(count > 0);
+                }
+            }
+        }
+    }
+    if comm.cuda_ipc_calls() != calls {
+        return Err(format!(
+            "{} calls over CUDA IPC, expected {calls}",
             comm.cuda_ipc_calls()
         ));
     }
@@ -255,6 +358,12 @@ fn every_dtype_and_op_at_five_ranks() {
 fn one_and_seven_ranks() {
     job(1, "few", ipc);
     job(7, "few", ipc);
+}
+
+#[test]
+fn reduce_scatter_and_all_gather_at_three_and_five_ranks() {
+    job(3, "colls", ipc);
+    job(5, "colls", ipc);
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! once the result is on the device (`Comm::on_buffers`). Host buffers with a NULL stream
 //! take the host path unchanged.
 //!
-//! On a comm using CUDA IPC (QCCL_CUDA_IPC=1 on every rank) a dense blocking all-reduce goes
+//! On a comm using CUDA IPC (QCCL_CUDA_IPC=1 on every rank) a blocking reduce-scatter or
+//! all-gather goes through `Comm::coll_dense_at`, and a dense blocking all-reduce
 //! through `Comm::all_reduce_dense_at` (a non-blocking one through
 //! `Comm::submit_all_reduce_dense_at`), which reduces device buffers through the peers'
 //! mapped memory when every rank's are on one device; a blocking one returns once done.
@@ -25,7 +26,7 @@ use crate::handle::CommHandle;
 use crate::nesting::in_group;
 use crate::op::Op;
 use crate::types::{qcclComm_t, qcclStream_t};
-use qccl_core::internal::{AllReduceCall, PreparedAllReduce};
+use qccl_core::internal::{AllReduceCall, Coll, PreparedAllReduce};
 use qccl_core::{Request, Result};
 use std::sync::Arc;
 
@@ -50,17 +51,22 @@ pub(crate) fn launch_on(
         Err(op) => op,
     };
     if h.comm.uses_cuda_ipc() {
-        if let Op::AllReduce { send, recv, call } = &op {
-            // SAFETY: as above; returns once done (the buffers are then free again).
-            return unsafe {
-                h.comm.all_reduce_dense_at(
-                    call,
-                    send.map(|s| s.start() as u64),
-                    recv.start() as u64,
-                    stream,
-                )
+        let at = |send: &Option<crate::buf::RawBuf>, recv: &crate::buf::RawBuf| {
+            (send.map(|s| s.start() as u64), recv.start() as u64)
+        };
+        // SAFETY (both): as above; the call returns once done (the buffers are then free).
+        match &op {
+            Op::Coll { send, recv, call }
+                if matches!(call.coll, Coll::ReduceScatter | Coll::AllGather) =>
+            {
+                let (s, r) = at(send, recv);
+                return unsafe { h.comm.coll_dense_at(call, s, r, stream) };
             }
-            .map(drop);
+            Op::AllReduce { send, recv, call } => {
+                let (s, r) = at(send, recv);
+                return unsafe { h.comm.all_reduce_dense_at(call, s, r, stream) }.map(drop);
+            }
+            _ => {}
         }
     }
     let comm = h.clone();
@@ -461,7 +467,8 @@ mod tests {
     /// QCCL_CUDA_IPC=1 (set for a child run of this test, the variable being read when the
     /// comms are made): three ranks of `qcclCommInitAll` reduce device buffers through each
     /// other's memory, from the blocking call on NULL and on a stream (in place) and from
-    /// the non-blocking one; a call with host buffers on one rank makes all stage.
+    /// the non-blocking one; a call with host buffers on one rank makes all stage; an
+    /// all-gather and a reduce-scatter take the same path.
     #[test]
     fn c_calls_take_cuda_ipc() {
         const NAME: &str = "device::tests::c_calls_take_cuda_ipc";
@@ -539,6 +546,25 @@ mod tests {
                         3,
                         "rank {r}: the mixed call staged"
                     );
+                    // All-gather of `mine` (count each), then a reduce-scatter of the
+                    // gathered buffer: every rank holds the same one, so rank r gets n times
+                    // its part r, which is rank r's input.
+                    upload_into(&*gpu, &*send, &mine);
+                    let all = upload(&*gpu, &vec![-1.0; count * n]);
+                    let ap = all.addr() as *mut c_void;
+                    let rc = unsafe { qcclAllGather(sp, ap, count, qcclFloat32, comm, null_mut()) };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    let gathered: Vec<f32> = (0..n)
+                        .flat_map(|p| (0..count).map(move |i| ((p + i) % 7) as f32))
+                        .collect();
+                    assert_eq!(download(&*gpu, &*all, count * n), gathered);
+                    let rc = unsafe {
+                        qcclReduceScatter(ap, rp, count, qcclFloat32, qcclSum, comm, null_mut())
+                    };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    let part: Vec<f32> = mine.iter().map(|x| x * n as f32).collect();
+                    assert_eq!(download(&*gpu, &*recv, count), part);
+                    assert_eq!(c.comm.cuda_ipc_calls(), 5, "rank {r}");
                 });
             }
         });

@@ -207,6 +207,17 @@ impl Gpu {
                     ..Ran::default()
                 });
             }
+            // The same for a reduce-scatter or all-gather.
+            Work::Call(call)
+                if ctx.comm.uses_cuda_ipc()
+                    && matches!(call.coll, Call::ReduceScatter | Call::AllGather) =>
+            {
+                let (send, recv) = send_recv_of(&call_bufs)?;
+                // SAFETY: as above.
+                unsafe { ctx.comm.coll_dense_at(&call, send, recv, self.stream.raw()) }?;
+                let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+                done.push(Ran::default());
+            }
             work => self.enqueue_staged(ctx.comm, work, bufs)?,
         }
         self.enqueued += 1;

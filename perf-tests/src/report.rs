@@ -368,8 +368,9 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
         if std::env::var("QCCL_CUDA_IPC").is_ok_and(|v| v.trim() == "1") {
             let _ = writeln!(
                 s,
-                "# QCCL_CUDA_IPC=1: dense all_reduce on device buffers of ranks of one machine are reduced on the GPU through the peers' memory over \
-                 CUDA IPC (no host staging), returning once done"
+                "# QCCL_CUDA_IPC=1: dense all_reduce, reduce_scatter and all_gather on device buffers \
+                 of ranks of one machine run on the GPU through the peers' memory over CUDA \
+                 IPC (no host staging), returning once done"
             );
         }
     }

@@ -113,20 +113,23 @@ fn all_reduce_dense() {
     on_emulated_gpu(&["-d", "float", "-o", "sum"]);
 }
 
-/// QCCL_CUDA_IPC=1: the dense all-reduces of 3 ranks (processes sharing the emulated GPU)
-/// reduce through each other's mapped memory, every dtype and op checked; the header says so.
+/// QCCL_CUDA_IPC=1: the dense all-reduces, reduce-scatters and all-gathers of 3 ranks
+/// (processes sharing the emulated GPU) go through each other's mapped memory, every dtype
+/// and op checked; the header says so.
 #[test]
-fn all_reduce_dense_over_cuda_ipc() {
-    let args = ["--device", "cuda", "-d", "all", "-o", "all"];
-    let (code, out, err) = perf_with(Some("1"), 3, &args, &[("QCCL_CUDA_IPC", "1")]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    assert!(out.contains("# QCCL_CUDA_IPC=1: dense all_reduce"), "{out}");
-    let ranks = out.lines().filter(|l| l.starts_with("#  Rank ")).count();
-    assert_eq!(ranks, 3, "{out}");
-    assert!(
-        out.contains("# Out of bounds values : 0 OK"),
-        "{out}\n{err}"
-    );
+fn dense_calls_over_cuda_ipc() {
+    for coll in ["all_reduce", "reduce_scatter", "all_gather"] {
+        let args = ["--device", "cuda", "--coll", coll, "-d", "all", "-o", "all"];
+        let (code, out, err) = perf_with(Some("1"), 3, &args, &[("QCCL_CUDA_IPC", "1")]);
+        assert_eq!(code, Some(0), "{coll}\n{out}\n{err}");
+        assert!(out.contains("# QCCL_CUDA_IPC=1: dense"), "{out}");
+        let ranks = out.lines().filter(|l| l.starts_with("#  Rank ")).count();
+        assert_eq!(ranks, 3, "{out}");
+        assert!(
+            out.contains("# Out of bounds values : 0 OK"),
+            "{coll}\n{out}\n{err}"
+        );
+    }
 }
 
 /// The names of the table's columns (its header line, without the leading `#`).

@@ -208,6 +208,20 @@ pub(crate) fn run(
     recv: Buf,
 ) -> PyResult<Option<Outcome>> {
     refuse_unusable(target, send, recv)?;
+    if let Job::Coll(call) = &job {
+        if c.uses_cuda_ipc() && matches!(call.coll, Coll::ReduceScatter | Coll::AllGather) {
+            let stream = match target {
+                Target::Wait => 0,
+                Target::Stream(h) => h,
+            };
+            let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
+            // SAFETY: as below; the core's entry returns once done (over CUDA IPC when every
+            // rank's buffers are on one device), on a stream too.
+            py.allow_threads(|| unsafe { c.coll_dense_at(call, sp, rp, stream as *mut _) })
+                .map_err(crate::py_err)?;
+            return Ok(Some(Outcome::Done));
+        }
+    }
     let call_buf = |b: &Buf, reads, writes| CallBuf {
         addr: b.ptr as u64,
         len: b.bytes,

@@ -36,3 +36,15 @@ pub struct World {
     /// Every rank's [`PeerInfo`], indexed by rank.
     pub peers: Vec<PeerInfo>,
 }
+
+impl World {
+    /// True when every rank asked for CUDA IPC, all on one machine, and there are at least
+    /// two: a comm of these ranks agrees on it before each dense call (`comm/cuda_ipc.rs`;
+    /// ranks that share a process reach each other's device memory at its address).
+    pub fn cuda_ipc(&self) -> bool {
+        let p = &self.peers;
+        p.len() >= 2
+            && p.iter()
+                .all(|q| q.cuda_ipc && q.machine_id == p[0].machine_id)
+    }
+}

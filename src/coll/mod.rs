@@ -5,6 +5,8 @@
 pub mod call;
 pub mod check;
 pub mod compressed;
+// The CUDA IPC agreement each dense call of a comm using it starts with.
+pub(crate) mod ipc_vote;
 
 use crate::algo::ring::Io;
 use crate::algo::Algo;
@@ -42,6 +44,9 @@ pub struct Engine {
     /// buffers and residuals (made by the first such call), shared with the comm, which
     /// enqueues such a call's device work on the caller's thread.
     pub(crate) gpu: std::sync::Arc<crate::gpu::sra::state::GpuLane>,
+    /// The comm uses CUDA IPC: a reduce-scatter or all-gather made through `run_call` (on
+    /// host or staged buffers) starts by saying so (`ipc_vote`).
+    pub(crate) cuda_ipc: bool,
 }
 
 impl Engine {
@@ -320,6 +325,31 @@ impl Engine {
     /// this rank (a root-only one elsewhere, a receive). All-reduce is not run here: it runs
     /// through the route `comm::route` prepared for it.
     pub fn run_call(
+        &mut self,
+        call: &CollCall<'_>,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+    ) -> Result<()> {
+        if let Some(bytes) = self.ipc_staged_bytes(call) {
+            ipc_vote::exchange(self, &ipc_vote::Descriptor::host(bytes))?;
+        }
+        self.run_call_agreed(call, send, recv)
+    }
+
+    /// The bytes each rank stages when `call` may go over CUDA IPC on this comm (a
+    /// reduce-scatter's whole input, an all-gather's part), None when it may not.
+    pub(crate) fn ipc_staged_bytes(&self, call: &CollCall<'_>) -> Option<usize> {
+        let part = call.count * call.dtype.size();
+        match call.coll {
+            _ if !self.cuda_ipc || part == 0 => None,
+            Coll::ReduceScatter => Some(part * self.size),
+            Coll::AllGather => Some(part),
+            _ => None,
+        }
+    }
+
+    /// As `run_call`, after the CUDA IPC agreement (if any) was made.
+    pub fn run_call_agreed(
         &mut self,
         call: &CollCall<'_>,
         send: Option<&[u8]>,

@@ -5,7 +5,7 @@
 //!
 //! Whether a call can take that path depends on every rank's buffers, which each rank alone
 //! knows. So on a comm whose ranks all asked for it at init, all on one machine
-//! (`ipc_descriptor::cuda_ipc_between`, the same answer everywhere), every dense all-reduce
+//! (`World::cuda_ipc`, the same answer everywhere), every dense all-reduce
 //! starts with an all-gather of a short descriptor, whichever way it was called: host
 //! buffers and staged calls (groups) say "host" inside `AllReduceCall::run`; calls through
 //! [`Comm::all_reduce_dense_at`] or [`Comm::submit_all_reduce_dense_at`] on device buffers
@@ -18,19 +18,16 @@
 //! On a caller's stream such a call returns once done (it waits for the stream's earlier
 //! work first), as the GPU codecs' calls do.
 
-use super::device_all_reduce::staged;
-use super::ipc_descriptor::{all_ok, exchange, on_one_device, Descriptor};
+use super::ipc_turn::{IpcCall, IpcTurn, OnDevice};
 use super::route::AllReduceCall;
 use super::Comm;
 use crate::algo::Algo;
-use crate::coll::Engine;
-use crate::error::{Error, Result};
-use crate::gpu::ipc::IpcLane;
-use crate::gpu::staging::{self, CallBuf, Staging};
+use crate::coll::call::CollCall;
+use crate::error::Result;
+use crate::gpu::staging::{self, CallBuf};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl Comm {
     /// True when this comm's dense all-reduces agree on CUDA IPC first (QCCL_CUDA_IPC=1 on
@@ -65,16 +62,47 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<Option<Algo>> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.dense_at(IpcCall::AllReduce(call), send, recv, stream) }
+    }
+
+    /// A reduce-scatter or all-gather `call` (checked) on `send` (None: in place, `recv` the
+    /// whole buffer, NCCL's layouts) and `recv`, as [`Comm::all_reduce_dense_at`]: over CUDA
+    /// IPC when every rank's buffers are on one device and the comm uses it, else as any
+    /// other call; returns once the result is in `recv`.
+    ///
+    /// # Safety
+    /// As [`Comm::all_reduce_dense_at`], with the call's buffer sizes.
+    #[doc(hidden)]
+    pub unsafe fn coll_dense_at(
+        &self,
+        call: &CollCall<'static>,
+        send: Option<u64>,
+        recv: u64,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.check(call)?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.dense_at(IpcCall::Coll(call), send, recv, stream) }.map(drop)
+    }
+
+    /// The blocking entries' one body: None when the call ran over CUDA IPC.
+    unsafe fn dense_at(
+        &self,
+        call: IpcCall<'_>,
+        send: Option<u64>,
+        recv: u64,
+        stream: *mut c_void,
+    ) -> Result<Option<Algo>> {
         let on = match self.place_call(call, send, recv, stream as usize)? {
             Ok(on) => on,
             Err(bufs) => {
                 // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
                 return unsafe {
                     self.on_buffers(&bufs, stream, |hosts| {
-                        self.execute(|e| run_on(call, e, hosts, true))
+                        self.execute(|e| call.run_hosts(e, &bufs, hosts, true))
                     })
-                }
-                .map(Some);
+                };
             }
         };
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
@@ -82,6 +110,7 @@ impl Comm {
         let turn = self.ipc_turn();
         // SAFETY: the caller's promise, passed on.
         self.execute(|e| unsafe { turn.run(e, st, call, &on) })
+            .map(Option::flatten)
     }
 
     /// As [`Comm::all_reduce_dense_at`] with the legacy default stream, but queued behind the
@@ -97,13 +126,16 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<crate::Request<()>> {
-        let on = match self.place_call(&call, send, recv, 0)? {
+        let on = match self.place_call(IpcCall::AllReduce(&call), send, recv, 0)? {
             Ok(on) => on,
             Err(bufs) => {
+                let lens = bufs.clone();
                 // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
                 return unsafe {
                     self.submit_on_buffers(bufs, Some(0), move |e, hosts| {
-                        run_on(&call, e, hosts, true).map(drop)
+                        IpcCall::AllReduce(&call)
+                            .run_hosts(e, &lens, hosts, true)
+                            .map(drop)
                     })
                 };
             }
@@ -122,11 +154,11 @@ impl Comm {
             }
             let st = guard.as_mut().expect("made before the call was queued");
             // SAFETY: the caller's promise, passed on; the legacy default stream.
-            unsafe { turn.run(e, st, &call, &on) }.map(drop)
+            unsafe { turn.run(e, st, IpcCall::AllReduce(&call), &on) }.map(drop)
         })
     }
 
-    fn ipc_turn(&self) -> IpcTurn {
+    pub(super) fn ipc_turn(&self) -> IpcTurn {
         IpcTurn {
             lane: self.ipc_lane.clone(),
             calls: self.ipc_calls.clone(),
@@ -142,15 +174,14 @@ impl Comm {
     /// memory (`all_on_device`); else its buffers, for the usual path.
     fn place_call(
         &self,
-        call: &AllReduceCall,
+        call: IpcCall<'_>,
         send: Option<u64>,
         recv: u64,
         stream: usize,
     ) -> Result<std::result::Result<OnDevice, Vec<CallBuf>>> {
-        let (count, dtype, _) = call.shape();
-        let bytes = count * dtype.size();
-        let bufs = super::device::send_recv(send.map(|s| (s, bytes)), (recv, bytes));
-        let found = if call.exchanges() {
+        let (send_len, recv_len) = call.lens(self.size, send.is_none());
+        let bufs = super::device::send_recv(send.map(|s| (s, send_len)), (recv, recv_len));
+        let found = if call.exchanges(self.place.cuda_ipc) {
             self.all_on_device(&bufs)?
         } else {
             None
@@ -161,8 +192,9 @@ impl Comm {
                 place,
                 ordinal,
                 bufs,
-                src: send.unwrap_or(recv),
+                src: call.src(self.rank, send, recv),
                 recv,
+                in_place: send.is_none(),
                 stream,
             }),
             None => Err(bufs),
@@ -196,148 +228,3 @@ type Found = (
     staging::Placement,
     usize,
 );
-
-/// A call's buffers when all are device memory: its driver, where they are, their device,
-/// the input (send, or recv in place), the output, and the caller's stream (a `CUstream`).
-struct OnDevice {
-    driver: Arc<dyn crate::gpu::driver::Driver>,
-    place: staging::Placement,
-    ordinal: usize,
-    bufs: Vec<CallBuf>,
-    src: u64,
-    recv: u64,
-    stream: usize,
-}
-
-/// What a call over CUDA IPC needs of its comm in the comm's turn (queued calls take it to
-/// the worker).
-struct IpcTurn {
-    lane: Arc<Mutex<Option<IpcLane>>>,
-    calls: Arc<AtomicU64>,
-    rank: usize,
-    size: usize,
-    timeout: Duration,
-    comm_id: u64,
-}
-
-impl IpcTurn {
-    /// Runs `call` on the device buffers `on` in the comm's turn (on `e`): over CUDA IPC
-    /// when every rank's buffers are on one device (None), else staged through `st` (the
-    /// algorithm that ran).
-    ///
-    /// # Safety
-    /// `on`'s buffers must be valid for the call until this returns, and its stream null or
-    /// a live stream of their device.
-    unsafe fn run(
-        &self,
-        e: &mut Engine,
-        st: &mut Staging,
-        call: &AllReduceCall,
-        on: &OnDevice,
-    ) -> Result<Option<Algo>> {
-        let (count, dtype, op) = call.shape();
-        let bytes = count * dtype.size();
-        let mut slot = self.lane.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(IpcLane::new(
-                on.driver.clone(),
-                on.ordinal,
-                self.size,
-                self.timeout,
-            )?);
-        }
-        let lane = slot.as_mut().expect("made above");
-        // SAFETY: the caller's promise: the input is device memory of this device.
-        let staged = unsafe { lane.stage(on.stream as *mut c_void, on.src, bytes) };
-        let mine = match &staged {
-            Ok(s) => Descriptor {
-                bytes: bytes as u64,
-                device: Some((lane.bus_id().to_owned(), *s)),
-            },
-            Err(err) => {
-                crate::qlog!(
-                    Warn,
-                    "rank {}: CUDA IPC not set up ({err}): staged",
-                    self.rank
-                );
-                Descriptor::host(bytes)
-            }
-        };
-        let table = exchange(e, &mine)?;
-        let peers = on_one_device(&table);
-        let opened = match &peers {
-            Some(p) => lane
-                .open_peers(self.rank, p)
-                .and_then(|()| lane.synchronize()),
-            None => Ok(()),
-        };
-        if let Err(err) = &opened {
-            crate::qlog!(
-                Warn,
-                "rank {}: CUDA IPC not set up ({err}): staged",
-                self.rank
-            );
-        }
-        // Also the barrier after which every input is in its scratch.
-        if peers.is_none() || !all_ok(e, opened.is_ok())? {
-            // The scratch copy reads the input, which the staged call may rewrite.
-            if let Err(err) = lane.synchronize().and(staged.map(drop)) {
-                // Broken (a failed copy is sticky): the next call makes a new lane.
-                crate::qlog!(Warn, "rank {}: CUDA IPC lane dropped: {err}", self.rank);
-                *slot = None;
-            }
-            // SAFETY: the caller's promise, passed on.
-            return unsafe {
-                st.run(&on.bufs, &on.place, on.stream as *mut c_void, |h| {
-                    run_on(call, e, h, false)
-                })
-            }
-            .map(Some);
-        }
-        let me = (self.rank, self.size);
-        crate::qlog!(
-            Trace,
-            "rank {}: comm {:#018x}: all_reduce(count={count}, {dtype}): CUDA IPC",
-            self.rank,
-            self.comm_id
-        );
-        // SAFETY: `recv` is device memory of this device holding the call (the caller's
-        // promise); every scratch is staged and mapped (agreed above), and none is
-        // rewritten before the last barrier below.
-        unsafe { lane.reduce_own(me, on.recv, count, dtype, op)? };
-        lane.synchronize()?;
-        e.barrier()?;
-        // SAFETY: as above; every owner's chunk is reduced (the barrier).
-        unsafe { lane.gather(me, on.recv, count, dtype)? };
-        lane.synchronize()?;
-        e.barrier()?;
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        Ok(None)
-    }
-}
-
-/// Runs `call` on `e` over `hosts` (send, if any, then recv; host addresses standing for the
-/// buffers); `exchange`: with its CUDA IPC descriptor ("host"), unless already made.
-fn run_on(call: &AllReduceCall, e: &mut Engine, hosts: &[*mut u8], exchange: bool) -> Result<Algo> {
-    let (count, dtype, _) = call.shape();
-    let len = count * dtype.size();
-    // SAFETY: each host address stands for one buffer of `len` bytes, valid until the call
-    // ends (`on_buffers`, `Staging::run`), and they do not overlap (the entry's promise).
-    unsafe {
-        let (send, recv) = match hosts {
-            [s, r] => (Some(&*staged(*s, len)), staged(*r, len)),
-            [r] => (None, staged(*r, len)),
-            _ => {
-                return Err(Error::Internal(format!(
-                    "an all-reduce got {} buffers, not one or two",
-                    hosts.len()
-                )))
-            }
-        };
-        if exchange {
-            call.run(e, send, recv)
-        } else {
-            call.run_agreed(e, send, recv)
-        }
-    }
-}

@@ -10,7 +10,7 @@ mod device_all_reduce;
 mod gpu_sra;
 mod hier;
 mod hitopk;
-mod ipc_descriptor;
+mod ipc_turn;
 mod pipeline;
 mod queue;
 mod register;
@@ -240,7 +240,7 @@ impl Comm {
             .peers
             .iter()
             .any(|p| p.rank != rank && p.pid == me.pid && p.machine_id == me.machine_id);
-        let cuda_ipc = ipc_descriptor::cuda_ipc_between(&world.peers);
+        let cuda_ipc = world.cuda_ipc();
         let place = Placement {
             process_peers,
             cuda_ipc,
@@ -428,6 +428,7 @@ impl Comm {
             residuals: Default::default(),
             coded_calls: 0,
             gpu: gpu_lane.clone(),
+            cuda_ipc: place.cuda_ipc,
         };
         let (queue, jobs) = Queue::new(engine, abort);
         let q = queue.clone();

@@ -140,8 +140,8 @@ impl AllReduceCall {
     pub fn run(&self, e: &mut Engine, send: Option<&[u8]>, recv: &mut [u8]) -> Result<Algo> {
         self.check_lens(send, recv)?;
         if self.exchanges() {
-            let host = super::ipc_descriptor::Descriptor::host(recv.len());
-            super::ipc_descriptor::exchange(e, &host)?;
+            let host = crate::coll::ipc_vote::Descriptor::host(recv.len());
+            crate::coll::ipc_vote::exchange(e, &host)?;
         }
         self.run_agreed(e, send, recv)
     }

@@ -7,6 +7,10 @@
 //! once, so every rank ends with the same bits), and puts it back into its scratch; every
 //! rank then copies the other chunks from their owners' scratch.
 //!
+//! A reduce-scatter is the first step alone (each rank reduces its part of every rank's
+//! input into its output); an all-gather is the second (each rank copies every other
+//! rank's part from its scratch).
+//!
 //! This file only enqueues device work; `comm/cuda_ipc.rs` decides when the path applies
 //! (every rank's buffers on one device) and puts the engine's barriers between the steps:
 //! after `stage` (every input in place), after `reduce_own` (every chunk reduced), after
@@ -182,29 +186,55 @@ impl IpcLane {
     /// not rewritten until the peers passed the barrier after `gather`.
     pub unsafe fn reduce_own(
         &self,
-        (rank, size): (usize, usize),
+        me: (usize, usize),
         recv: u64,
         count: usize,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let es = dtype.size();
-        let mine = part(count, size, rank, es);
+        let mine = part(count, me.1, me.0, dtype.size());
         let (at, len) = (mine.start as u64, mine.len());
-        let n = (len / es) as u64;
+        // SAFETY: the caller's promise; the chunk lies in `recv` and in every scratch.
+        unsafe { self.reduce_chunk(me, at, recv + at, len, dtype, op)? };
+        if len == 0 {
+            return Ok(());
+        }
+        let own = self.scratch_of(me.0, me.0)? + at;
+        // SAFETY: the chunk of `recv` reduced above into the same chunk of this rank's
+        // scratch, which no peer reads until the barrier after this call's `synchronize`.
+        unsafe { self.stream.copy_on_device(own, recv + at, len) }
+    }
+
+    /// Enqueues the reduction with `op`, in rank order, of the `len` bytes at offset `at` of
+    /// every rank's scratch into `out` (Avg divided once at the end): an all-reduce's chunk,
+    /// a reduce-scatter's part.
+    ///
+    /// # Safety
+    /// `out` must be device memory of this device of `len` bytes, apart from every scratch
+    /// and not used by anything else until `synchronize` returned; every scratch staged and
+    /// mapped, holding `at + len` bytes.
+    pub unsafe fn reduce_chunk(
+        &self,
+        (rank, size): (usize, usize),
+        at: u64,
+        out: u64,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = (len / dtype.size()) as u64;
         if n == 0 {
             return Ok(());
         }
         if size < 2 {
             return Err(Error::Internal(
-                "an all-reduce over CUDA IPC needs at least two ranks".into(),
+                "a reduction over CUDA IPC needs at least two ranks".into(),
             ));
         }
         let reduce = self.driver.function(
             self.ordinal,
             &format!("qccl_reduce_{}_{}", op.name(), dtype_suffix(dtype)),
         )?;
-        let out = recv + at;
         for q in 1..size {
             let a = if q == 1 {
                 self.scratch_of(rank, 0)? + at
@@ -214,8 +244,8 @@ impl IpcLane {
             let b = self.scratch_of(rank, q)? + at;
             let args = [Arg::Ptr(out), Arg::Ptr(a), Arg::Ptr(b), Arg::U64(n)];
             // SAFETY: reduce.cu's qccl_reduce_<op>_<T>(T* out, const T* a, const T* b,
-            // uint64_t n), out == a allowed: `n` elements of this rank's chunk of `recv` and
-            // of two scratch buffers, each holding the whole call (the caller's promise).
+            // uint64_t n), out == a allowed: `n` elements of `out` and of two scratch
+            // buffers (the caller's promise).
             unsafe {
                 self.stream
                     .launch(&*reduce, grid_for(len / 16), BLOCK, &args)?
@@ -228,16 +258,13 @@ impl IpcLane {
             )?;
             let args = [Arg::Ptr(out), Arg::U64(n), Arg::U64(size as u64)];
             // SAFETY: reduce.cu's qccl_finish_avg_<T>(T* x, uint64_t count, uint64_t n) over
-            // the chunk reduced above.
+            // the `n` elements reduced above.
             unsafe {
                 self.stream
                     .launch(&*finish, grid_for(len / 16), BLOCK, &args)?
             };
         }
-        let own = self.scratch_of(rank, rank)? + at;
-        // SAFETY: the chunk of `recv` reduced above into the same chunk of this rank's
-        // scratch, which no peer reads until the barrier after this call's `synchronize`.
-        unsafe { self.stream.copy_on_device(own, out, len) }
+        Ok(())
     }
 
     /// Enqueues the copies of every other rank's reduced chunk from its scratch into `recv`.
@@ -246,23 +273,41 @@ impl IpcLane {
     /// As `reduce_own`; every owner's chunk reduced and synchronised (a barrier passed).
     pub unsafe fn gather(
         &self,
-        (rank, size): (usize, usize),
+        me: (usize, usize),
         recv: u64,
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        for q in (0..size).filter(|&q| q != rank) {
-            let chunk = part(count, size, q, dtype.size());
-            if chunk.is_empty() {
-                continue;
-            }
+        for q in (0..me.1).filter(|&q| q != me.0) {
+            let chunk = part(count, me.1, q, dtype.size());
             let at = chunk.start as u64;
-            let from = self.scratch_of(rank, q)? + at;
             // SAFETY: owner q's reduced chunk, which it does not rewrite before the barrier
             // after this call's `synchronize`, into the same chunk of `recv`.
-            unsafe { self.stream.copy_on_device(recv + at, from, chunk.len())? };
+            unsafe { self.copy_from(me.0, q, at, recv + at, chunk.len())? };
         }
         Ok(())
+    }
+
+    /// Enqueues the copy of `len` bytes at offset `at` of rank `q`'s scratch to `to`.
+    ///
+    /// # Safety
+    /// `to` must be device memory of this device of `len` bytes, not used by anything else
+    /// until `synchronize` returned; rank q's scratch staged, mapped, holding `at + len`
+    /// bytes, and not rewritten until the barrier after this call's `synchronize`.
+    pub unsafe fn copy_from(
+        &self,
+        rank: usize,
+        q: usize,
+        at: u64,
+        to: u64,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let from = self.scratch_of(rank, q)? + at;
+        // SAFETY: the caller's promise.
+        unsafe { self.stream.copy_on_device(to, from, len) }
     }
 
     /// Waits, at most the comm's timeout, for the work enqueued so far.

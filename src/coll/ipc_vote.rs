@@ -1,24 +1,13 @@
-//! What the ranks of a comm using CUDA IPC say to each other before each dense all-reduce
-//! (`cuda_ipc.rs` has the why): whether the comm may use it at all (from the init's table),
-//! a 128-byte descriptor per rank per call (the call's size, its buffers' device and the
-//! rank's shared copy), and one byte saying whether each rank could set the path up.
+//! What the ranks of a comm using CUDA IPC say to each other before each dense all-reduce,
+//! reduce-scatter and all-gather (`comm/cuda_ipc.rs` has the why): a 128-byte descriptor
+//! per rank per call (the bytes it stages, its buffers' device and the rank's shared copy),
+//! and one byte saying whether each rank could set the path up.
 
-use crate::bootstrap::PeerInfo;
-use crate::coll::Engine;
+use super::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::driver::IpcHandle;
 use crate::gpu::ipc::Shared;
 use crate::types::DType;
-
-/// True when the ranks of `peers` (the init's table) all asked for CUDA IPC, all on one
-/// machine, and there are at least two (ranks that share a process reach each other's
-/// device memory at its address: `gpu::ipc`).
-pub(super) fn cuda_ipc_between(peers: &[PeerInfo]) -> bool {
-    peers.len() >= 2
-        && peers
-            .iter()
-            .all(|p| p.cuda_ipc && p.machine_id == peers[0].machine_id)
-}
 
 /// Bytes of a descriptor on the wire.
 const DESCRIPTOR: usize = 128;
@@ -27,16 +16,16 @@ const BUS_ID: usize = 32;
 
 /// What a rank says before a dense all-reduce on a comm using CUDA IPC.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Descriptor {
+pub(crate) struct Descriptor {
     /// The call's bytes (every rank must agree).
-    pub(super) bytes: u64,
+    pub(crate) bytes: u64,
     /// Its buffers' device (bus id) and its staged scratch; None for host buffers.
-    pub(super) device: Option<(String, Shared)>,
+    pub(crate) device: Option<(String, Shared)>,
 }
 
 impl Descriptor {
     /// A rank whose buffers are host memory (or staged) this call.
-    pub(super) fn host(bytes: usize) -> Descriptor {
+    pub(crate) fn host(bytes: usize) -> Descriptor {
         Descriptor {
             bytes: bytes as u64,
             device: None,
@@ -84,7 +73,7 @@ impl Descriptor {
 
 /// Every rank's descriptor, in rank order (an all-gather in the call's turn); an error on
 /// every rank alike when the ranks disagree on the call's size.
-pub(super) fn exchange(e: &mut Engine, mine: &Descriptor) -> Result<Vec<Descriptor>> {
+pub(crate) fn exchange(e: &mut Engine, mine: &Descriptor) -> Result<Vec<Descriptor>> {
     let n = e.size;
     let mut all = vec![0u8; DESCRIPTOR * n];
     e.all_gather(Some(&mine.encode()), &mut all, DESCRIPTOR, DType::Uint8)?;
@@ -103,7 +92,7 @@ pub(super) fn exchange(e: &mut Engine, mine: &Descriptor) -> Result<Vec<Descript
 }
 
 /// The ranks' scratch buffers when every rank's buffers are on one device.
-pub(super) fn on_one_device(table: &[Descriptor]) -> Option<Vec<Shared>> {
+pub(crate) fn on_one_device(table: &[Descriptor]) -> Option<Vec<Shared>> {
     let first = &table[0].device.as_ref()?.0;
     table
         .iter()
@@ -115,7 +104,7 @@ pub(super) fn on_one_device(table: &[Descriptor]) -> Option<Vec<Shared>> {
 }
 
 /// True on every rank when every rank says `ok` (an all-gather of one byte: also a barrier).
-pub(super) fn all_ok(e: &mut Engine, ok: bool) -> Result<bool> {
+pub(crate) fn all_ok(e: &mut Engine, ok: bool) -> Result<bool> {
     let mut all = vec![0u8; e.size];
     e.all_gather(Some(&[u8::from(ok)]), &mut all, 1, DType::Uint8)?;
     Ok(all.iter().all(|&b| b == 1))
