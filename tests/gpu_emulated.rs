@@ -1502,7 +1502,7 @@ fn pipelined_compressed_sra_over_many_slices_matches_host_ranks_bit_for_bit() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
 fn compressed_sra_with_the_codecs_on_a_real_gpu_matches_host_ranks_bit_for_bit() {
-    if real_gpu() {
+    if common::real_gpu() {
         // Default slices, then 4 KiB ones (the pipeline over many slices; at 5 ranks a call
         // enqueues roughly 1000 operations behind its first progress wait, about what a CUDA
         // stream holds pending: the worker must move bytes while the rest is enqueued).
@@ -1536,25 +1536,10 @@ fn run_job(n: usize, scenario: &str, devices: &str) {
     }
 }
 
-/// On a real GPU (QCCL_GPU_EMULATE=0: the CUDA driver), every rank on device 0, as a
-/// one-GPU machine runs it. False (skipped) without one, unless QCCL_REQUIRE_GPU=1.
-fn real_gpu() -> bool {
-    match qccl::gpu::available() {
-        Ok(()) => true,
-        Err(e) if std::env::var("QCCL_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("QCCL_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            false
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
 fn collectives_on_a_real_gpu_at_1_2_and_4_ranks() {
-    if real_gpu() {
+    if common::real_gpu() {
         for n in [1, 2, 4] {
             run_job(n, "collectives", "0");
         }
@@ -1564,7 +1549,7 @@ fn collectives_on_a_real_gpu_at_1_2_and_4_ranks() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
 fn the_callers_stream_orders_the_call_on_a_real_gpu() {
-    if real_gpu() {
+    if common::real_gpu() {
         run_job(2, "stream", "0");
         run_job(2, "enqueue", "0");
         run_job(1, "threads", "0");

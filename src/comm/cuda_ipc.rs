@@ -110,7 +110,6 @@ impl Comm {
         let turn = self.ipc_turn();
         // SAFETY: the caller's promise, passed on.
         self.execute(|e| unsafe { turn.run(e, st, call, &on) })
-            .map(Option::flatten)
     }
 
     /// As [`Comm::all_reduce_dense_at`] with the legacy default stream, but queued behind the

@@ -198,8 +198,8 @@ pub(super) struct IpcTurn {
 
 impl IpcTurn {
     /// Runs `call` on the device buffers `on` in the comm's turn (on `e`): over CUDA IPC
-    /// when every rank's buffers are on one device (Ok(None)), else staged through `st`
-    /// (Ok(Some(the all-reduce's algorithm))).
+    /// when every rank's buffers are on one device (None), else staged through `st` (an
+    /// all-reduce's algorithm; None for the others).
     ///
     /// # Safety
     /// `on`'s buffers must be valid for the call until this returns, and its stream null or
@@ -210,7 +210,7 @@ impl IpcTurn {
         st: &mut Staging,
         call: IpcCall<'_>,
         on: &OnDevice,
-    ) -> Result<Option<Option<Algo>>> {
+    ) -> Result<Option<Algo>> {
         let bytes = call.staged(self.size);
         let mut slot = self.lane.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
@@ -266,8 +266,7 @@ impl IpcTurn {
                 st.run(&on.bufs, &on.place, on.stream as *mut c_void, |h| {
                     call.run_hosts(e, &on.bufs, h, false)
                 })
-            }
-            .map(Some);
+            };
         }
         crate::qlog!(
             Trace,

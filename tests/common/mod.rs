@@ -11,6 +11,22 @@ pub mod topk;
 use half::{bf16, f16};
 use qccl::{DType, ReduceOp};
 
+/// True when a real GPU is usable (the CUDA driver sees a device), for the `--ignored`
+/// tests that need one; false (skipped, saying why) without one, unless QCCL_REQUIRE_GPU=1
+/// makes that a failure.
+pub fn real_gpu() -> bool {
+    match qccl::gpu::available() {
+        Ok(()) => true,
+        Err(e) if std::env::var("QCCL_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("QCCL_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
 /// Deterministic pseudo-random u64 from (a, b, c).
 pub fn mix(a: u64, b: u64, c: u64) -> u64 {
     let mut x = a
