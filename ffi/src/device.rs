@@ -5,11 +5,14 @@
 //! once the result is on the device (`Comm::on_buffers`). Host buffers with a NULL stream
 //! take the host path unchanged.
 //!
-//! On a comm using CUDA IPC (QCCL_CUDA_IPC=1 on every rank) a blocking reduce-scatter or
-//! all-gather goes through `Comm::coll_dense_at`, and a dense blocking all-reduce
-//! through `Comm::all_reduce_dense_at` (a non-blocking one through
-//! `Comm::submit_all_reduce_dense_at`), which reduces device buffers through the peers'
-//! mapped memory when every rank's are on one device; a blocking one returns once done.
+//! Where `Comm::dense_path` says so (a comm using CUDA IPC, QCCL_CUDA_IPC=1 on every rank;
+//! or, with NULL, a comm whose ranks share one host) a blocking reduce-scatter or all-gather
+//! goes through `Comm::coll_dense_at`, and a dense blocking all-reduce through
+//! `Comm::all_reduce_dense_at` (a non-blocking one through
+//! `Comm::submit_all_reduce_dense_at`): over CUDA IPC when every rank's buffers are on one
+//! device, else through the shared-memory arena with the GPU copying into and out of its
+//! segments when the host path would take the arena's rounds; a blocking one returns once
+//! done.
 //!
 //! A compressed all-reduce goes through the core's one entry for them
 //! (`Comm::all_reduce_compressed_at`, `Comm::submit_all_reduce_compressed_at`): a flat SRA or
@@ -50,7 +53,7 @@ pub(crate) fn launch_on(
         }
         Err(op) => op,
     };
-    if h.comm.uses_cuda_ipc() {
+    if h.comm.dense_path(stream) {
         let at = |send: &Option<crate::buf::RawBuf>, recv: &crate::buf::RawBuf| {
             (send.map(|s| s.start() as u64), recv.start() as u64)
         };
@@ -105,9 +108,9 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
         Err(op) => op,
     };
     let op = match op {
-        // On a comm using CUDA IPC: the core's entry (over CUDA IPC when every rank's
-        // buffers are on one device).
-        Op::AllReduce { send, recv, call } if h.comm.uses_cuda_ipc() => {
+        // The core's entry on a comm using CUDA IPC (over it when every rank's buffers are on
+        // one device) or one host's arena (the GPU copying into and out of it).
+        Op::AllReduce { send, recv, call } if h.comm.dense_path(std::ptr::null_mut()) => {
             let (send, recv) = (send.map(|s| s.start() as u64), recv.start() as u64);
             // SAFETY: the caller's promise, passed on; the buffers are distinct.
             return unsafe { h.comm.submit_all_reduce_dense_at(call, send, recv) };
@@ -233,6 +236,39 @@ mod tests {
             .collect();
         assert_eq!(download(gpu, &*send, count), max);
         (send, recv, mine, want)
+    }
+
+    /// Rank r of n's all-gather of `mine` (its input, `sum_then_max`'s, copied into `send`)
+    /// on NULL, then a reduce-scatter of the gathered buffer into `recv`: every rank holds
+    /// the same one, so rank r gets n times its part r, which is rank r's input. Each
+    /// checked.
+    fn gather_then_scatter(
+        gpu: &dyn Driver,
+        comm: qcclComm_t,
+        (r, n): (usize, usize),
+        (send, recv): (&dyn DeviceMem, &dyn DeviceMem),
+        mine: &[f32],
+    ) {
+        let count = mine.len();
+        upload_into(gpu, send, mine);
+        let all = upload(gpu, &vec![-1.0; count * n]);
+        let (sp, rp, ap) = (
+            send.addr() as *const c_void,
+            recv.addr() as *mut c_void,
+            all.addr() as *mut c_void,
+        );
+        // SAFETY (both): device buffers of the call's floats, alive for it.
+        let rc = unsafe { qcclAllGather(sp, ap, count, qcclFloat32, comm, null_mut()) };
+        assert_eq!(rc, qcclSuccess, "rank {r}: {}", last_error(comm));
+        let gathered: Vec<f32> = (0..n)
+            .flat_map(|p| (0..count).map(move |i| ((p + i) % 7) as f32))
+            .collect();
+        assert_eq!(download(gpu, &*all, count * n), gathered);
+        let rc =
+            unsafe { qcclReduceScatter(ap, rp, count, qcclFloat32, qcclSum, comm, null_mut()) };
+        assert_eq!(rc, qcclSuccess, "rank {r}: {}", last_error(comm));
+        let part: Vec<f32> = mine.iter().map(|x| x * n as f32).collect();
+        assert_eq!(download(gpu, recv, count), part);
     }
 
     /// Compressed all-reduces through the C calls, two ranks on device buffers (the codec on
@@ -546,24 +582,7 @@ mod tests {
                         3,
                         "rank {r}: the mixed call staged"
                     );
-                    // All-gather of `mine` (count each), then a reduce-scatter of the
-                    // gathered buffer: every rank holds the same one, so rank r gets n times
-                    // its part r, which is rank r's input.
-                    upload_into(&*gpu, &*send, &mine);
-                    let all = upload(&*gpu, &vec![-1.0; count * n]);
-                    let ap = all.addr() as *mut c_void;
-                    let rc = unsafe { qcclAllGather(sp, ap, count, qcclFloat32, comm, null_mut()) };
-                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
-                    let gathered: Vec<f32> = (0..n)
-                        .flat_map(|p| (0..count).map(move |i| ((p + i) % 7) as f32))
-                        .collect();
-                    assert_eq!(download(&*gpu, &*all, count * n), gathered);
-                    let rc = unsafe {
-                        qcclReduceScatter(ap, rp, count, qcclFloat32, qcclSum, comm, null_mut())
-                    };
-                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
-                    let part: Vec<f32> = mine.iter().map(|x| x * n as f32).collect();
-                    assert_eq!(download(&*gpu, &*recv, count), part);
+                    gather_then_scatter(&*gpu, comm, (r, n), (&*send, &*recv), &mine);
                     assert_eq!(c.comm.cuda_ipc_calls(), 5, "rank {r}");
                 });
             }
@@ -571,5 +590,83 @@ mod tests {
         for c in comms {
             assert_eq!(qcclCommDestroy(c), qcclSuccess);
         }
+    }
+
+    /// Three ranks as processes sharing one host (this test run again as each, the unique
+    /// id passed in the environment): the blocking calls on NULL and the non-blocking one
+    /// go through the shared-memory arena, the (emulated) GPU copying into and out of it;
+    /// a call on a stream stays staged.
+    #[test]
+    fn c_calls_on_null_go_through_the_arena() {
+        const NAME: &str = "device::tests::c_calls_on_null_go_through_the_arena";
+        const CHILD: &str = "QCCL_FFI_ARENA_RANK";
+        let n = 3;
+        let Ok(rank) = std::env::var(CHILD) else {
+            let mut id = qcclUniqueId {
+                internal: [0; QCCL_UNIQUE_ID_BYTES],
+            };
+            // SAFETY: a valid out-pointer.
+            assert_eq!(unsafe { qcclGetUniqueId(&mut id) }, qcclSuccess);
+            let hex: String = id
+                .internal
+                .iter()
+                .map(|&b| format!("{:02x}", b as u8))
+                .collect();
+            let children: Vec<_> = (0..n)
+                .map(|r| {
+                    std::process::Command::new(std::env::current_exe().unwrap())
+                        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+                        .env(CHILD, r.to_string())
+                        .env("QCCL_FFI_ARENA_ID", &hex)
+                        .env_remove("QCCL_CUDA_IPC")
+                        .stdout(std::process::Stdio::piped())
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            for (r, c) in children.into_iter().enumerate() {
+                let o = c.wait_with_output().unwrap();
+                let out = String::from_utf8_lossy(&o.stdout);
+                assert!(
+                    o.status.success() && out.contains("1 passed"),
+                    "rank {r}:\n{out}\n{}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+            return;
+        };
+        let r: usize = rank.parse().unwrap();
+        let hex = std::env::var("QCCL_FFI_ARENA_ID").unwrap();
+        let mut id = qcclUniqueId {
+            internal: [0; QCCL_UNIQUE_ID_BYTES],
+        };
+        for (i, b) in id.internal.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as std::ffi::c_char;
+        }
+        let mut comm = null_mut();
+        // SAFETY: a valid out-pointer; the id of this job.
+        let rc = unsafe { qcclCommInitRank(&mut comm, n as i32, id, r as i32) };
+        assert_eq!(rc, qcclSuccess);
+        let c = crate::handle::comm(comm).unwrap();
+        assert!(!c.comm.uses_cuda_ipc());
+        let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
+        // 3 × 280 KB: past the arena's one-shot fold.
+        let count = 70_001;
+        // A sum on NULL (through the arena), a max on a stream (staged).
+        let (send, recv, mine, want) = sum_then_max(&*gpu, comm, (r, n), count);
+        assert_eq!(c.comm.arena_device_calls(), 1);
+        let (sp, rp) = (send.addr() as *const c_void, recv.addr() as *mut c_void);
+        upload_into(&*gpu, &*send, &mine);
+        upload_into(&*gpu, &*recv, &vec![0.0; count]);
+        let mut req = null_mut();
+        // SAFETY (every call): device buffers of the call's floats, alive for it.
+        let rc = unsafe { qcclIAllReduce(sp, rp, count, qcclFloat32, qcclSum, comm, &mut req) };
+        assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+        assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+        assert_eq!(download(&*gpu, &*recv, count), want);
+        gather_then_scatter(&*gpu, comm, (r, n), (&*send, &*recv), &mine);
+        assert_eq!(c.comm.arena_device_calls(), 4, "rank {r}");
+        assert_eq!(qcclCommDestroy(comm), qcclSuccess);
     }
 }

@@ -12,7 +12,7 @@ rm -rf "$kit"
 mkdir -p "$kit/bin"
 
 # Test binaries by name, from cargo's JSON messages (their file names carry a hash).
-tests=(--test gpu_driver --test gpu_emulated --test kernels_nvrtc --test cuda_ipc)
+tests=(--test gpu_driver --test gpu_emulated --test kernels_nvrtc --test dense_on_device)
 cargo test -p qccl "${tests[@]}" --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys, shutil

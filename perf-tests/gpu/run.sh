@@ -57,7 +57,7 @@ fi
 
 # The GPU suite, one test at a time (ranks of one test share the GPU).
 if [ "$part" != figures ]; then
-    for t in kernels_nvrtc gpu_driver gpu_emulated cuda_ipc; do
+    for t in kernels_nvrtc gpu_driver gpu_emulated dense_on_device; do
         step "$t --ignored" 75 "$kit/bin/$t" --ignored --test-threads=1
     done
     [ -n "${PYTHONPATH:-}" ] &&
@@ -94,6 +94,16 @@ for np in 2 4; do
         "$kit/bin/qccl-perf" -np "$np" -b 1M -e "$big" -f 4 -n "$iters" -w "$iters" -c 1 \
         --device cuda -J "$json/perf_ipc_np$np.json"
     sed -n "/^== qccl-perf -np $np --device cuda QCCL_CUDA_IPC=1\$/,/rc=/p" "$log" >>"$fig"
+done
+
+# The same dense all_reduce on the NULL stream (-y 1, since 2026-11-28): each call returns
+# once done, and the ranks sharing the host go through their shared-memory arena, the GPU
+# copying straight into and out of its page-locked segments, the copies overlapping the rounds.
+for np in 2 4; do
+    step "qccl-perf -np $np --device cuda -y 1" 45 "$kit/bin/qccl-perf" -np "$np" -b 1M \
+        -e "$big" -f 4 -n "$iters" -w "$iters" -c 1 --device cuda -y 1 \
+        -J "$json/perf_null_np$np.json"
+    sed -n "/^== qccl-perf -np $np --device cuda -y 1\$/,/rc=/p" "$log" >>"$fig"
 done
 
 # Compressed all_reduce (qsgd 4-bit): on device buffers its codecs run on the GPU and only

@@ -90,6 +90,9 @@ pub struct Args {
     pub root: usize,
     /// `-z`: nccl-tests' blocking mode (0-3), accepted; qccl's host collectives always block.
     pub blocking: u8,
+    /// `-y 1`: calls on device buffers go on the legacy default stream (NULL), each
+    /// returning once done, instead of qccl-perf's own stream.
+    pub stream_null: bool,
     /// `-R 1`: the send and receive buffers are registered with the comm.
     pub register: bool,
     /// `-C`: the time column shows rank 0's own time per call instead of the `-a` statistic.
@@ -351,8 +354,10 @@ struct Cli {
     #[arg(short = 'z', long, value_name = "0-3", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=3), help_heading = GPU)]
     blocking: u8,
-    /// No effect: device buffers always go on qccl-perf's own stream
-    #[arg(short = 'y', long = "stream_null", value_name = "0/1", default_value_t = 0, help_heading = GPU)]
+    /// Calls on device buffers on the NULL stream, each returning once done (1), or on
+    /// qccl-perf's own stream, returning once enqueued (0)
+    #[arg(short = 'y', long = "stream_null", value_name = "0/1", default_value_t = 0,
+          value_parser = clap::value_parser!(i64).range(0..=1), help_heading = GPU)]
     stream_null: i64,
     /// No effect: no CUDA graphs
     #[arg(short = 'G', long, value_name = "N", default_value_t = 0, help_heading = GPU)]
@@ -588,6 +593,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         dtypes: parse_dtype(&c.datatype).map_err(|e| format!("-d: {e}"))?,
         root: c.root,
         blocking: c.blocking,
+        stream_null: c.stream_null != 0,
         register: c.local_register != 0,
         report_cputime: switch('C', "report_cputime", &c.report_cputime)?,
         report_timestamps: switch('S', "report_timestamps", &c.report_timestamps)?,
@@ -698,7 +704,6 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
     // Recorded for the header: a run that looks GPU-specific should say the option did nothing.
     for (given, note) in [
         (c.parallel_init != 0, format!("-p {}", c.parallel_init)),
-        (c.stream_null != 0, format!("-y {}", c.stream_null)),
         (c.cudagraph != 0, format!("-G {}", c.cudagraph)),
         (c.local_register == 2, "-R 2 (as -R 1)".to_string()),
     ] {
@@ -1061,12 +1066,13 @@ mod tests {
             (None, vec!["t.txt".into(), "out.CSV".into()])
         );
         assert_eq!(a.plot, Some(PathBuf::from("p.svg")));
-        // GPU-only options: accepted, no effect, named in the header.
+        // GPU-only options: accepted, no effect, named in the header (-y 1 has one).
         let a = args("-p 1 -y 1 -G 5 -R 2 -x 1 -D 0 -V 16 -t 1 -g 1 -m 1");
         assert_eq!(
             a.ignored,
-            ["-p 1", "-y 1", "-G 5", "-R 2 (as -R 1)", "-x 1", "-V 16"]
+            ["-p 1", "-G 5", "-R 2 (as -R 1)", "-x 1", "-V 16"]
         );
+        assert!(a.stream_null && !args("-y 0").stream_null);
         for (cmd, needle) in [
             ("-t 2", "-t 2: only 1"),
             ("-g 4", "-g 4: only 1"),

@@ -10,6 +10,12 @@
 //! all-gather scheme with MSTopK); its wire column is then the comm's byte count over the
 //! loop, per call.
 //!
+//! With `-y 1` (nccl-tests' `--stream_null`) every call goes on the legacy default stream
+//! (NULL) instead and returns once done; a dense all-reduce, reduce-scatter or all-gather of
+//! ranks sharing one host then goes through their shared-memory arena, the GPU copying
+//! straight into and out of its segments (`Comm::dense_path`), where the host path would take
+//! the arena's rounds.
+//!
 //! The one module of qccl-perf with `unsafe`: device addresses are raw, and `on_stream` takes
 //! the caller's promise that they stay valid until the stream passes each call (held here by
 //! synchronising before any buffer is freed).
@@ -74,12 +80,14 @@ pub struct Gpu {
     enqueued: usize,
     /// Bound on one wait for the stream: the comm's timeout for each call in flight.
     timeout: Duration,
+    /// `-y 1`: calls go on the legacy default stream, each returning once done.
+    stream_null: bool,
 }
 
 impl Gpu {
     /// Device `local_rank % devices` (several ranks may share one GPU, which NCCL refuses and
     /// qccl allows) with a stream of qccl-perf's own; `timeout` bounds each call's wait.
-    pub fn open(local_rank: usize, timeout: Duration) -> Result<Gpu> {
+    pub fn open(local_rank: usize, timeout: Duration, stream_null: bool) -> Result<Gpu> {
         let driver = qccl::internal::gpu()?;
         let ordinal = local_rank % driver.device_count().max(1);
         let info = driver.device(ordinal)?;
@@ -96,7 +104,17 @@ impl Gpu {
             wire_base: None,
             enqueued: 0,
             timeout: timeout.saturating_mul(IN_FLIGHT as u32 + 1),
+            stream_null,
         })
+    }
+
+    /// The stream calls are ordered on: qccl-perf's own, or null (`-y 1`).
+    fn call_stream(&self) -> *mut std::ffi::c_void {
+        if self.stream_null {
+            std::ptr::null_mut()
+        } else {
+            self.stream.raw()
+        }
     }
 
     /// The device's identity, for the `# Using devices` lines.
@@ -190,16 +208,17 @@ impl Gpu {
                 Ok((c, k)) => self.enqueue_compressed(ctx.comm, c, &call_bufs, Some(k))?,
                 Err(call) => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
             },
-            // As the C API on a comm using CUDA IPC: a dense all-reduce through the core's
-            // entry, which reduces through the peers' mapped memory when every rank's
-            // buffers are on one device, returning once done.
-            Work::AllReduce(call) if ctx.comm.uses_cuda_ipc() => {
+            // As the C API where `Comm::dense_path` says so: a dense all-reduce through the
+            // core's entry, over CUDA IPC when every rank's buffers are on one device (a comm
+            // using it), else through one host's arena (NULL stream) or staged, returning
+            // once done.
+            Work::AllReduce(call) if ctx.comm.dense_path(self.call_stream()) => {
                 let (send, recv) = send_recv_of(&call_bufs)?;
                 // SAFETY: as in `enqueue_compressed`: this section's device memory, distinct
-                // buffers, valid until the call returned; the stream is this driver's.
+                // buffers, valid until the call returned; the stream is null or this driver's.
                 let algo = unsafe {
                     ctx.comm
-                        .all_reduce_dense_at(&call, send, recv, self.stream.raw())
+                        .all_reduce_dense_at(&call, send, recv, self.call_stream())
                 }?;
                 let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
                 done.push(Ran {
@@ -209,12 +228,15 @@ impl Gpu {
             }
             // The same for a reduce-scatter or all-gather.
             Work::Call(call)
-                if ctx.comm.uses_cuda_ipc()
+                if ctx.comm.dense_path(self.call_stream())
                     && matches!(call.coll, Call::ReduceScatter | Call::AllGather) =>
             {
                 let (send, recv) = send_recv_of(&call_bufs)?;
                 // SAFETY: as above.
-                unsafe { ctx.comm.coll_dense_at(&call, send, recv, self.stream.raw()) }?;
+                unsafe {
+                    ctx.comm
+                        .coll_dense_at(&call, send, recv, self.call_stream())
+                }?;
                 let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
                 done.push(Ran::default());
             }
@@ -235,6 +257,16 @@ impl Gpu {
         let done = self.done.clone();
         let coded = work.coded_calls();
         let call_bufs = bufs.clone();
+        if self.stream_null {
+            // SAFETY: as below; the call returns once done.
+            let ran = unsafe {
+                comm.on_buffers(&call_bufs, std::ptr::null_mut(), |hosts| {
+                    comm.execute(|e| work.run(e, &bufs, hosts))
+                })
+            }?;
+            done.lock().unwrap_or_else(|p| p.into_inner()).push(ran);
+            return Ok(());
+        }
         // SAFETY: the buffers are this section's device memory (lengths within `reserve`'s),
         // freed only after the stream is synchronised (`reserve`, `Drop`), so they stay valid
         // until the stream passes the call; the stream is this driver's, on their device.
@@ -266,7 +298,8 @@ impl Gpu {
         // SAFETY: as in `enqueue`: this section's device memory, distinct buffers (in place
         // is `send: None`), valid until the stream passes the call; the stream is this
         // driver's, on their device.
-        let report = unsafe { comm.all_reduce_compressed_at(call, send, recv, self.stream.raw()) }?;
+        let report =
+            unsafe { comm.all_reduce_compressed_at(call, send, recv, self.call_stream()) }?;
         let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
         match report {
             Some(rep) => done.push(Ran {

@@ -210,7 +210,11 @@ fn rank_main(a: &Args) -> i32 {
     }
     let result = (|| -> qccl::Result<u64> {
         let mut gpu = match device {
-            Device::Cuda => Some(Gpu::open(comm.local_rank(), comm.config().timeout)?),
+            Device::Cuda => Some(Gpu::open(
+                comm.local_rank(),
+                comm.config().timeout,
+                a.stream_null,
+            )?),
             Device::Host => None,
         };
         let ranks = rank_table(&comm, gpu.as_ref())?;

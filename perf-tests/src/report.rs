@@ -268,7 +268,9 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
         "# qccl-perf: {} on {nranks} ranks, {schedule}, {time}, warmup per size and mode after \
          50 ms of small all-reduces at start; {}{}",
         a.coll.name(),
-        if ranks.iter().any(|i| i.gpu.is_some()) {
+        if ranks.iter().any(|i| i.gpu.is_some()) && a.stream_null {
+            "calls on device buffers go on the NULL stream and return once done (-y 1)"
+        } else if ranks.iter().any(|i| i.gpu.is_some()) {
             "calls on device buffers return once enqueued on a stream"
         } else {
             "collectives always block on the host"

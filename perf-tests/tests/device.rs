@@ -132,6 +132,31 @@ fn dense_calls_over_cuda_ipc() {
     }
 }
 
+/// `-y 1`: calls on the NULL stream; the dense ones on ranks sharing one host go through
+/// the arena, the (emulated) GPU copying into and out of its page-locked segments (the log
+/// says so), and every checked value is right.
+#[test]
+fn dense_calls_on_the_null_stream_go_through_the_arena() {
+    for coll in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
+        let args = [
+            "--device", "cuda", "--coll", coll, "-d", "all", "-o", "all", "-y", "1",
+        ];
+        let (code, out, err) = perf_with(Some("1"), 3, &args, &[("QCCL_DEBUG", "INFO")]);
+        assert_eq!(code, Some(0), "{coll}\n{out}\n{err}");
+        assert!(out.contains("return once done (-y 1)"), "{out}");
+        assert!(
+            out.contains("# Out of bounds values : 0 OK"),
+            "{coll}\n{out}\n{err}"
+        );
+        // Broadcast is staged (no arena rounds); the others reach sizes past one shot.
+        assert_eq!(
+            err.contains("page-locked on the emulated driver"),
+            coll != "broadcast",
+            "{coll}\n{err}"
+        );
+    }
+}
+
 /// The names of the table's columns (its header line, without the leading `#`).
 fn header(out: &str) -> Vec<&str> {
     out.lines()

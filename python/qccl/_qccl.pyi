@@ -155,8 +155,9 @@ class Comm:
         """{"calls": compressed all-reduces on device buffers that ran their codecs on the GPU,
         "to_host" / "to_device": encoded bytes they copied each way, "exchanges": their
         exchanges, "overlapped": those that began with encodes still queued on the GPU,
-        "late_sends": sends started once their encode finished} (the rest are staged through
-        page-locked memory and compressed by the CPU)."""
+        "late_sends": sends started once their encode finished, "through_arena": dense calls
+        on device buffers that went through the shared-memory arena, the GPU copying into and
+        out of it} (the rest are staged through page-locked memory, compressed by the CPU)."""
     def async_error(self) -> Optional[str]:
         """The message of the error that failed this comm, or None."""
     def abort(self) -> None:

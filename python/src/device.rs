@@ -26,6 +26,16 @@ pub(crate) enum Target {
     Stream(u64),
 }
 
+impl Target {
+    /// The `CUstream` the core's calls take (null: the legacy default stream).
+    pub(crate) fn stream(self) -> *mut std::ffi::c_void {
+        match self {
+            Target::Wait => std::ptr::null_mut(),
+            Target::Stream(h) => h as *mut std::ffi::c_void,
+        }
+    }
+}
+
 /// The stream handle of a `stream=` argument: an int, or a stream object carrying one
 /// (`torch.cuda.Stream.cuda_stream`, CuPy's `Stream.ptr`).
 fn handle_of(stream: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -185,14 +195,10 @@ pub(crate) fn run_dense(
     recv: Buf,
 ) -> PyResult<String> {
     refuse_unusable(target, send, recv)?;
-    let stream = match target {
-        Target::Wait => 0,
-        Target::Stream(h) => h,
-    };
     let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
     // SAFETY: as `run_compressed`'s; the call returns once done.
     let algo = py
-        .allow_threads(|| unsafe { c.all_reduce_dense_at(call, sp, rp, stream as *mut _) })
+        .allow_threads(|| unsafe { c.all_reduce_dense_at(call, sp, rp, target.stream()) })
         .map_err(crate::py_err)?;
     Ok(algo.map_or("cuda_ipc", |a| a.name()).to_string())
 }
@@ -209,15 +215,13 @@ pub(crate) fn run(
 ) -> PyResult<Option<Outcome>> {
     refuse_unusable(target, send, recv)?;
     if let Job::Coll(call) = &job {
-        if c.uses_cuda_ipc() && matches!(call.coll, Coll::ReduceScatter | Coll::AllGather) {
-            let stream = match target {
-                Target::Wait => 0,
-                Target::Stream(h) => h,
-            };
+        if c.dense_path(target.stream())
+            && matches!(call.coll, Coll::ReduceScatter | Coll::AllGather)
+        {
             let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
             // SAFETY: as below; the core's entry returns once done (over CUDA IPC when every
-            // rank's buffers are on one device), on a stream too.
-            py.allow_threads(|| unsafe { c.coll_dense_at(call, sp, rp, stream as *mut _) })
+            // rank's buffers are on one device, else through one host's arena or staged).
+            py.allow_threads(|| unsafe { c.coll_dense_at(call, sp, rp, target.stream()) })
                 .map_err(crate::py_err)?;
             return Ok(Some(Outcome::Done));
         }

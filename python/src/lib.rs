@@ -526,8 +526,9 @@ impl PyComm {
                 .bufs(sized(send), CallSize::Bytes(recv.bytes));
             check(&c, &call).py()?;
             let prepared = c.prepare_all_reduce(n, dt, op, algo).py()?;
-            if c.uses_cuda_ipc() {
-                // The core's entry: over CUDA IPC when every rank's buffers are on one device.
+            if c.dense_path(t.stream()) {
+                // The core's entry: over CUDA IPC when every rank's buffers are on one device,
+                // else through one host's arena, the GPU copying into and out of it.
                 return device::run_dense(py, &c, t, &prepared, send, recv).map(Some);
             }
             let job = Job::AllReduce(Box::new(prepared));
@@ -1068,7 +1069,8 @@ impl PyComm {
     }
 
     /// {"calls": compressed all-reduces on device buffers that ran their codecs on the GPU,
-    /// "to_host" / "to_device": encoded bytes they copied each way} (the rest are staged
+    /// "to_host" / "to_device": encoded bytes they copied each way, ..., "through_arena":
+    /// dense calls on device buffers through the shared-memory arena} (the rest are staged
     /// through page-locked memory and compressed by the CPU).
     fn device_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.comm()?;
@@ -1080,6 +1082,7 @@ impl PyComm {
         d.set_item("exchanges", s.exchanges)?;
         d.set_item("overlapped", s.overlapped)?;
         d.set_item("late_sends", s.late_sends)?;
+        d.set_item("through_arena", c.arena_device_calls())?;
         Ok(d)
     }
 

@@ -173,6 +173,14 @@ def _collectives(rank, size, uid):
             a = _dev(_data(rank, n, np.float32))
             c.topk_all_reduce(a, 1.0, key=f"t{n}", scheme="naiveag", error_feedback=False)
             out[("topk", n)] = _host(a, np.float32)
+    # Dense calls of device buffers through the arena so far: the all-gathers and
+    # reduce-scatters above of 1 and 131 elements (no stream, no CUDA IPC, 3 ranks).
+    out["arena"] = c.device_stats()["through_arena"]
+    # An all-reduce past the arena's one-shot fold (3 x 200 KB): through it as well.
+    big = _dev(_data(rank, 50_001, np.float32))
+    out["big_algo"] = c.all_reduce(big, op="sum")
+    out["big"] = _host(big, np.float32)
+    out["arena_after"] = c.device_stats()["through_arena"]
     c.barrier()
     c.close()
     return out
@@ -231,6 +239,16 @@ def test_collectives_on_device_buffers(size, ipc):
             eq(("fp16", n), rank, out[("fp16", n)], total.astype(np.float32))
             if n:
                 eq(("topk", n), rank, out[("topk", n)], total.astype(np.float32))
+    through = size > 1 and not ipc
+    big = np.sum([_data(r, 50_001, np.float32).astype(np.float64) for r in range(size)], axis=0)
+    for rank, out in enumerate(res):
+        # 9 dtypes x counts 1 and 131 x (all-gather, reduce-scatter).
+        if out["arena"] != (36 if through else 0) or out["arena_after"] != out["arena"] + through:
+            bad.append(f"rank {rank}: {out['arena']}, then {out['arena_after']} calls through the arena")
+        want = "cuda_ipc" if ipc else ("sra" if size > 1 else None)
+        if want is not None and out["big_algo"] != want:
+            bad.append(f"rank {rank}: the large all-reduce ran {out['big_algo']}, not {want}")
+        eq("big", rank, out["big"], big.astype(np.float32))
     assert not bad, "\n".join(bad[:20])
 
 

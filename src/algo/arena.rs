@@ -14,7 +14,7 @@
 
 use super::{part, sub, Ctx};
 use crate::reduce;
-use crate::transport::shm::arena::CHUNK;
+use crate::transport::shm::arena::{Arena, CHUNK};
 use crate::transport::wait::Waiter;
 use crate::{DType, ReduceOp, Result};
 use std::ops::Range;
@@ -51,6 +51,12 @@ pub fn all_reduce(
 /// 2 ranks on par to 32 KiB, behind at 64 KiB.
 const ONE_SHOT_MAX_FOLDED: usize = 64 << 10;
 
+/// True when an all-reduce of `len` bytes through `arena` goes in one shot, not in SRA
+/// rounds.
+pub fn one_shot_fits(arena: &Arena, len: usize) -> bool {
+    len * arena.size() <= ONE_SHOT_MAX_FOLDED && len <= arena.chunk()
+}
+
 /// One-shot all-reduce: every rank stages its whole input, and once all have, folds all of
 /// them in rank order into its output. One synchronisation point instead of SRA's two, and a
 /// rank that finished folds can stage its next call at once, so ranks that share a core hand
@@ -62,7 +68,7 @@ fn one_shot(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<bo
         return Ok(false);
     };
     let (n, len) = (arena.size(), buf.len());
-    if len * n > ONE_SHOT_MAX_FOLDED || len > arena.chunk() {
+    if !one_shot_fits(arena, len) {
         return Ok(false);
     }
     let round = arena.next_round();
@@ -126,11 +132,58 @@ pub fn all_gather(
     run(ctx, Shape::AllGather, send, buf, count)
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Shape {
+/// Which collective a round loop runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Shape {
+    /// Reduce, then every rank copies every owner's result.
     AllReduce,
+    /// Reduce; each owner keeps its result.
     ReduceScatter,
+    /// Each owner publishes its own part; every rank copies them.
     AllGather,
+}
+
+impl Shape {
+    /// Owners reduce contributions.
+    pub fn reduces(self) -> bool {
+        self != Shape::AllGather
+    }
+
+    /// Every rank copies every owner's result.
+    pub fn gathers(self) -> bool {
+        self != Shape::ReduceScatter
+    }
+}
+
+/// How a collective of `count` elements splits into rounds: owner q's chunk (`part`), cut
+/// into `rounds` slices of at most the arena's chunk. Every rank of the call computes the
+/// same one, whatever its buffers (host here, device in `gpu::arena`).
+pub struct Rounds {
+    /// Owner q's whole-buffer byte range.
+    pub chunks: Vec<Range<usize>>,
+    /// Rounds of the call (at least 1).
+    pub rounds: usize,
+    es: usize,
+}
+
+impl Rounds {
+    /// The rounds of `count` elements of `es` bytes on `arena`.
+    pub fn new(arena: &Arena, count: usize, es: usize) -> Rounds {
+        let n = arena.size();
+        let chunks: Vec<Range<usize>> = (0..n).map(|c| part(count, n, c, es)).collect();
+        // Rounds of at most the arena's chunk, and at least 8 of them while they can stay at
+        // CHUNK or more: a buffer of a few rounds would not pipeline (2 ranks, 1 MiB: 512 KiB
+        // rounds 250 µs, 128 KiB 118 µs).
+        let largest = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+        let per_round = (largest / 8).clamp(CHUNK.min(arena.chunk()), arena.chunk()) / es;
+        let rounds = largest.div_ceil(es).div_ceil(per_round).max(1);
+        Rounds { chunks, rounds, es }
+    }
+
+    /// Round `s`'s slice of owner `q`'s chunk (whole-buffer byte range).
+    pub fn slice(&self, q: usize, s: usize) -> Range<usize> {
+        sub(&self.chunks[q], self.rounds, s, self.es)
+    }
 }
 
 /// The round loop over `count` elements in `part`'s chunks, one per owner. `buf` holds the
@@ -148,22 +201,17 @@ fn run(
     let Some(arena) = ctx.t.arena()? else {
         return Ok(false);
     };
-    let (n, me, es) = (arena.size(), arena.rank(), dtype.size());
-    let chunks: Vec<Range<usize>> = (0..n).map(|c| part(count, n, c, es)).collect();
+    let (n, me) = (arena.size(), arena.rank());
+    let plan = Rounds::new(arena, count, dtype.size());
+    let (chunks, rounds) = (&plan.chunks, plan.rounds);
     // Where this rank's chunk starts in `buf`.
     let own_at = match (shape, send) {
         (Shape::ReduceScatter, Some(_)) => 0,
         _ => chunks[me].start,
     };
-    let (reduces, gathers) = (shape != Shape::AllGather, shape != Shape::ReduceScatter);
-    // Rounds of at most the arena's chunk, and at least 8 of them while they can stay at
-    // CHUNK or more: a buffer of a few rounds would not pipeline (2 ranks, 1 MiB: 512 KiB
-    // rounds 250 µs, 128 KiB 118 µs).
-    let largest = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
-    let per_round = (largest / 8).clamp(CHUNK.min(arena.chunk()), arena.chunk()) / es;
-    let rounds = largest.div_ceil(es).div_ceil(per_round).max(1);
+    let (reduces, gathers) = (shape.reduces(), shape.gathers());
     // Round s covers slice s of every owner's chunk (whole-buffer byte ranges).
-    let slice = |q: usize, s: usize| sub(&chunks[q], rounds, s, es);
+    let slice = |q: usize, s: usize| plan.slice(q, s);
     // This rank's slice s within `buf`, and within its own chunk.
     let own_out = |s: usize| {
         let r = slice(me, s);
@@ -270,6 +318,35 @@ fn run(
     ctx.wire.sent += sent;
     ctx.wire.received += received;
     Ok(true)
+}
+
+/// Owner's reduction of one round into `result` alone, block by block: `own op srcs[0] op
+/// srcs[1] …` (the same order, so the same bits, as `reduce_round`), Avg finished. For an
+/// owner whose buffers are device memory: its own contribution was staged beside the
+/// peers', and the result goes to the device from `result` (`gpu::arena`).
+pub fn reduce_into(
+    dtype: DType,
+    op: ReduceOp,
+    n: usize,
+    own: &[u8],
+    srcs: &[&[u8]],
+    result: &mut [u8],
+) {
+    let len = result.len();
+    let mut at = 0;
+    while at < len {
+        let end = (at + BLOCK).min(len);
+        let res = &mut result[at..end];
+        reduce::fold(
+            dtype,
+            op,
+            res,
+            Some(&own[at..end]),
+            srcs.iter().map(|s| &s[at..end]),
+        );
+        reduce::finish(dtype, op, res, n);
+        at = end;
+    }
 }
 
 /// Owner's reduction of one round, block by block: `own op srcs[0] op srcs[1] …` (`own` is

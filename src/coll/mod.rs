@@ -61,7 +61,7 @@ impl Engine {
         self.t.exchange(desc, sends, recvs)
     }
 
-    fn ctx(
+    pub(crate) fn ctx(
         &mut self,
         coll: CollKind,
         count: usize,

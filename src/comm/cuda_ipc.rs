@@ -17,14 +17,22 @@
 //!
 //! On a caller's stream such a call returns once done (it waits for the stream's earlier
 //! work first), as the GPU codecs' calls do.
+//!
+//! The same entries serve comms whose ranks share one host without CUDA IPC, for calls that
+//! return once done (`Comm::dense_path`): device buffers then go through the shared-memory
+//! arena, the GPU copying into and out of it (`arena_turn.rs`), as they do on a comm using
+//! CUDA IPC when not every rank's buffers are on one device.
 
-use super::ipc_turn::{IpcCall, IpcTurn, OnDevice};
+use super::arena_turn::ArenaTurn;
+use super::dense_call::{DenseCall, OnDevice};
+use super::ipc_turn::IpcTurn;
 use super::route::AllReduceCall;
 use super::Comm;
 use crate::algo::Algo;
 use crate::coll::call::CollCall;
 use crate::error::Result;
 use crate::gpu::staging::{self, CallBuf};
+use crate::tuning::Links;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,6 +43,23 @@ impl Comm {
     #[doc(hidden)]
     pub fn uses_cuda_ipc(&self) -> bool {
         self.place.cuda_ipc
+    }
+
+    /// True when [`Comm::all_reduce_dense_at`], [`Comm::coll_dense_at`] and
+    /// [`Comm::submit_all_reduce_dense_at`] (stream null) may run this comm's calls on device
+    /// buffers better than the generic staged path: the comm uses CUDA IPC, or (for calls
+    /// that return once done: `stream` null) its ranks share one host, whose arena the GPU
+    /// copies into and out of (`arena_turn.rs`).
+    #[doc(hidden)]
+    pub fn dense_path(&self, stream: *mut c_void) -> bool {
+        self.place.cuda_ipc || (self.links == Links::Arena && stream.is_null())
+    }
+
+    /// How many calls on device buffers ran through the shared-memory arena, the GPU
+    /// copying into and out of it (`arena_turn.rs`), on this comm so far.
+    #[doc(hidden)]
+    pub fn arena_device_calls(&self) -> u64 {
+        self.arena_calls.load(Ordering::Relaxed)
     }
 
     /// How many all-reduces ran over CUDA IPC on this comm so far.
@@ -63,7 +88,7 @@ impl Comm {
         stream: *mut c_void,
     ) -> Result<Option<Algo>> {
         // SAFETY: the caller's promise, passed on.
-        unsafe { self.dense_at(IpcCall::AllReduce(call), send, recv, stream) }
+        unsafe { self.dense_at(DenseCall::AllReduce(call), send, recv, stream) }
     }
 
     /// A reduce-scatter or all-gather `call` (checked) on `send` (None: in place, `recv` the
@@ -83,13 +108,13 @@ impl Comm {
     ) -> Result<()> {
         self.check(call)?;
         // SAFETY: the caller's promise, passed on.
-        unsafe { self.dense_at(IpcCall::Coll(call), send, recv, stream) }.map(drop)
+        unsafe { self.dense_at(DenseCall::Coll(call), send, recv, stream) }.map(drop)
     }
 
     /// The blocking entries' one body: None when the call ran over CUDA IPC.
     unsafe fn dense_at(
         &self,
-        call: IpcCall<'_>,
+        call: DenseCall<'_>,
         send: Option<u64>,
         recv: u64,
         stream: *mut c_void,
@@ -108,8 +133,15 @@ impl Comm {
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let st = self.staging_on(&mut guard, on.driver.clone(), on.ordinal)?;
         let turn = self.ipc_turn();
-        // SAFETY: the caller's promise, passed on.
-        self.execute(|e| unsafe { turn.run(e, st, call, &on) })
+        let ipc = call.exchanges(self.place.cuda_ipc);
+        // SAFETY (both): the caller's promise, passed on.
+        self.execute(|e| unsafe {
+            if ipc {
+                turn.run(e, st, call, &on)
+            } else {
+                turn.arena.run(e, st, call, &on)
+            }
+        })
     }
 
     /// As [`Comm::all_reduce_dense_at`] with the legacy default stream, but queued behind the
@@ -125,14 +157,14 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<crate::Request<()>> {
-        let on = match self.place_call(IpcCall::AllReduce(&call), send, recv, 0)? {
+        let on = match self.place_call(DenseCall::AllReduce(&call), send, recv, 0)? {
             Ok(on) => on,
             Err(bufs) => {
                 let lens = bufs.clone();
                 // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
                 return unsafe {
                     self.submit_on_buffers(bufs, Some(0), move |e, hosts| {
-                        IpcCall::AllReduce(&call)
+                        DenseCall::AllReduce(&call)
                             .run_hosts(e, &lens, hosts, true)
                             .map(drop)
                     })
@@ -146,19 +178,35 @@ impl Comm {
             None
         };
         let turn = self.ipc_turn();
+        let ipc = DenseCall::AllReduce(&call).exchanges(self.place.cuda_ipc);
         self.queue.submit_holding((), Some(0), move |e, _| {
             let mut guard = staging.lock().unwrap_or_else(|p| p.into_inner());
             if guard.is_none() {
                 *guard = first;
             }
             let st = guard.as_mut().expect("made before the call was queued");
-            // SAFETY: the caller's promise, passed on; the legacy default stream.
-            unsafe { turn.run(e, st, IpcCall::AllReduce(&call), &on) }.map(drop)
+            let call = DenseCall::AllReduce(&call);
+            // SAFETY (both): the caller's promise, passed on; the legacy default stream.
+            unsafe {
+                if ipc {
+                    turn.run(e, st, call, &on)
+                } else {
+                    turn.arena.run(e, st, call, &on)
+                }
+            }
+            .map(drop)
         })
     }
 
     pub(super) fn ipc_turn(&self) -> IpcTurn {
         IpcTurn {
+            arena: ArenaTurn {
+                lane: self.arena_lane.clone(),
+                calls: self.arena_calls.clone(),
+                rank: self.rank,
+                timeout: self.config.timeout,
+                comm_id: self.comm_id,
+            },
             lane: self.ipc_lane.clone(),
             calls: self.ipc_calls.clone(),
             rank: self.rank,
@@ -173,14 +221,15 @@ impl Comm {
     /// memory (`all_on_device`); else its buffers, for the usual path.
     fn place_call(
         &self,
-        call: IpcCall<'_>,
+        call: DenseCall<'_>,
         send: Option<u64>,
         recv: u64,
         stream: usize,
     ) -> Result<std::result::Result<OnDevice, Vec<CallBuf>>> {
         let (send_len, recv_len) = call.lens(self.size, send.is_none());
         let bufs = super::device::send_recv(send.map(|s| (s, send_len)), (recv, recv_len));
-        let found = if call.exchanges(self.place.cuda_ipc) {
+        let arena = self.links == Links::Arena && stream == 0 && call.moves_bytes();
+        let found = if call.exchanges(self.place.cuda_ipc) || arena {
             self.all_on_device(&bufs)?
         } else {
             None

@@ -192,7 +192,7 @@ impl Comm {
                     // On a comm using CUDA IPC, dense ones take the core's entry (which
                     // returns once done, over CUDA IPC when every rank's buffers are on one
                     // device).
-                    Err(dense) if self.uses_cuda_ipc() => {
+                    Err(dense) if self.dense_path(raw(stream)) => {
                         // SAFETY: as below; the call returns once done.
                         return unsafe {
                             self.all_reduce_dense_at(&dense, send.map(|s| s.0), recv.0, raw(stream))

@@ -1,10 +1,12 @@
 //! The communicator: who we are in the world, and an ordered queue of operations.
 
 mod api;
+mod arena_turn;
 mod compress;
 mod cuda_ipc;
 #[cfg(feature = "cuda")]
 mod cuda_slices;
+mod dense_call;
 mod device;
 mod device_all_reduce;
 mod gpu_sra;
@@ -137,6 +139,11 @@ pub struct Comm {
     ipc_lane: Arc<std::sync::Mutex<Option<crate::gpu::ipc::IpcLane>>>,
     /// All-reduces that ran over CUDA IPC.
     ipc_calls: Arc<std::sync::atomic::AtomicU64>,
+    /// Dense calls on device buffers through the shared-memory arena (`arena_turn.rs`): the
+    /// device side, used only in the comm's turn, made by the first such call.
+    arena_lane: Arc<std::sync::Mutex<Option<crate::gpu::arena::ArenaLane>>>,
+    /// Calls that ran through the arena on device buffers.
+    arena_calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -473,6 +480,8 @@ impl Comm {
             gpu_lane,
             ipc_lane: Default::default(),
             ipc_calls: Default::default(),
+            arena_lane: Default::default(),
+            arena_calls: Default::default(),
         })
     }
 

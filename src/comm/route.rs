@@ -151,6 +151,14 @@ impl AllReduceCall {
         self.ipc && self.count > 0
     }
 
+    /// The flat schedule the call runs, when it runs one (not hierarchical or compressed).
+    pub(super) fn flat(&self) -> Option<Flat> {
+        match self.route {
+            Route::Flat(f) => Some(f),
+            _ => None,
+        }
+    }
+
     /// (count, dtype, op).
     pub(super) fn shape(&self) -> (usize, DType, ReduceOp) {
         (self.count, self.dtype, self.op)

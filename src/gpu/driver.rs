@@ -132,6 +132,23 @@ pub trait Driver: Send + Sync {
         len: usize,
     ) -> Result<Box<dyn DeviceMem>>;
 
+    /// Page-locks the `len` bytes of host memory at `ptr` (`cuMemHostRegister`, PORTABLE: for
+    /// every device, registered from device `ordinal`'s context), so that copies between them
+    /// and a device run as DMA straight from and into them (CGX's registered shared-memory
+    /// segments: the arena, `gpu::arena`); unregistered when the returned value is dropped
+    /// (`cuMemHostUnregister`). Memory registered already, or device memory, is refused
+    /// naming it.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be one mapping of this process, page-aligned, that stays mapped
+    /// until the returned value is dropped.
+    unsafe fn register_host(
+        &self,
+        ordinal: usize,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Box<dyn Registered>>;
+
     /// A new stream of qccl's own on device `ordinal` (non-blocking with respect to the
     /// legacy default stream).
     fn create_stream(&self, ordinal: usize) -> Result<Box<dyn Stream>>;
@@ -160,6 +177,17 @@ pub trait Pinned: Send {
     fn ptr(&self) -> *mut u8;
 
     /// Bytes.
+    fn len(&self) -> usize;
+
+    /// True when `len()` is 0.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Host memory page-locked by `Driver::register_host`; unregistered on drop.
+pub trait Registered: Send {
+    /// Bytes registered.
     fn len(&self) -> usize;
 
     /// True when `len()` is 0.

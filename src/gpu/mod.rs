@@ -6,9 +6,11 @@
 //! every collective staged through page-locked memory with NCCL's stream semantics
 //! (`staging.rs`, `comm/device.rs`), the embedded kernel sources, their NVRTC compilation
 //! (CUBIN for a device's exact `sm_XY`, PTX as a fallback), kernel launches and launch plans
-//! (`plans/`). The codecs run on the GPU in compressed SRA all-reduces on
-//! f32 device buffers (`sra.rs`). What does not exist yet: the codecs on the GPU in other
-//! schedules, pipelined copies, CUDA IPC. docs/ARCHITECTURE.md has the whole picture.
+//! (`plans/`). The codecs run on the GPU in compressed all-reduces (`sra.rs`); dense calls go
+//! through the peers' GPU memory over CUDA IPC (`ipc.rs`, opt-in) or, on ranks sharing one
+//! host, through the shared-memory arena with the GPU copying into and out of it (`arena.rs`).
+//! What does not exist yet: the codecs on the GPU in the hierarchical schedule and HiTopK,
+//! pipelined staging on callers' streams. docs/ARCHITECTURE.md has the whole picture.
 //!
 //! With the cargo feature `cuda` (on by default) qccl links no CUDA library: `libcuda.so.1`
 //! and `libnvrtc.so.13`/`.so.12` are opened at run time, so the same build runs on a machine
@@ -49,6 +51,11 @@ pub mod sra;
 // Dense all-reduce between the processes of one machine over CUDA IPC (not API yet).
 #[doc(hidden)]
 pub mod ipc;
+
+// Dense collectives of device buffers through the shared-memory arena, its segments
+// page-locked (not API yet).
+#[doc(hidden)]
+pub mod arena;
 
 // Codecs' and reductions' kernel launch sequences over the driver contract.
 #[doc(hidden)]

@@ -30,8 +30,9 @@
 //! a pool that reuses them across calls and caps the bytes pinned (`pool.rs`,
 //! QCCL_STAGING_BYTES): enqueueing waits for earlier calls to finish once the cap is reached.
 //!
-//! What is not here yet (issue #22): chunked pipelining of the copies with the transfers,
-//! CUDA IPC between ranks on one device.
+//! The copies are not pipelined with the transfers here: dense calls that return once done
+//! avoid this path where they can (`arena.rs`: ranks sharing one host, the copies overlapping
+//! the rounds; `ipc.rs`: CUDA IPC).
 
 use super::driver::{Driver, Memory, Pinned, Stream};
 use crate::error::{Error, Result};
@@ -327,7 +328,8 @@ impl Staging {
             .find(|(b, d)| d.is_none() && b.len > 0)
         {
             return Err(Error::invalid(format!(
-                "a host buffer at {:#x} with a stream: a call on a stream takes device buffers                  only (or pass NULL)",
+                "a host buffer at {:#x} with a stream: a call on a stream takes device buffers \
+                 only (or pass NULL)",
                 b.0.addr
             )));
         }

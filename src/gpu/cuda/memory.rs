@@ -4,7 +4,7 @@
 use super::call::{check, failed};
 use super::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::driver::{DeviceMem, IpcHandle, Memory, Pinned};
+use crate::gpu::driver::{DeviceMem, IpcHandle, Memory, Pinned, Registered};
 use cudarc::driver::sys::{self, CUpointer_attribute as Attr, CUresult};
 use std::sync::Arc;
 
@@ -232,6 +232,64 @@ impl Drop for CudaPinned {
             })
         });
         if let Err(e) = freed {
+            crate::qlog!(Warn, "{e}");
+        }
+    }
+}
+
+/// Host memory page-locked with `cuMemHostRegister` (PORTABLE: every context's copies use
+/// it as page-locked), unregistered with `cuMemHostUnregister`.
+pub(super) struct CudaRegistered {
+    ptr: *mut u8,
+    len: usize,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: only the address is kept, to unregister it once, in Drop (thread safe with the
+// context current); the bytes are the caller's.
+unsafe impl Send for CudaRegistered {}
+
+impl CudaRegistered {
+    /// Registers `ptr..ptr+len` in `ctx`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be one page-aligned mapping that stays mapped until the value is
+    /// dropped.
+    pub(super) unsafe fn register(
+        ctx: Arc<Context>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<CudaRegistered> {
+        check_len(len, "registered host memory")?;
+        let _current = ctx.enter()?;
+        // SAFETY: the caller's promise: a live mapping of `len` bytes, unregistered in Drop
+        // before it goes.
+        let r =
+            unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) };
+        check(r, "cuMemHostRegister", || {
+            format!("page-locking {len} bytes of host memory at {ptr:p}")
+        })?;
+        Ok(CudaRegistered { ptr, len, ctx })
+    }
+}
+
+impl Registered for CudaRegistered {
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for CudaRegistered {
+    fn drop(&mut self) {
+        let done = self.ctx.enter().and_then(|_current| {
+            // SAFETY: registered in `register`, unregistered once, here, while still mapped
+            // (the owner drops this first).
+            let r = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
+            check(r, "cuMemHostUnregister", || {
+                format!("unregistering {} bytes at {:p}", self.len, self.ptr)
+            })
+        });
+        if let Err(e) = done {
             crate::qlog!(Warn, "{e}");
         }
     }

@@ -20,10 +20,12 @@ mod memory;
 mod module;
 mod stream;
 
-use super::driver::{DeviceInfo, DeviceMem, Driver, Function, IpcHandle, Memory, Pinned, Stream};
+use super::driver::{
+    DeviceInfo, DeviceMem, Driver, Function, IpcHandle, Memory, Pinned, Registered, Stream,
+};
 use crate::error::{Error, Result};
 use context::Context;
-use memory::{CudaDeviceMem, CudaPinned};
+use memory::{CudaDeviceMem, CudaPinned, CudaRegistered};
 use module::Modules;
 use std::sync::Arc;
 use stream::CudaStream;
@@ -106,6 +108,19 @@ impl Driver for CudaDriver {
     ) -> Result<Box<dyn DeviceMem>> {
         let ctx = self.context(ordinal)?.clone();
         Ok(Box::new(CudaDeviceMem::open(ctx, handle, len)?))
+    }
+
+    unsafe fn register_host(
+        &self,
+        ordinal: usize,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Box<dyn Registered>> {
+        let ctx = self.context(ordinal)?.clone();
+        // SAFETY: the caller's promise, passed on.
+        Ok(Box::new(unsafe {
+            CudaRegistered::register(ctx, ptr, len)?
+        }))
     }
 
     fn create_stream(&self, ordinal: usize) -> Result<Box<dyn Stream>> {

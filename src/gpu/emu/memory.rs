@@ -529,6 +529,58 @@ impl PinnedTable {
     }
 }
 
+/// Host memory page-locked by `register_host`: listed in the driver's `PinnedTable` (copies
+/// treat it as page-locked, kernels may be given it) until dropped.
+pub struct EmuRegistered {
+    start: u64,
+    len: usize,
+    table: Arc<PinnedTable>,
+}
+
+impl EmuRegistered {
+    /// Lists `start..start+len` in `table`: refused when empty, not page-aligned, or
+    /// overlapping a range listed already (CUDA's `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`).
+    pub fn new(start: u64, len: usize, table: &Arc<PinnedTable>) -> Result<EmuRegistered> {
+        if len == 0 || !start.is_multiple_of(page_size() as u64) {
+            return Err(Error::invalid(format!(
+                "registering {len} bytes at {start:#x}: not a page-aligned range of at least \
+                 one byte (CUDA_ERROR_INVALID_VALUE)"
+            )));
+        }
+        let mut ranges = table.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        let end = start + len as u64;
+        let below = ranges.range(..end).next_back();
+        if let Some((&s, &l)) = below.filter(|(&s, &l)| s + l as u64 > start) {
+            return Err(Error::invalid(format!(
+                "registering {len} bytes at {start:#x}: {s:#x} ({l} bytes) is page-locked \
+                 already (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)"
+            )));
+        }
+        ranges.insert(start, len);
+        Ok(EmuRegistered {
+            start,
+            len,
+            table: table.clone(),
+        })
+    }
+}
+
+impl crate::gpu::driver::Registered for EmuRegistered {
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for EmuRegistered {
+    fn drop(&mut self) {
+        self.table
+            .ranges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.start);
+    }
+}
+
 /// Page-aligned host memory (an anonymous mapping), listed in the driver's `PinnedTable`
 /// while it lives (`locate` still answers `Host` for it, as CUDA does).
 pub struct EmuPinned {

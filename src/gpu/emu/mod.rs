@@ -35,7 +35,10 @@
 //!   this driver borrows it (same FIFO); anything else is `InvalidArgument`. The legacy
 //!   default stream does not synchronise with other streams: qccl's streams are
 //!   non-blocking, as `create_stream` promises.
-//! - A copy with pageable host memory (not from `alloc_pinned`) on a stream held at a word
+//! - `register_host` lists a host range with the page-locked memory (`alloc_pinned`'s):
+//!   copies and kernels treat it alike; a range overlapping one listed already, or device
+//!   memory, is refused.
+//! - A copy with pageable host memory (not from `alloc_pinned` or `register_host`) on a stream held at a word
 //!   returns only once the stream ran it, as CUDA's does (here at most 30 s, then an error
 //!   naming it); elsewhere it is asynchronous, where CUDA's would wait for the stream too.
 //! - Allocating page-locked or device memory synchronises implicitly, as CUDA documents:
@@ -65,12 +68,12 @@ mod tests;
 
 pub use event::EmuEvent;
 pub use library::EmuFunction;
-pub use memory::{EmuDeviceMem, EmuPinned, DEVICE_MEMORY};
+pub use memory::{EmuDeviceMem, EmuPinned, EmuRegistered, DEVICE_MEMORY};
 pub use stream::EmuStream;
 
 use crate::error::{Error, Result};
 use crate::gpu::driver::{
-    DeviceInfo, DeviceMem, Driver, Function, IpcHandle, Memory, Pinned, Stream,
+    DeviceInfo, DeviceMem, Driver, Function, IpcHandle, Memory, Pinned, Registered, Stream,
 };
 use fault::Faults;
 use memory::{MemoryTable, PinnedTable};
@@ -292,6 +295,26 @@ impl Driver for EmuDriver {
     ) -> Result<Box<dyn DeviceMem>> {
         self.check_ordinal(ordinal)?;
         Ok(Box::new(self.shared.memory.open_ipc(ordinal, handle, len)?))
+    }
+
+    unsafe fn register_host(
+        &self,
+        ordinal: usize,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Box<dyn Registered>> {
+        self.check_ordinal(ordinal)?;
+        if self.shared.memory.overlapping(ptr as u64, len).is_some() {
+            return Err(Error::invalid(format!(
+                "registering {len} bytes at {ptr:p}: device memory, not host memory \
+                 (CUDA_ERROR_INVALID_VALUE)"
+            )));
+        }
+        Ok(Box::new(EmuRegistered::new(
+            ptr as u64,
+            len,
+            &self.shared.pinned,
+        )?))
     }
 
     fn create_stream(&self, ordinal: usize) -> Result<Box<dyn Stream>> {

@@ -172,6 +172,43 @@ fn copies_round_trip() {
     }
 }
 
+/// Registered host memory counts as page-locked (a copy from it on a held stream returns at
+/// once, as from `alloc_pinned`'s) until unregistered; a range registered already, device
+/// memory and a misaligned start are refused.
+#[test]
+fn registered_host_memory_is_page_locked_until_dropped() {
+    let d = EmuDriver::new(1);
+    let page = memory::page_size();
+    let mut host = vec![0u8; 4 * page];
+    let at = host.as_mut_ptr().align_offset(page);
+    // SAFETY (all registrations): a page-aligned range of `host`, which outlives them.
+    let range = unsafe { host.as_mut_ptr().add(at) };
+    let reg = unsafe { d.register_host(0, range, 2 * page) }.unwrap();
+    assert_eq!(reg.len(), 2 * page);
+    let err = |r: Result<Box<dyn Registered>>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        err(unsafe { d.register_host(0, range.wrapping_add(page), page) })
+            .contains("page-locked already")
+    );
+    assert!(
+        err(unsafe { d.register_host(0, range.wrapping_add(1), page) }).contains("page-aligned")
+    );
+    let mem = d.alloc_device(0, page).unwrap();
+    assert!(
+        err(unsafe { d.register_host(0, mem.addr() as *mut u8, page) }).contains("device memory")
+    );
+    // A stream held at a word: a copy from page-locked memory only enqueues.
+    let s = d.create_stream(0).unwrap();
+    let gate = Gate::hold(&d, &*s, 1);
+    // SAFETY: `range` holds `page` bytes, alive until the synchronize below.
+    unsafe { s.copy_to_device(mem.addr(), range, page) }.unwrap();
+    gate.word().store(1, std::sync::atomic::Ordering::Release);
+    s.synchronize(T).unwrap();
+    drop(reg);
+    // Unregistered: the same range registers again.
+    drop(unsafe { d.register_host(0, range, 2 * page) }.unwrap());
+}
+
 #[test]
 fn copies_on_the_device_and_refuses_overlap_and_other_devices() {
     let d = EmuDriver::new(2);

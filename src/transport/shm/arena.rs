@@ -74,6 +74,9 @@ const NAME_LEN: usize = 96;
 
 /// The arena as one rank sees it: all ranks' segments, mapped.
 pub struct Arena {
+    /// What keeps the segments registered with another party (the CUDA driver's page-locked
+    /// registration, `gpu::arena`): declared first, so dropped before the segments unmap.
+    held: Option<Box<dyn Send>>,
     me: usize,
     n: usize,
     chunk: usize,
@@ -174,6 +177,7 @@ pub fn setup(
     })();
     Segment::unlink(&name);
     Ok(Arena {
+        held: None,
         me,
         n,
         chunk,
@@ -293,6 +297,32 @@ impl Arena {
         })
     }
 
+    /// Claims round `round`'s slot for a stage whose bytes land later (copies from a GPU):
+    /// once the slot is free, `fill(area index, area)` gets every area of it, this rank's
+    /// own included (its own contribution, read back by [`Arena::try_reduce_own`]), the
+    /// descriptor is written, and nothing is published until [`Arena::staged`]. Rounds are
+    /// claimed in order, ahead of those published; this rank must have reduced round
+    /// `round − SLOTS` (its own area is reused). False when the slot is not free yet.
+    pub fn try_claim(
+        &mut self,
+        desc: &OpDesc,
+        round: u64,
+        fill: impl FnMut(usize, &mut [u8]),
+    ) -> bool {
+        let freed = (round + 1).saturating_sub(SLOTS as u64);
+        if self.counter(self.me, OFF_REDUCED) < freed {
+            return false;
+        }
+        self.write_stage(desc, round, 0..self.n, fill)
+    }
+
+    /// Publishes round `round` (claimed with [`Arena::try_claim`], its bytes landed) as
+    /// staged; rounds are published in order.
+    pub fn staged(&mut self, round: u64) {
+        debug_assert_eq!(round, self.next_round(), "rounds are staged in order");
+        self.publish(OFF_STAGED, round + 1);
+    }
+
     /// Writes `areas` of round `round`'s slot with `fill(area index, area)` once every peer
     /// is done with the slot, then the descriptor, and publishes staged. (The callers hold
     /// the arena mutably: one stage at a time hands out the areas.)
@@ -301,9 +331,28 @@ impl Arena {
         desc: &OpDesc,
         round: u64,
         areas: impl Iterator<Item = usize>,
-        mut fill: impl FnMut(usize, &mut [u8]),
+        fill: impl FnMut(usize, &mut [u8]),
     ) -> bool {
         debug_assert_eq!(round, self.next_round(), "rounds are staged in order");
+        if !self.write_stage(desc, round, areas, fill) {
+            return false;
+        }
+        self.publish(OFF_STAGED, round + 1);
+        true
+    }
+
+    /// `stage` but for publishing: false when a peer still uses the slot.
+    fn write_stage(
+        &self,
+        desc: &OpDesc,
+        round: u64,
+        areas: impl Iterator<Item = usize>,
+        mut fill: impl FnMut(usize, &mut [u8]),
+    ) -> bool {
+        debug_assert!(
+            round >= self.next_round(),
+            "round {round} was staged already"
+        );
         let freed = (round + 1).saturating_sub(SLOTS as u64);
         if !self.all_reached(OFF_REDUCED, freed, self.others()) {
             return false;
@@ -326,7 +375,6 @@ impl Arena {
             // SAFETY: as above.
             fill(q, unsafe { seg.bytes_mut(self.area(round, q), self.chunk) });
         }
-        self.publish(OFF_STAGED, round + 1);
         true
     }
 
@@ -336,6 +384,16 @@ impl Arena {
     /// area. Ok(false) when not ready; an error when a peer staged another collective.
     pub fn try_reduce(
         &mut self,
+        desc: &OpDesc,
+        round: u64,
+        reduce: impl FnOnce(&[&[u8]], &mut [u8]),
+    ) -> Result<bool> {
+        self.reduce_round(desc, round, reduce)
+    }
+
+    /// `try_reduce`'s body.
+    fn reduce_round(
+        &self,
         desc: &OpDesc,
         round: u64,
         reduce: impl FnOnce(&[&[u8]], &mut [u8]),
@@ -360,6 +418,25 @@ impl Arena {
         reduce(&srcs, result);
         self.publish(OFF_REDUCED, round + 1);
         Ok(true)
+    }
+
+    /// As [`Arena::try_reduce`] for a rank that staged its own contribution too
+    /// ([`Arena::try_claim`]): `reduce(own, contributions, result)`, once this rank published
+    /// round `round` staged as well.
+    pub fn try_reduce_own(
+        &mut self,
+        desc: &OpDesc,
+        round: u64,
+        reduce: impl FnOnce(&[u8], &[&[u8]], &mut [u8]),
+    ) -> Result<bool> {
+        if self.counter(self.me, OFF_STAGED) < round + 1 {
+            return Ok(false);
+        }
+        // SAFETY (protocol): this rank's own area of the slot is read by nobody else in
+        // these rounds and rewritten only by this rank's claim of round + SLOTS, which waits
+        // for this rank's reduced ≥ round + 1, published after `reduce` returned.
+        let own = unsafe { self.segs[self.me].bytes(self.area(round, self.me), self.chunk) };
+        self.reduce_round(desc, round, |srcs, result| reduce(own, srcs, result))
     }
 
     /// One-shot round `round`, once every peer staged it: `take(inputs)` gets every rank's
@@ -565,6 +642,23 @@ impl Arena {
         let bell = self.segs[0].word32(OFF_BELL);
         bell.fetch_add(1, Ordering::SeqCst);
         futex::wake(bell);
+    }
+
+    /// Every rank's mapped segment, (first byte, bytes), in rank order: what a driver
+    /// registers so that copies between a GPU and the areas go straight in (`gpu::arena`).
+    pub fn segments(&self) -> Vec<(*mut u8, usize)> {
+        self.segs.iter().map(|s| (s.ptr(0), s.len())).collect()
+    }
+
+    /// Keeps `what` (a registration of [`Arena::segments`]) until the arena is dropped,
+    /// released before the segments unmap.
+    pub fn hold(&mut self, what: Box<dyn Send>) {
+        self.held = Some(what);
+    }
+
+    /// True once something is held ([`Arena::hold`]).
+    pub fn holds(&self) -> bool {
+        self.held.is_some()
     }
 
     /// The link settings (timeout, spin) the arena's waits honour.

@@ -103,6 +103,11 @@ impl Segment {
         let _ = shm_unlink(name);
     }
 
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// The 8-aligned word at `off`, as an atomic.
     pub fn word64(&self, off: usize) -> &AtomicU64 {
         assert!(

@@ -1,12 +1,18 @@
-//! Dense all-reduces over CUDA IPC (QCCL_CUDA_IPC=1) between ranks in separate processes, on
-//! the emulated GPU driver: its device memory faults when host code touches it, and another
-//! process reaches it only through the handle `ipc_open` maps, so a result that is right
-//! here was reduced through the peers' mapped memory. Every dtype and op, counts 0, 1 and
-//! primes, in place and out of place, on a caller's stream, the legacy default one and
-//! queued (the C API's non-blocking calls), at 1, 3, 5 and 7 ranks (and 3 threads of one
-//! process, which use each other's addresses), against the float64 reference, every rank
-//! bit-identical; and the agreement: a rank with host buffers, or one that did not ask for
-//! CUDA IPC, makes every rank take the usual path, still right.
+//! Dense calls on device buffers between ranks in separate processes, on the emulated GPU
+//! driver, whose device memory faults when host code touches it:
+//! - over CUDA IPC (QCCL_CUDA_IPC=1): another process reaches a rank's device memory only
+//!   through the handle `ipc_open` maps, so a result that is right here was reduced through
+//!   the peers' mapped memory. Every dtype and op, counts 0, 1 and primes, in place and out
+//!   of place, on a caller's stream, the legacy default one and queued (the C API's
+//!   non-blocking calls), at 1, 3, 5 and 7 ranks (and 3 threads of one process, which use
+//!   each other's addresses), against the float64 reference, every rank bit-identical; and
+//!   the agreement: a rank with host buffers, or one that did not ask for CUDA IPC, makes
+//!   every rank take the usual path, still right.
+//! - through the shared-memory arena (without CUDA IPC), the GPU copying into and out of
+//!   its segments: the same grid plus calls of many rounds, at 2, 3 and 5 ranks (a smaller
+//!   grid at 1 and 7), a rank on host buffers in the same calls, and reduce-scatter and
+//!   all-gather; which calls took the path is counted against the host path's choice (the
+//!   arena's rounds: SRA past one shot).
 
 mod common;
 
@@ -80,10 +86,30 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         // Some rank did not ask for CUDA IPC: none uses it.
         "partial" => (few_cases(), Place::Device, false),
         // Reduce-scatter and all-gather, every dtype (and op).
-        "colls" => return colls(comm, gpu),
+        "colls" => return colls(comm, gpu, Counted::Ipc),
+        // No CUDA IPC: through the arena, on device buffers everywhere.
+        "arena" => (arena_cases(), Place::Device, false),
+        // A smaller grid for a real GPU, calls of many rounds included.
+        "arena-few" => {
+            let mut cases = few_cases();
+            cases.push((DType::Float32, ReduceOp::Sum, 1_000_003));
+            (cases, Place::Device, false)
+        }
+        // Rank 1's buffers are host memory: the others still go through the arena.
+        "arena-mixed" => (
+            arena_cases(),
+            if rank == 1 {
+                Place::Host
+            } else {
+                Place::Device
+            },
+            false,
+        ),
+        "arena-colls" => return colls(comm, gpu, Counted::Arena),
         other => return Err(format!("unknown scenario {other}")),
     };
-    if comm.uses_cuda_ipc() != (n > 1 && scenario != "partial") {
+    let ipc_comm = n > 1 && !scenario.starts_with("arena") && scenario != "partial";
+    if comm.uses_cuda_ipc() != ipc_comm {
         return Err(format!(
             "uses_cuda_ipc() is {} on {n} ranks (scenario {scenario}, QCCL_CUDA_IPC wanted \
              here: {wants_ipc})",
@@ -91,7 +117,7 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         ));
     }
     let user = gpu.create_stream(0).map_err(|e| e.to_string())?;
-    let mut calls = 0;
+    let (mut calls, mut through_arena) = (0, 0);
     for (i, &(dtype, op, count)) in cases.iter().enumerate() {
         for how in [How::Default, How::Stream, How::Queued] {
             // In place on the caller's stream, out of place otherwise.
@@ -108,7 +134,20 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
             check_reduce(dtype, op, &inputs, 0..count, &got).map_err(|e| format!("{what}: {e}"))?;
             same_on_all_ranks(comm, &got, &what)?;
             calls += u64::from(count > 0);
+            // Through the arena: device buffers not over CUDA IPC, on calls that return once
+            // done (not on a stream, unless the comm uses CUDA IPC: then they all do).
+            let device = place == Place::Device
+                && !expect_ipc
+                && (how != How::Stream || comm.uses_cuda_ipc());
+            through_arena += u64::from(device && takes_arena_rounds(n, count * dtype.size()));
         }
+    }
+    if comm.arena_device_calls() != through_arena {
+        return Err(format!(
+            "{} calls on device buffers through the arena, expected {through_arena} \
+             (scenario {scenario})",
+            comm.arena_device_calls()
+        ));
     }
     let want = if expect_ipc { calls } else { 0 };
     if comm.cuda_ipc_calls() != want {
@@ -120,9 +159,25 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
     Ok(())
 }
 
+/// True when the host path runs an all-reduce of `bytes` on `n` ranks sharing one host in
+/// the arena's rounds (so device buffers go through the arena): the tuning table's SRA (3
+/// ranks and more at every size, 2 ranks past 1 MiB) past the one-shot fold (64 KiB over
+/// all ranks).
+fn takes_arena_rounds(n: usize, bytes: usize) -> bool {
+    let sra = n >= 3 || (n == 2 && bytes > 1 << 20);
+    sra && bytes * n > 64 << 10
+}
+
+/// Which counter the device calls of `colls` advance.
+#[derive(Clone, Copy, PartialEq)]
+enum Counted {
+    Ipc,
+    Arena,
+}
+
 /// Reduce-scatter (every op) and all-gather of every dtype at counts 0, 1 and primes, in
-/// place (NCCL's layouts) and out of place, over CUDA IPC (counted).
-fn colls(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
+/// place (NCCL's layouts) and out of place, over CUDA IPC or through the arena (counted).
+fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> {
     let (rank, n) = (comm.rank(), comm.size());
     let e = |e: qccl::Error| e.to_string();
     let user = gpu.create_stream(0).map_err(e)?;
@@ -135,7 +190,12 @@ fn colls(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
             .collect();
         colls.push((Coll::AllGather, ReduceOp::Sum));
         for (coll, op) in colls {
-            for count in [0, 1, 7, 4099] {
+            let counts: &[usize] = match counted {
+                Counted::Ipc => &[0, 1, 7, 4099],
+                // And a call of many rounds (slots reused).
+                Counted::Arena => &[0, 1, 7, 4099, 300_007],
+            };
+            for &count in counts {
                 for in_place in [false, true] {
                     salt += 1;
                     let what = format!("{coll:?} {dtype} {op} count {count} in place {in_place}");
@@ -211,11 +271,12 @@ fn colls(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
             }
         }
     }
-    if comm.cuda_ipc_calls() != calls {
-        return Err(format!(
-            "{} calls over CUDA IPC, expected {calls}",
-            comm.cuda_ipc_calls()
-        ));
+    let (got, path) = match counted {
+        Counted::Ipc => (comm.cuda_ipc_calls(), "over CUDA IPC"),
+        Counted::Arena => (comm.arena_device_calls(), "through the arena"),
+    };
+    if got != calls {
+        return Err(format!("{got} calls {path}, expected {calls}"));
     }
     Ok(())
 }
@@ -230,6 +291,17 @@ fn every_case() -> Vec<(DType, ReduceOp, usize)> {
             }
         }
     }
+    cases
+}
+
+/// Every dtype and op, and calls of many rounds (slots reused, odd tails).
+fn arena_cases() -> Vec<(DType, ReduceOp, usize)> {
+    let mut cases = every_case();
+    cases.extend([
+        (DType::Float32, ReduceOp::Sum, 1_000_003),
+        (DType::Float16, ReduceOp::Avg, 777_777),
+        (DType::Int64, ReduceOp::Max, 300_007),
+    ]);
     cases
 }
 
@@ -376,6 +448,34 @@ fn a_rank_that_did_not_ask_turns_it_off_for_all() {
     job(3, "partial", |r| if r == 2 { vec![] } else { ipc(r) });
 }
 
+fn no_ipc(_: usize) -> Vec<(&'static str, &'static str)> {
+    vec![]
+}
+
+#[test]
+fn through_the_arena_at_two_three_and_five_ranks() {
+    job(2, "arena", no_ipc);
+    job(3, "arena", no_ipc);
+    job(5, "arena", no_ipc);
+}
+
+#[test]
+fn through_the_arena_at_one_and_seven_ranks() {
+    job(1, "arena-few", no_ipc);
+    job(7, "arena-few", no_ipc);
+}
+
+#[test]
+fn through_the_arena_beside_a_rank_on_host_buffers() {
+    job(3, "arena-mixed", no_ipc);
+}
+
+#[test]
+fn reduce_scatter_and_all_gather_through_the_arena() {
+    job(3, "arena-colls", no_ipc);
+    job(2, "arena-colls", no_ipc);
+}
+
 /// Ranks as threads of this process (`Comm::init_threads`, as `qcclCommInitAll`): they reach
 /// each other's device memory at its address, no IPC handle (CUDA opens none of its own
 /// process).
@@ -398,13 +498,15 @@ fn ranks_as_threads_of_one_process() {
     });
 }
 
-/// The same on a real GPU, 3 processes sharing device 0 (`--ignored`; QCCL_REQUIRE_GPU=1
-/// makes a missing GPU a failure).
+/// The same on a real GPU, 3 processes sharing device 0, over CUDA IPC and through the
+/// arena (`--ignored`; QCCL_REQUIRE_GPU=1 makes a missing GPU a failure).
 #[test]
 #[ignore = "needs an NVIDIA GPU (QCCL_REQUIRE_GPU=1 makes a missing one a failure)"]
 fn on_a_real_gpu() {
     if common::real_gpu() {
         job(3, "real-few", ipc);
         job(3, "real-all", ipc);
+        job(3, "real-arena-few", no_ipc);
+        job(3, "real-arena-colls", no_ipc);
     }
 }
