@@ -11,7 +11,7 @@
 //! - through the shared-memory arena (without CUDA IPC), the GPU copying into and out of
 //!   its segments: the same grid plus calls of many rounds, at 2, 3 and 5 ranks (a smaller
 //!   grid at 1 and 7), a rank on host buffers in the same calls, and reduce-scatter and
-//!   all-gather; which calls took the path is counted against the host path's choice (the
+//!   all-gather (blocking and queued, here and over CUDA IPC); which calls took the path is counted against the host path's choice (the
 //!   arena's rounds: SRA past one shot).
 
 mod common;
@@ -198,7 +198,12 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
             for &count in counts {
                 for in_place in [false, true] {
                     salt += 1;
-                    let what = format!("{coll:?} {dtype} {op} count {count} in place {in_place}");
+                    // Queued (`submit_coll_dense_at`, qcclIReduceScatter / qcclIAllGather)
+                    // every other call, blocking on NULL the others.
+                    let queued = salt % 2 == 0;
+                    let what = format!(
+                        "{coll:?} {dtype} {op} count {count} in place {in_place} queued {queued}"
+                    );
                     let es = dtype.size();
                     let part = count * es;
                     // Every rank's input: n parts (reduce-scatter) or one (all-gather).
@@ -239,16 +244,18 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
                     let call = CollCall::new(coll, count, dtype)
                         .op(op)
                         .bufs(sbuf, Buf::Bytes(recv_len));
-                    // SAFETY: device buffers of the call's sizes, alive until it returned.
-                    unsafe {
-                        comm.coll_dense_at(
-                            &call,
-                            send.as_ref().map(|s| s.addr()),
-                            recv.addr(),
-                            std::ptr::null_mut(),
-                        )
-                    }
-                    .map_err(|e| format!("{what}: {e}"))?;
+                    let from = send.as_ref().map(|s| s.addr());
+                    // SAFETY (both): device buffers of the call's sizes, alive until it
+                    // returned or its request ended.
+                    let done = if queued {
+                        unsafe { comm.submit_coll_dense_at(call, from, recv.addr()) }
+                            .and_then(|r| r.wait())
+                    } else {
+                        unsafe {
+                            comm.coll_dense_at(&call, from, recv.addr(), std::ptr::null_mut())
+                        }
+                    };
+                    done.map_err(|e| format!("{what}: {e}"))?;
                     let mut got = vec![0u8; recv_len];
                     // SAFETY: `got` outlives the synchronize below.
                     unsafe { user.copy_to_host(got.as_mut_ptr(), recv.addr(), recv_len) }

@@ -8,8 +8,8 @@
 //! Where `Comm::dense_path` says so (a comm using CUDA IPC, QCCL_CUDA_IPC=1 on every rank;
 //! or, with NULL, a comm whose ranks share one host) a blocking reduce-scatter or all-gather
 //! goes through `Comm::coll_dense_at`, and a dense blocking all-reduce through
-//! `Comm::all_reduce_dense_at` (a non-blocking one through
-//! `Comm::submit_all_reduce_dense_at`): over CUDA IPC when every rank's buffers are on one
+//! `Comm::all_reduce_dense_at` (non-blocking ones through `Comm::submit_all_reduce_dense_at`
+//! and `Comm::submit_coll_dense_at`): over CUDA IPC when every rank's buffers are on one
 //! device, else through the shared-memory arena with the GPU copying into and out of its
 //! segments when the host path would take the arena's rounds; a blocking one returns once
 //! done.
@@ -21,8 +21,9 @@
 //! staging, blocking (NULL or a stream) and non-blocking alike. Grouped calls are all staged,
 //! together at `qcclGroupEnd` (group.rs, spans.rs), the GPU codecs included: a group may mix
 //! calls whose buffers overlap (an all-reduce into a buffer a later send of the group reads),
-//! which one staged copy per span keeps in order. Non-blocking calls other than compressed
-//! all-reduces are staged in the comm's turn (`Comm::submit_on_buffers`).
+//! which one staged copy per span keeps in order. Other non-blocking calls (and the dense
+//! ones `Comm::dense_path` does not take) are staged in the comm's turn
+//! (`Comm::submit_on_buffers`).
 
 use crate::group::{launch, queue};
 use crate::handle::CommHandle;
@@ -114,6 +115,14 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
             let (send, recv) = (send.map(|s| s.start() as u64), recv.start() as u64);
             // SAFETY: the caller's promise, passed on; the buffers are distinct.
             return unsafe { h.comm.submit_all_reduce_dense_at(call, send, recv) };
+        }
+        Op::Coll { send, recv, call }
+            if h.comm.dense_path(std::ptr::null_mut())
+                && matches!(call.coll, Coll::ReduceScatter | Coll::AllGather) =>
+        {
+            let (send, recv) = (send.map(|s| s.start() as u64), recv.start() as u64);
+            // SAFETY: as above.
+            return unsafe { h.comm.submit_coll_dense_at(call, send, recv) };
         }
         op => op,
     };
@@ -584,6 +593,17 @@ mod tests {
                     );
                     gather_then_scatter(&*gpu, comm, (r, n), (&*send, &*recv), &mine);
                     assert_eq!(c.comm.cuda_ipc_calls(), 5, "rank {r}");
+                    // A non-blocking all-gather too.
+                    let all = upload(&*gpu, &vec![-1.0; count * n]);
+                    let ap = all.addr() as *mut c_void;
+                    let rc = unsafe { qcclIAllGather(sp, ap, count, qcclFloat32, comm, &mut req) };
+                    assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+                    assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+                    let gathered: Vec<f32> = (0..n)
+                        .flat_map(|p| (0..count).map(move |i| ((p + i) % 7) as f32))
+                        .collect();
+                    assert_eq!(download(&*gpu, &*all, count * n), gathered);
+                    assert_eq!(c.comm.cuda_ipc_calls(), 6, "rank {r}");
                 });
             }
         });
@@ -667,6 +687,18 @@ mod tests {
         assert_eq!(download(&*gpu, &*recv, count), want);
         gather_then_scatter(&*gpu, comm, (r, n), (&*send, &*recv), &mine);
         assert_eq!(c.comm.arena_device_calls(), 4, "rank {r}");
+        // Non-blocking all-gather and reduce-scatter take it too.
+        let all = upload(&*gpu, &vec![-1.0; count * n]);
+        let ap = all.addr() as *mut c_void;
+        let rc = unsafe { qcclIAllGather(sp, ap, count, qcclFloat32, comm, &mut req) };
+        assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+        assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+        let rc = unsafe { qcclIReduceScatter(ap, rp, count, qcclFloat32, qcclMax, comm, &mut req) };
+        assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+        assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
+        // Every rank's part r of the gathered buffer is rank r's input: its max is itself.
+        assert_eq!(download(&*gpu, &*recv, count), mine);
+        assert_eq!(c.comm.arena_device_calls(), 6, "rank {r}");
         assert_eq!(qcclCommDestroy(comm), qcclSuccess);
     }
 }

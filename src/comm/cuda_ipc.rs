@@ -24,7 +24,7 @@
 //! CUDA IPC when not every rank's buffers are on one device.
 
 use super::arena_turn::ArenaTurn;
-use super::dense_call::{DenseCall, OnDevice};
+use super::dense_call::{DenseCall, OnDevice, OwnedDense};
 use super::ipc_turn::IpcTurn;
 use super::route::AllReduceCall;
 use super::Comm;
@@ -157,16 +157,43 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<crate::Request<()>> {
-        let on = match self.place_call(DenseCall::AllReduce(&call), send, recv, 0)? {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.submit_dense(OwnedDense::AllReduce(call), send, recv) }
+    }
+
+    /// As [`Comm::coll_dense_at`] (a reduce-scatter or all-gather, checked here) with the
+    /// legacy default stream, but queued as [`Comm::submit_all_reduce_dense_at`] is
+    /// (`qcclIReduceScatter`, `qcclIAllGather`).
+    ///
+    /// # Safety
+    /// As [`Comm::coll_dense_at`], until the request has ended.
+    #[doc(hidden)]
+    pub unsafe fn submit_coll_dense_at(
+        &self,
+        call: CollCall<'static>,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<crate::Request<()>> {
+        self.check(&call)?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.submit_dense(OwnedDense::Coll(call), send, recv) }
+    }
+
+    /// The queued entries' one body.
+    unsafe fn submit_dense(
+        &self,
+        call: OwnedDense,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<crate::Request<()>> {
+        let on = match self.place_call(call.call(), send, recv, 0)? {
             Ok(on) => on,
             Err(bufs) => {
                 let lens = bufs.clone();
                 // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
                 return unsafe {
                     self.submit_on_buffers(bufs, Some(0), move |e, hosts| {
-                        DenseCall::AllReduce(&call)
-                            .run_hosts(e, &lens, hosts, true)
-                            .map(drop)
+                        call.call().run_hosts(e, &lens, hosts, true).map(drop)
                     })
                 };
             }
@@ -178,14 +205,14 @@ impl Comm {
             None
         };
         let turn = self.ipc_turn();
-        let ipc = DenseCall::AllReduce(&call).exchanges(self.place.cuda_ipc);
+        let ipc = call.call().exchanges(self.place.cuda_ipc);
         self.queue.submit_holding((), Some(0), move |e, _| {
             let mut guard = staging.lock().unwrap_or_else(|p| p.into_inner());
             if guard.is_none() {
                 *guard = first;
             }
             let st = guard.as_mut().expect("made before the call was queued");
-            let call = DenseCall::AllReduce(&call);
+            let call = call.call();
             // SAFETY (both): the caller's promise, passed on; the legacy default stream.
             unsafe {
                 if ipc {

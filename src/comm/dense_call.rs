@@ -124,6 +124,23 @@ impl DenseCall<'_> {
     }
 }
 
+/// A dense call owned, for the queued entries (the call runs later, in the comm's turn).
+pub(super) enum OwnedDense {
+    AllReduce(Box<AllReduceCall>),
+    /// A reduce-scatter or an all-gather.
+    Coll(CollCall<'static>),
+}
+
+impl OwnedDense {
+    /// The call, borrowed.
+    pub(super) fn call(&self) -> DenseCall<'_> {
+        match self {
+            OwnedDense::AllReduce(c) => DenseCall::AllReduce(c),
+            OwnedDense::Coll(c) => DenseCall::Coll(c),
+        }
+    }
+}
+
 /// A call's buffers when all are device memory: its driver, where they are, their device,
 /// the input (send, or recv in place), the output, in place or not, and the caller's stream
 /// (a `CUstream`).
