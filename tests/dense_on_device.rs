@@ -106,6 +106,7 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
             false,
         ),
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
+        "arena-fault" => return arena_fault(comm, gpu),
         other => return Err(format!("unknown scenario {other}")),
     };
     let ipc_comm = n > 1 && !scenario.starts_with("arena") && scenario != "partial";
@@ -284,6 +285,53 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
     };
     if got != calls {
         return Err(format!("{got} calls {path}, expected {calls}"));
+    }
+    Ok(())
+}
+
+/// Rank 1's copy into the arena fails (an injected fault) in the middle of a call through
+/// it: rank 1's call returns that error, the others' fail naming a peer instead of waiting,
+/// all well within the comm's timeout.
+fn arena_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let user = gpu.create_stream(0).map_err(e)?;
+    let (dtype, op) = (DType::Float32, ReduceOp::Sum);
+    let mine = input(dtype, op, comm.rank(), 300_007, 1);
+    // A call that goes through, setting the arena and its streams up.
+    let got = on_device(comm, gpu, &*user, &mine, (dtype, op), How::Default)?;
+    if comm.arena_device_calls() != 1 {
+        return Err(format!(
+            "{} calls through the arena",
+            comm.arena_device_calls()
+        ));
+    }
+    let count = mine.len() / dtype.size();
+    let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
+    let buf = gpu.alloc_device(0, mine.len()).map_err(e)?;
+    // SAFETY: `got` outlives the synchronize; `buf` holds its bytes.
+    unsafe { user.copy_to_device(buf.addr(), got.as_ptr(), got.len()) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    if comm.rank() == 1 {
+        let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
+        emu.fail_next_copy(0).map_err(e)?;
+    }
+    let t0 = std::time::Instant::now();
+    // SAFETY: device memory of the call's bytes, alive until it returned.
+    let r = unsafe { comm.all_reduce_dense_at(&call, None, buf.addr(), std::ptr::null_mut()) };
+    let msg = match r {
+        Ok(_) => return Err("the call succeeded though rank 1's copy failed".into()),
+        Err(err) => err.to_string(),
+    };
+    let want = if comm.rank() == 1 {
+        "injected fault"
+    } else {
+        "rank 1"
+    };
+    if !msg.contains(want) {
+        return Err(format!("the call failed without naming {want:?}: {msg}"));
+    }
+    if t0.elapsed() > Duration::from_secs(20) {
+        return Err(format!("the failure took {:?} to surface", t0.elapsed()));
     }
     Ok(())
 }
@@ -470,6 +518,11 @@ fn through_the_arena_at_two_three_and_five_ranks() {
 fn through_the_arena_at_one_and_seven_ranks() {
     job(1, "arena-few", no_ipc);
     job(7, "arena-few", no_ipc);
+}
+
+#[test]
+fn a_failed_copy_into_the_arena_fails_every_rank_at_once() {
+    job(3, "arena-fault", no_ipc);
 }
 
 #[test]
