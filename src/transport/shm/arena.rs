@@ -341,7 +341,7 @@ impl Arena {
         true
     }
 
-    /// `stage` but for publishing: false when a peer still uses the slot.
+    /// What `stage` does before publishing: false when a peer still uses the slot.
     fn write_stage(
         &self,
         desc: &OpDesc,
