@@ -107,6 +107,7 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         ),
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
         "arena-fault" => return arena_fault(comm, gpu),
+        "arena-slow" => return arena_slow_copy(comm, gpu),
         other => return Err(format!("unknown scenario {other}")),
     };
     let ipc_comm = n > 1 && !scenario.starts_with("arena") && scenario != "partial";
@@ -135,11 +136,9 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
             check_reduce(dtype, op, &inputs, 0..count, &got).map_err(|e| format!("{what}: {e}"))?;
             same_on_all_ranks(comm, &got, &what)?;
             calls += u64::from(count > 0);
-            // Through the arena: device buffers not over CUDA IPC, on calls that return once
-            // done (not on a stream, unless the comm uses CUDA IPC: then they all do).
-            let device = place == Place::Device
-                && !expect_ipc
-                && (how != How::Stream || comm.uses_cuda_ipc());
+            // Through the arena: device buffers not over CUDA IPC (on a stream: enqueued in
+            // bands; on a comm using CUDA IPC, every call returns once done).
+            let device = place == Place::Device && !expect_ipc;
             through_arena += u64::from(device && takes_arena_rounds(n, count * dtype.size()));
         }
     }
@@ -199,12 +198,12 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
             for &count in counts {
                 for in_place in [false, true] {
                     salt += 1;
-                    // Queued (`submit_coll_dense_at`, qcclIReduceScatter / qcclIAllGather)
-                    // every other call, blocking on NULL the others.
-                    let queued = salt % 2 == 0;
-                    let what = format!(
-                        "{coll:?} {dtype} {op} count {count} in place {in_place} queued {queued}"
-                    );
+                    // In turn: blocking on NULL, queued (`submit_coll_dense_at`,
+                    // qcclIReduceScatter / qcclIAllGather), on a stream (enqueued in bands
+                    // through the arena, else blocking).
+                    let how = [How::Default, How::Queued, How::Stream][(salt % 3) as usize];
+                    let what =
+                        format!("{coll:?} {dtype} {op} count {count} in place {in_place} {how:?}");
                     let es = dtype.size();
                     let part = count * es;
                     // Every rank's input: n parts (reduce-scatter) or one (all-gather).
@@ -248,13 +247,19 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
                     let from = send.as_ref().map(|s| s.addr());
                     // SAFETY (both): device buffers of the call's sizes, alive until it
                     // returned or its request ended.
-                    let done = if queued {
-                        unsafe { comm.submit_coll_dense_at(call, from, recv.addr()) }
-                            .and_then(|r| r.wait())
-                    } else {
-                        unsafe {
-                            comm.coll_dense_at(&call, from, recv.addr(), std::ptr::null_mut())
+                    let (to, raw) = (recv.addr(), user.raw());
+                    let done = match how {
+                        How::Queued => unsafe { comm.submit_coll_dense_at(call, from, to) }
+                            .and_then(|r| r.wait()),
+                        How::Stream => {
+                            match unsafe { comm.enqueue_coll_dense_at(&call, from, to, raw) } {
+                                Ok(false) => unsafe { comm.coll_dense_at(&call, from, to, raw) },
+                                other => other.map(drop),
+                            }
                         }
+                        How::Default => unsafe {
+                            comm.coll_dense_at(&call, from, to, std::ptr::null_mut())
+                        },
                     };
                     done.map_err(|e| format!("{what}: {e}"))?;
                     let mut got = vec![0u8; recv_len];
@@ -336,6 +341,45 @@ fn arena_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
     Ok(())
 }
 
+/// A call enqueued on a stream in bands whose first copy into page-locked memory is slow
+/// (EmuDriver::delay_next_copy, on every rank): the rounds wait for their band to land, so
+/// the result is still right.
+fn arena_slow_copy(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let user = gpu.create_stream(0).map_err(e)?;
+    let (dtype, op) = (DType::Float32, ReduceOp::Sum);
+    let n = comm.size();
+    let inputs: Vec<Vec<u8>> = (0..n).map(|q| input(dtype, op, q, 400_009, 7)).collect();
+    let count = inputs[0].len() / dtype.size();
+    let buf = gpu.alloc_device(0, inputs[0].len()).map_err(e)?;
+    let mine = &inputs[comm.rank()];
+    // SAFETY: `mine` outlives the synchronize; `buf` holds its bytes.
+    unsafe { user.copy_to_device(buf.addr(), mine.as_ptr(), mine.len()) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
+    let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
+    emu.delay_next_copy(0, Duration::from_millis(300))
+        .map_err(e)?;
+    // SAFETY: `buf` lives until `user` passed the call (synchronized below).
+    let raw = user.raw();
+    if !unsafe { comm.enqueue_all_reduce_dense_at(&call, None, buf.addr(), raw) }.map_err(e)? {
+        return Err("the call was not enqueued in bands".into());
+    }
+    let mut got = vec![0u8; mine.len()];
+    // SAFETY: `got` outlives the synchronize; on `user`, behind the call.
+    unsafe { user.copy_to_host(got.as_mut_ptr(), buf.addr(), got.len()) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    check_reduce(dtype, op, &inputs, 0..count, &got)?;
+    same_on_all_ranks(comm, &got, "slow copy")?;
+    if comm.arena_device_calls() != 1 {
+        return Err(format!(
+            "{} calls through the arena",
+            comm.arena_device_calls()
+        ));
+    }
+    Ok(())
+}
+
 /// Every dtype with every op it takes, at counts 0, 1 and primes.
 fn every_case() -> Vec<(DType, ReduceOp, usize)> {
     let mut cases = Vec::new();
@@ -404,14 +448,20 @@ fn on_device(
             .map_err(e)?
             .wait()
             .map_err(e)?,
-        // SAFETY: device buffers of `len` bytes that live until the call returned; the
-        // stream is null or `user`, a live stream of their device.
-        _ => {
-            let stream = match how {
-                How::Stream => user.raw(),
-                _ => std::ptr::null_mut(),
-            };
-            unsafe { comm.all_reduce_dense_at(&call, from, out.addr(), stream) }
+        // SAFETY (all): device buffers of `len` bytes that live until the call returned or
+        // `user` passed it (synchronized below); `user` is a live stream of their device.
+        How::Stream => {
+            // Enqueued, pipelined through the arena where that applies (the C API's way on
+            // a stream), else the blocking entry.
+            let raw = user.raw();
+            if !unsafe { comm.enqueue_all_reduce_dense_at(&call, from, out.addr(), raw) }
+                .map_err(e)?
+            {
+                unsafe { comm.all_reduce_dense_at(&call, from, out.addr(), raw) }.map_err(e)?;
+            }
+        }
+        How::Default => {
+            unsafe { comm.all_reduce_dense_at(&call, from, out.addr(), std::ptr::null_mut()) }
                 .map_err(e)
                 .map(drop)?
         }
@@ -518,6 +568,11 @@ fn through_the_arena_at_two_three_and_five_ranks() {
 fn through_the_arena_at_one_and_seven_ranks() {
     job(1, "arena-few", no_ipc);
     job(7, "arena-few", no_ipc);
+}
+
+#[test]
+fn a_slow_copy_on_a_stream_holds_its_band() {
+    job(3, "arena-slow", no_ipc);
 }
 
 #[test]

@@ -55,19 +55,16 @@ pub(crate) fn launch_on(
         Err(op) => op,
     };
     if h.comm.dense_path(stream) {
-        let at = |send: &Option<crate::buf::RawBuf>, recv: &crate::buf::RawBuf| {
-            (send.map(|s| s.start() as u64), recv.start() as u64)
-        };
         // SAFETY (both): as above; the call returns once done (the buffers are then free).
         match &op {
             Op::Coll { send, recv, call }
                 if matches!(call.coll, Coll::ReduceScatter | Coll::AllGather) =>
             {
-                let (s, r) = at(send, recv);
+                let (s, r) = addrs(send, recv);
                 return unsafe { h.comm.coll_dense_at(call, s, r, stream) };
             }
             Op::AllReduce { send, recv, call } => {
-                let (s, r) = at(send, recv);
+                let (s, r) = addrs(send, recv);
                 return unsafe { h.comm.all_reduce_dense_at(call, s, r, stream) }.map(drop);
             }
             _ => {}
@@ -76,6 +73,23 @@ pub(crate) fn launch_on(
     let comm = h.clone();
     let bufs = op.call_bufs();
     if !stream.is_null() {
+        // Ranks sharing one host: pipelined through their arena, enqueued and returning at
+        // once, where it applies.
+        // SAFETY (both): as below.
+        let enqueued = match &op {
+            Op::AllReduce { send, recv, call } => {
+                let (s, r) = addrs(send, recv);
+                unsafe { h.comm.enqueue_all_reduce_dense_at(call, s, r, stream) }?
+            }
+            Op::Coll { send, recv, call } => {
+                let (s, r) = addrs(send, recv);
+                unsafe { h.comm.enqueue_coll_dense_at(call, s, r, stream) }?
+            }
+            _ => false,
+        };
+        if enqueued {
+            return Ok(());
+        }
         // NCCL's semantics: enqueued on the stream, returning at once (device buffers).
         // SAFETY: as below; the buffers stay valid until the stream passes the call.
         return unsafe {
@@ -112,7 +126,7 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
         // The core's entry on a comm using CUDA IPC (over it when every rank's buffers are on
         // one device) or one host's arena (the GPU copying into and out of it).
         Op::AllReduce { send, recv, call } if h.comm.dense_path(std::ptr::null_mut()) => {
-            let (send, recv) = (send.map(|s| s.start() as u64), recv.start() as u64);
+            let (send, recv) = addrs(&send, &recv);
             // SAFETY: the caller's promise, passed on; the buffers are distinct.
             return unsafe { h.comm.submit_all_reduce_dense_at(call, send, recv) };
         }
@@ -120,7 +134,7 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
             if h.comm.dense_path(std::ptr::null_mut())
                 && matches!(call.coll, Coll::ReduceScatter | Coll::AllGather) =>
         {
-            let (send, recv) = (send.map(|s| s.start() as u64), recv.start() as u64);
+            let (send, recv) = addrs(&send, &recv);
             // SAFETY: as above.
             return unsafe { h.comm.submit_coll_dense_at(call, send, recv) };
         }
@@ -134,12 +148,20 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
     unsafe { h.comm.submit_on_buffers(bufs, coded, run) }
 }
 
+/// The raw addresses of a call's send buffer (None: in place) and receive buffer.
+fn addrs(send: &Option<crate::buf::RawBuf>, recv: &crate::buf::RawBuf) -> (Option<u64>, u64) {
+    (send.map(|s| s.start() as u64), recv.start() as u64)
+}
+
 /// A compressed all-reduce's prepared call and raw send (None: in place) and receive
 /// addresses, for the core's entry; any other operation as it was.
 fn compressed(op: Op) -> std::result::Result<(PreparedAllReduce, Option<u64>, u64), Op> {
     match op {
         Op::AllReduce { send, recv, call } => match AllReduceCall::into_compressed(call) {
-            Ok(c) => Ok((c, send.map(|s| s.start() as u64), recv.start() as u64)),
+            Ok(c) => {
+                let (s, r) = addrs(&send, &recv);
+                Ok((c, s, r))
+            }
             Err(call) => Err(Op::AllReduce { send, recv, call }),
         },
         other => Err(other),
@@ -613,9 +635,9 @@ mod tests {
     }
 
     /// Three ranks as processes sharing one host (this test run again as each, the unique
-    /// id passed in the environment): the blocking calls on NULL and the non-blocking one
-    /// go through the shared-memory arena, the (emulated) GPU copying into and out of it;
-    /// a call on a stream stays staged.
+    /// id passed in the environment): the blocking calls on NULL and the non-blocking ones
+    /// go through the shared-memory arena, the (emulated) GPU copying into and out of it,
+    /// and so does a call on a stream (enqueued in bands).
     #[test]
     fn c_calls_on_null_go_through_the_arena() {
         const NAME: &str = "device::tests::c_calls_on_null_go_through_the_arena";
@@ -673,9 +695,10 @@ mod tests {
         let gpu = qccl_core::internal::emulate_gpu(1).unwrap();
         // 3 × 280 KB: past the arena's one-shot fold.
         let count = 70_001;
-        // A sum on NULL (through the arena), a max on a stream (staged).
+        // A sum on NULL (through the arena), a max on a stream (enqueued in bands, through
+        // the arena too).
         let (send, recv, mine, want) = sum_then_max(&*gpu, comm, (r, n), count);
-        assert_eq!(c.comm.arena_device_calls(), 1);
+        assert_eq!(c.comm.arena_device_calls(), 2);
         let (sp, rp) = (send.addr() as *const c_void, recv.addr() as *mut c_void);
         upload_into(&*gpu, &*send, &mine);
         upload_into(&*gpu, &*recv, &vec![0.0; count]);
@@ -686,7 +709,7 @@ mod tests {
         assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
         assert_eq!(download(&*gpu, &*recv, count), want);
         gather_then_scatter(&*gpu, comm, (r, n), (&*send, &*recv), &mine);
-        assert_eq!(c.comm.arena_device_calls(), 4, "rank {r}");
+        assert_eq!(c.comm.arena_device_calls(), 5, "rank {r}");
         // Non-blocking all-gather and reduce-scatter take it too.
         let all = upload(&*gpu, &vec![-1.0; count * n]);
         let ap = all.addr() as *mut c_void;
@@ -698,7 +721,7 @@ mod tests {
         assert_eq!(qcclWait(req), qcclSuccess, "{}", last_error(comm));
         // Every rank's part r of the gathered buffer is rank r's input: its max is itself.
         assert_eq!(download(&*gpu, &*recv, count), mine);
-        assert_eq!(c.comm.arena_device_calls(), 6, "rank {r}");
+        assert_eq!(c.comm.arena_device_calls(), 7, "rank {r}");
         assert_eq!(qcclCommDestroy(comm), qcclSuccess);
     }
 }

@@ -3,7 +3,10 @@
 //! every collective run on the device addresses the way the C API runs a call on a stream
 //! (`Comm::on_stream`): enqueued on qccl-perf's own stream and returning at once; the stream
 //! is synchronised at the end of the timed loop, as nccl-tests does with
-//! cudaStreamSynchronize. qccl stages the buffers through page-locked host memory, except a
+//! cudaStreamSynchronize. qccl stages the buffers through page-locked host memory (for a
+//! dense all-reduce, reduce-scatter or all-gather of ranks sharing one host, in bands
+//! pipelined with the shared-memory arena's rounds: `Comm::enqueue_all_reduce_dense_at`),
+//! except a
 //! compressed all-reduce, which goes through `Comm::all_reduce_compressed_at` as the C API's
 //! does: a flat SRA, all-gather scheme, ring or tree on a float type runs its codecs on the
 //! GPU (only encoded bytes cross PCIe), and so does a naive all-gather top-k (`naiveag`, the
@@ -198,6 +201,35 @@ impl Gpu {
             (r, sh.recv * es),
         )?;
         let call_bufs: Vec<CallBuf> = bufs.clone();
+        // On qccl-perf's stream, ranks sharing one host: a dense all-reduce, reduce-scatter
+        // or all-gather pipelined through their arena, enqueued, where that applies.
+        let work = match work {
+            Work::AllReduce(call) if !self.stream_null => {
+                let (send, recv) = send_recv_of(&call_bufs)?;
+                // SAFETY: as in `enqueue_compressed`.
+                let raw = self.stream.raw();
+                if unsafe { ctx.comm.enqueue_all_reduce_dense_at(&call, send, recv, raw) }? {
+                    return self.enqueued(Ran {
+                        algo: Some(Algo::Sra),
+                        ..Ran::default()
+                    });
+                }
+                Work::AllReduce(call)
+            }
+            Work::Call(call)
+                if !self.stream_null
+                    && matches!(call.coll, Call::ReduceScatter | Call::AllGather) =>
+            {
+                let (send, recv) = send_recv_of(&call_bufs)?;
+                // SAFETY: as in `enqueue_compressed`.
+                let raw = self.stream.raw();
+                if unsafe { ctx.comm.enqueue_coll_dense_at(&call, send, recv, raw) }? {
+                    return self.enqueued(Ran::default());
+                }
+                Work::Call(call)
+            }
+            work => work,
+        };
         match work {
             // As the C API: the core's one entry for compressed all-reduces on raw buffers,
             // which runs the codecs on the GPU where the call has that path.
@@ -242,6 +274,20 @@ impl Gpu {
             }
             work => self.enqueue_staged(ctx.comm, work, bufs)?,
         }
+        self.count_enqueued()
+    }
+
+    /// Records `ran` for a call enqueued whole (its report known now), and counts it.
+    fn enqueued(&mut self, ran: Ran) -> Result<()> {
+        self.done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ran);
+        self.count_enqueued()
+    }
+
+    /// Counts a call enqueued, bounding the calls in flight.
+    fn count_enqueued(&mut self) -> Result<()> {
         self.enqueued += 1;
         self.in_flight.push_back(self.stream.record()?);
         if self.in_flight.len() > IN_FLIGHT {

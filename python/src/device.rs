@@ -255,6 +255,23 @@ pub(crate) fn run(
             out.map(Some).map_err(crate::py_err)
         }
         Target::Stream(h) => {
+            let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
+            // Ranks sharing one host: dense calls pipelined through their arena, enqueued
+            // on the stream and returning at once, where that applies.
+            // SAFETY (both): as below.
+            let enqueued = py.allow_threads(|| {
+                let stream = h as *mut std::ffi::c_void;
+                match &job {
+                    Job::AllReduce(call) => unsafe {
+                        c.enqueue_all_reduce_dense_at(call, sp, rp, stream)
+                    },
+                    Job::Coll(call) => unsafe { c.enqueue_coll_dense_at(call, sp, rp, stream) },
+                    _ => Ok(false),
+                }
+            });
+            if enqueued.map_err(crate::py_err)? {
+                return Ok(None);
+            }
             let coded = Some(job.coded_calls());
             let work = move |e: &mut Engine, hosts: &[*mut u8]| {
                 // SAFETY: `hosts` stand for the buffers while the job runs (see below).

@@ -51,10 +51,10 @@ pub fn all_reduce(
 /// 2 ranks on par to 32 KiB, behind at 64 KiB.
 const ONE_SHOT_MAX_FOLDED: usize = 64 << 10;
 
-/// True when an all-reduce of `len` bytes through `arena` goes in one shot, not in SRA
-/// rounds.
-pub fn one_shot_fits(arena: &Arena, len: usize) -> bool {
-    len * arena.size() <= ONE_SHOT_MAX_FOLDED && len <= arena.chunk()
+/// True when an all-reduce of `len` bytes on `n` ranks through an arena of `chunk`-byte
+/// areas goes in one shot, not in SRA rounds.
+pub fn one_shot_fits(n: usize, chunk: usize, len: usize) -> bool {
+    len * n <= ONE_SHOT_MAX_FOLDED && len <= chunk
 }
 
 /// One-shot all-reduce: every rank stages its whole input, and once all have, folds all of
@@ -68,7 +68,7 @@ fn one_shot(ctx: &mut Ctx<'_>, send: Option<&[u8]>, buf: &mut [u8]) -> Result<bo
         return Ok(false);
     };
     let (n, len) = (arena.size(), buf.len());
-    if !one_shot_fits(arena, len) {
+    if !one_shot_fits(n, arena.chunk(), len) {
         return Ok(false);
     }
     let round = arena.next_round();
@@ -169,13 +169,18 @@ pub struct Rounds {
 impl Rounds {
     /// The rounds of `count` elements of `es` bytes on `arena`.
     pub fn new(arena: &Arena, count: usize, es: usize) -> Rounds {
-        let n = arena.size();
+        Rounds::of(arena.size(), arena.chunk(), count, es)
+    }
+
+    /// The rounds of `count` elements of `es` bytes on `n` ranks, at most `chunk` bytes per
+    /// owner per round (the arena's `chunk`).
+    pub fn of(n: usize, chunk: usize, count: usize, es: usize) -> Rounds {
         let chunks: Vec<Range<usize>> = (0..n).map(|c| part(count, n, c, es)).collect();
         // Rounds of at most the arena's chunk, and at least 8 of them while they can stay at
         // CHUNK or more: a buffer of a few rounds would not pipeline (2 ranks, 1 MiB: 512 KiB
         // rounds 250 µs, 128 KiB 118 µs).
         let largest = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
-        let per_round = (largest / 8).clamp(CHUNK.min(arena.chunk()), arena.chunk()) / es;
+        let per_round = (largest / 8).clamp(CHUNK.min(chunk), chunk) / es;
         let rounds = largest.div_ceil(es).div_ceil(per_round).max(1);
         Rounds { chunks, rounds, es }
     }

@@ -233,6 +233,7 @@ impl Comm {
                 rank: self.rank,
                 timeout: self.config.timeout,
                 comm_id: self.comm_id,
+                arena_chunk: self.config.shm_arena_chunk,
             },
             lane: self.ipc_lane.clone(),
             calls: self.ipc_calls.clone(),
@@ -278,7 +279,7 @@ impl Comm {
 
     /// The driver, placement and device of `bufs` when each non-empty one is device memory
     /// (at least one), on the comm's device; None otherwise.
-    fn all_on_device(&self, bufs: &[CallBuf]) -> Result<Option<Found>> {
+    pub(super) fn all_on_device(&self, bufs: &[CallBuf]) -> Result<Option<Found>> {
         let Ok(driver) = crate::gpu::select::driver() else {
             return Ok(None);
         };

@@ -204,6 +204,16 @@ impl Comm {
             }
             _ => None,
         };
+        // Ranks sharing one host: pipelined through their arena, where that applies.
+        // SAFETY (both): as below.
+        let (s0, r0) = (send.map(|s| s.0), recv.0);
+        let enqueued = match &all_reduce {
+            Some(c) => unsafe { self.enqueue_all_reduce_dense_at(c, s0, r0, raw(stream)) }?,
+            None => unsafe { self.enqueue_coll_dense_at(&call, s0, r0, raw(stream)) }?,
+        };
+        if enqueued {
+            return Ok(());
+        }
         let bufs = super::device::send_recv(send, recv);
         let (send_len, recv_len) = (send.map(|s| s.1), recv.1);
         // SAFETY: the buffers are cudarc device memory of the lengths given, kept alive by

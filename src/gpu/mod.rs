@@ -9,8 +9,10 @@
 //! (`plans/`). The codecs run on the GPU in compressed all-reduces (`sra.rs`); dense calls go
 //! through the peers' GPU memory over CUDA IPC (`ipc.rs`, opt-in) or, on ranks sharing one
 //! host, through the shared-memory arena with the GPU copying into and out of it (`arena.rs`).
-//! What does not exist yet: the codecs on the GPU in the hierarchical schedule and HiTopK,
-//! pipelined staging on callers' streams. docs/ARCHITECTURE.md has the whole picture.
+//! On a caller's stream those arena calls are staged in bands, pipelined
+//! (`staging::Staging::start_banded`). What does not exist yet: the codecs on the GPU in
+//! the hierarchical schedule and HiTopK, pipelined staging over sockets.
+//! docs/ARCHITECTURE.md has the whole picture.
 //!
 //! With the cargo feature `cuda` (on by default) qccl links no CUDA library: `libcuda.so.1`
 //! and `libnvrtc.so.13`/`.so.12` are opened at run time, so the same build runs on a machine

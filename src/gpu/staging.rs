@@ -30,9 +30,12 @@
 //! a pool that reuses them across calls and caps the bytes pinned (`pool.rs`,
 //! QCCL_STAGING_BYTES): enqueueing waits for earlier calls to finish once the cap is reached.
 //!
-//! The copies are not pipelined with the transfers here: dense calls that return once done
-//! avoid this path where they can (`arena.rs`: ranks sharing one host, the copies overlapping
-//! the rounds; `ipc.rs`: CUDA IPC).
+//! `run` and `start` copy whole buffers before and after the collective. `start_banded`
+//! cuts a call on a caller's stream into bands (ranks sharing one host, `arena.rs`): every
+//! copy still enqueued by the caller, the worker releasing each band's copies out with its
+//! own value of the word as soon as the band's rounds are done, so copies and rounds
+//! overlap. Dense calls that return once done avoid page-locked buffers altogether where
+//! they can (`arena.rs`: the arena's segments registered; `ipc.rs`: CUDA IPC).
 
 use super::driver::{Driver, Memory, Pinned, Stream};
 use crate::error::{Error, Result};
@@ -205,20 +208,82 @@ impl Drop for Finish {
         // Released even when the job never ran (a failed comm drops it): a stream waiting for
         // a word nobody stores would hang its device work forever.
         self.word.release(self.seq);
-        // The page-locked buffers go back to the pool only once no copy uses them.
-        let done = self
+        let copies = self
             .copied_out
             .iter()
-            .chain(std::iter::once(&self.copied_in))
-            .try_for_each(|e| e.synchronize(self.timeout));
-        if let Err(e) = done {
-            crate::qlog!(
-                Warn,
-                "page-locked staging buffers kept out of the pool: a copy using them was not \
-                 confirmed done ({e})"
-            );
-            std::mem::forget(self.pinned.take());
-        }
+            .chain(std::iter::once(&self.copied_in));
+        settle(&mut self.pinned, copies, self.timeout);
+    }
+}
+
+/// Lets `pinned` go back to the pool (when its holder drops it) only once every copy that
+/// `copies` mark is done; keeps it out of the pool for good when one cannot be confirmed.
+fn settle<'a>(
+    pinned: &mut Option<Lent>,
+    mut copies: impl Iterator<Item = &'a Box<dyn super::driver::Event>>,
+    timeout: Duration,
+) {
+    if let Err(e) = copies.try_for_each(|e| e.synchronize(timeout)) {
+        crate::qlog!(
+            Warn,
+            "page-locked staging buffers kept out of the pool: a copy using them was not \
+             confirmed done ({e})"
+        );
+        std::mem::forget(pinned.take());
+    }
+}
+
+/// One band of a call started with `Staging::start_banded`: its copies in (device address,
+/// offset in the page-locked buffer, bytes), made before the call, and out, made once the
+/// worker released the band.
+#[derive(Debug, Clone, Default)]
+pub struct Band {
+    /// Device → page-locked.
+    pub ins: Vec<(u64, usize, usize)>,
+    /// Page-locked → device.
+    pub outs: Vec<(u64, usize, usize)>,
+}
+
+/// What the worker holds of a call started in bands: the page-locked buffer, an event per
+/// band's copies in, and the word values that release each band's copies out.
+pub struct Banded {
+    /// Back to the pool on drop, once no copy uses it; None once kept from the pool for
+    /// good.
+    pinned: Option<Lent>,
+    landed: Vec<Box<dyn super::driver::Event>>,
+    copied_out: Option<Box<dyn super::driver::Event>>,
+    word: Arc<Word>,
+    base: u32,
+    bands: u32,
+    timeout: Duration,
+}
+
+impl Banded {
+    /// The page-locked buffer's first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.pinned
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |p| p.ptr(0))
+    }
+
+    /// True once band `b`'s copies in are done (its bytes are in the buffer); the copy's
+    /// error if it failed.
+    pub fn landed(&self, b: usize) -> Result<bool> {
+        self.landed[b].query()
+    }
+
+    /// Lets the caller's stream copy band `b`'s results out (they are in the buffer).
+    pub fn release(&self, b: usize) {
+        self.word.release(self.base.wrapping_add(b as u32 + 1));
+    }
+}
+
+impl Drop for Banded {
+    fn drop(&mut self) {
+        // Every band released, even when the job never ran (see `Finish`'s drop).
+        self.word.release(self.base.wrapping_add(self.bands));
+        let copies = self.copied_out.iter().chain(&self.landed);
+        settle(&mut self.pinned, copies, self.timeout);
     }
 }
 
@@ -388,6 +453,78 @@ impl Staging {
         }
         copies?;
         Ok(finish)
+    }
+
+    /// Enqueues the start of a call on the caller's stream `raw` (not null) in `bands`,
+    /// through one page-locked buffer of `len` bytes from the pool: on qccl's stream, behind
+    /// the caller's earlier work, each band's copies in, then an event; on the caller's
+    /// stream, for each band in order, a wait until the worker stored that band's value of
+    /// the word, then the band's copies out. The worker runs the collective band by band
+    /// (`Banded::landed`, `Banded::release`): the copies of one band overlap the collective
+    /// of another, and the worker enqueues no device work (see the module). Every range is
+    /// device memory of this device and lies inside `len` bytes of the buffer.
+    ///
+    /// # Safety
+    /// Each device range must stay valid until the caller's stream passes the call, and
+    /// `raw` be a stream of this device.
+    pub unsafe fn start_banded(
+        &mut self,
+        len: usize,
+        bands: &[Band],
+        raw: *mut c_void,
+    ) -> Result<Banded> {
+        if bands.is_empty() || len == 0 {
+            return Err(Error::Internal("a banded call of no bands or bytes".into()));
+        }
+        // SAFETY: the caller's promise about `raw`.
+        let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
+        // One take for the whole call: a band's take that had to pin memory would first
+        // wait for this comm's earlier calls, the call's own earlier bands included.
+        let (word, last, timeout) = (self.word.clone(), self.seq, self.timeout);
+        let pinned = self.pool.take(&*self.driver, &[len], self.timeout, || {
+            word.wait_for(last, timeout)
+        })?;
+        let ready = caller.record()?;
+        self.stream.wait_event(&*ready)?;
+        let at = pinned.ptr(0);
+        let mut landed = Vec::with_capacity(bands.len());
+        for band in bands {
+            for &(dev, off, n) in &band.ins {
+                // SAFETY: `off + n <= len` (the caller's promise), the buffer is this call's
+                // until its Banded is dropped; the device range was located.
+                unsafe { self.stream.copy_to_host(at.add(off), dev, n)? };
+            }
+            landed.push(self.stream.record()?);
+        }
+        let base = self.seq;
+        self.seq = self.seq.wrapping_add(bands.len() as u32);
+        let mut banded = Banded {
+            pinned: Some(pinned),
+            landed,
+            copied_out: None,
+            word: self.word.clone(),
+            base,
+            bands: bands.len() as u32,
+            timeout: self.timeout,
+        };
+        let copies = bands.iter().enumerate().try_for_each(|(i, band)| {
+            // SAFETY: the word is page-locked memory of this driver, aligned, alive as long
+            // as `self.word`, which the Banded holds until it stored its last value.
+            unsafe { caller.wait_word(self.word.at.cast(), base.wrapping_add(i as u32 + 1))? };
+            band.outs.iter().try_for_each(|&(dev, off, n)| {
+                // SAFETY: the band's results are in the buffer once its value is stored;
+                // the buffer stays out of the pool until the event below is done.
+                unsafe { caller.copy_to_device(dev, at.add(off), n) }
+            })
+        });
+        // As in `start`: recorded even after a failed enqueue.
+        match caller.record() {
+            Ok(e) => banded.copied_out = Some(e),
+            Err(e) if copies.is_ok() => return Err(e),
+            Err(_) => std::mem::forget(banded.pinned.take()),
+        }
+        copies?;
+        Ok(banded)
     }
 
     /// Page-locked room for each device buffer (its index's), grown as needed.

@@ -49,6 +49,17 @@ pub fn default_chunk(n: usize) -> usize {
         CHUNK
     }
 }
+/// Bytes per owner per round of an arena of `n` ranks, `requested` by QCCL_SHM_ARENA_CHUNK
+/// or by default: what `setup` makes, known before it runs.
+pub fn chunk_for(requested: Option<usize>, n: usize) -> usize {
+    // Every rank maps every segment: bound each, so that many ranks on one host do not
+    // exhaust /dev/shm (128 KiB per owner up to 31 ranks, less beyond).
+    requested
+        .unwrap_or_else(|| default_chunk(n))
+        .min(MAX_SEGMENT / (SLOTS * (n + 1)) / 4096 * 4096)
+        .max(4096)
+}
+
 /// Largest segment a rank creates (round slots only; the header comes on top).
 const MAX_SEGMENT: usize = 16 << 20;
 
@@ -101,13 +112,7 @@ pub fn setup(
     mut exchange: impl FnMut(&[SendReq<'_>], &mut [RecvReq<'_>]) -> Result<()>,
 ) -> Result<Arena> {
     let (me, n) = (cfg.rank, cfg.size);
-    // Every rank maps every segment: bound each, so that many ranks on one host do not
-    // exhaust /dev/shm (128 KiB per owner up to 31 ranks, less beyond).
-    let chunk = cfg
-        .arena_chunk
-        .unwrap_or_else(|| default_chunk(n))
-        .min(MAX_SEGMENT / (SLOTS * (n + 1)) / 4096 * 4096)
-        .max(4096);
+    let chunk = chunk_for(cfg.arena_chunk, n);
     let len = segment_len(n, chunk);
     let name = segment::new_name(comm_id, &format!("a{me}"));
     let own = Segment::create(&name, len)?;
