@@ -219,7 +219,8 @@ fn rank_main(a: &Args) -> i32 {
         };
         let ranks = rank_table(&comm, gpu.as_ref())?;
         if rank == 0 {
-            print!("{}", report::header(a, n, &ranks));
+            let arena = n > 1 && comm.links() == qccl::internal::Links::Arena;
+            print!("{}", report::header(a, n, &ranks, arena));
         }
         let mut sink = bench::Sink {
             print: rank == 0,

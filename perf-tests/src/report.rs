@@ -235,7 +235,8 @@ pub fn emulated(ranks: &[RankInfo]) -> bool {
 }
 
 /// The header: nccl-tests' parameter line, qccl's run line, the ranks, the table head.
-pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
+/// `arena`: every rank of the comm shares one host (its shared-memory arena serves SRA).
+pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo], arena: bool) -> String {
     let (step, kind) = match a.step {
         Step::Factor(f) => (f, "factor"),
         Step::Bytes(b) => (b, "bytes"),
@@ -363,10 +364,27 @@ pub fn header(a: &Args, nranks: usize, ranks: &[RankInfo]) -> String {
             "# device buffers (--device cuda): send and receive buffers in GPU memory, staged \
              by qccl through page-locked host memory (a compressed flat SRA, all-gather scheme, \
              ring or tree on a float type, and naiveag: its codecs run on the GPU, only \
-             encoded bytes cross PCIe); calls \
-             enqueued on qccl-perf's stream, which is synchronised after each timed loop \
-             (with -I after each call)"
+             encoded bytes cross PCIe); calls {}, which is synchronised after each timed loop \
+             (with -I after each call)",
+            if a.stream_null {
+                "on the NULL stream (-y 1)"
+            } else {
+                "enqueued on qccl-perf's stream"
+            }
         );
+        if arena {
+            let _ = writeln!(
+                s,
+                "# ranks sharing one host: a dense all_reduce (where SRA takes the shared-memory \
+                 arena's rounds), reduce_scatter or all_gather on device buffers {}",
+                if a.stream_null {
+                    "goes through the arena's page-locked segments, the GPU copying into and \
+                     out of them while earlier rounds reduce"
+                } else {
+                    "is staged in bands pipelined with the shared-memory arena's rounds"
+                }
+            );
+        }
         if std::env::var("QCCL_CUDA_IPC").is_ok_and(|v| v.trim() == "1") {
             let _ = writeln!(
                 s,

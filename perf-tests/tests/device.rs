@@ -62,6 +62,12 @@ fn check(out: &str, err: &str, np: usize, device: impl Fn(&str) -> bool) {
         assert!(device(rest), "rank {r}'s device: {l}");
     }
     assert!(out.contains("# device buffers (--device cuda)"), "{out}");
+    // Ranks sharing one host (the arena) on qccl-perf's stream: the banded staging.
+    assert_eq!(
+        out.contains("is staged in bands pipelined with the shared-memory arena's rounds"),
+        np > 1,
+        "{out}"
+    );
     assert!(
         out.contains("# Out of bounds values : 0 OK"),
         "{out}\n{err}"
@@ -144,6 +150,10 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
         let (code, out, err) = perf_with(Some("1"), 3, &args, &[("QCCL_DEBUG", "INFO")]);
         assert_eq!(code, Some(0), "{coll}\n{out}\n{err}");
         assert!(out.contains("return once done (-y 1)"), "{out}");
+        assert!(
+            out.contains("the GPU copying into and out of them"),
+            "{out}"
+        );
         assert!(
             out.contains("# Out of bounds values : 0 OK"),
             "{coll}\n{out}\n{err}"
