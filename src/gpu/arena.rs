@@ -19,6 +19,13 @@
 //! owner publishes its part from its own area), so a rank on host buffers and one on device
 //! buffers meet in the same call.
 //!
+//! A call on a caller's stream must return once enqueued, and nothing may be enqueued for it
+//! later (`staging.rs`): its copies are all enqueued when it is made, in bands of rounds
+//! through one page-locked buffer (`bands`, `Staging::start_banded`), and the same round
+//! loop (`run_banded`) stages each round once its band landed and releases each band once
+//! all its rounds are out. The loop is written once over its two ends (`Ends`: the device
+//! streams, or the bands).
+//!
 //! `comm/arena_turn.rs` decides when a call comes here: when the host path would take the
 //! arena's rounds for it.
 
