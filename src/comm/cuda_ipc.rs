@@ -121,13 +121,15 @@ impl Comm {
     ) -> Result<Option<Algo>> {
         let on = match self.place_call(call, send, recv, stream as usize)? {
             Ok(on) => on,
-            Err(bufs) => {
+            Err((bufs, host)) => {
+                let run =
+                    |hosts: &[*mut u8]| self.execute(|e| call.run_hosts(e, &bufs, hosts, true));
+                if host && stream.is_null() {
+                    // Host memory on NULL: used as it is (what `on_buffers` would find again).
+                    return run(&super::device::as_given(&bufs));
+                }
                 // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
-                return unsafe {
-                    self.on_buffers(&bufs, stream, |hosts| {
-                        self.execute(|e| call.run_hosts(e, &bufs, hosts, true))
-                    })
-                };
+                return unsafe { self.on_buffers(&bufs, stream, run) };
             }
         };
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
@@ -188,7 +190,7 @@ impl Comm {
     ) -> Result<crate::Request<()>> {
         let on = match self.place_call(call.call(), send, recv, 0)? {
             Ok(on) => on,
-            Err(bufs) => {
+            Err((bufs, _)) => {
                 let lens = bufs.clone();
                 // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
                 return unsafe {
@@ -237,33 +239,31 @@ impl Comm {
             },
             lane: self.ipc_lane.clone(),
             calls: self.ipc_calls.clone(),
-            rank: self.rank,
             size: self.size,
-            timeout: self.config.timeout,
-            comm_id: self.comm_id,
         }
     }
 
     /// The call on device buffers, ordered on `stream` (a `CUstream`, 0 for the legacy
-    /// default stream), when it may go over CUDA IPC and each non-empty buffer is device
-    /// memory (`all_on_device`); else its buffers, for the usual path.
+    /// default stream), when it may go over CUDA IPC or through the arena and each non-empty
+    /// buffer is device memory (`all_on_device`); else its buffers for the usual path, and
+    /// whether they were found to be all host memory (no need to look again).
     fn place_call(
         &self,
         call: DenseCall<'_>,
         send: Option<u64>,
         recv: u64,
         stream: usize,
-    ) -> Result<std::result::Result<OnDevice, Vec<CallBuf>>> {
+    ) -> Result<std::result::Result<OnDevice, (Vec<CallBuf>, bool)>> {
         let (send_len, recv_len) = call.lens(self.size, send.is_none());
         let bufs = super::device::send_recv(send.map(|s| (s, send_len)), (recv, recv_len));
         let arena = self.links == Links::Arena && stream == 0 && call.moves_bytes();
         let found = if call.exchanges(self.place.cuda_ipc) || arena {
-            self.all_on_device(&bufs)?
+            self.placed(&bufs)?
         } else {
-            None
+            Placed::Mixed
         };
         Ok(match found {
-            Some((driver, place, ordinal)) => Ok(OnDevice {
+            Placed::Device((driver, place, ordinal)) => Ok(OnDevice {
                 driver,
                 place,
                 ordinal,
@@ -273,15 +273,24 @@ impl Comm {
                 in_place: send.is_none(),
                 stream,
             }),
-            None => Err(bufs),
+            Placed::Host => Err((bufs, true)),
+            Placed::Mixed => Err((bufs, false)),
         })
     }
 
     /// The driver, placement and device of `bufs` when each non-empty one is device memory
     /// (at least one), on the comm's device; None otherwise.
     pub(super) fn all_on_device(&self, bufs: &[CallBuf]) -> Result<Option<Found>> {
+        Ok(match self.placed(bufs)? {
+            Placed::Device(found) => Some(found),
+            Placed::Host | Placed::Mixed => None,
+        })
+    }
+
+    /// Where `bufs` are, found once (a call's dense entry passes it on).
+    fn placed(&self, bufs: &[CallBuf]) -> Result<Placed> {
         let Ok(driver) = crate::gpu::select::driver() else {
-            return Ok(None);
+            return Ok(Placed::Host);
         };
         let place = staging::locate(&*driver, bufs)?;
         let host = bufs
@@ -291,11 +300,22 @@ impl Comm {
         match place.ordinal()? {
             Some(o) if !host => {
                 self.check_device(o)?;
-                Ok(Some((driver, place, o)))
+                Ok(Placed::Device((driver, place, o)))
             }
-            _ => Ok(None),
+            Some(_) => Ok(Placed::Mixed),
+            None => Ok(Placed::Host),
         }
     }
+}
+
+/// Where a call's buffers are.
+enum Placed {
+    /// Every non-empty one on the comm's device (at least one).
+    Device(Found),
+    /// All host memory (or no usable driver).
+    Host,
+    /// Some of each.
+    Mixed,
 }
 
 /// A call's driver, where its buffers are, and their one device.

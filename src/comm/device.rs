@@ -225,10 +225,9 @@ impl Comm {
         stream: *mut c_void,
         run: impl FnOnce(&[*mut u8]) -> Result<R>,
     ) -> Result<R> {
-        let as_given = || bufs.iter().map(|b| b.addr as *mut u8).collect::<Vec<_>>();
         let driver = match crate::gpu::select::driver() {
             Ok(d) => d,
-            Err(_) if stream.is_null() => return run(&as_given()),
+            Err(_) if stream.is_null() => return run(&as_given(bufs)),
             Err(e) => {
                 return Err(Error::Unsupported(format!(
                     "stream {stream:p}: no device buffers here ({e}); pass NULL (host memory, \
@@ -239,7 +238,7 @@ impl Comm {
         let place = staging::locate(&*driver, bufs)?;
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let ordinal = match (place.ordinal()?, guard.as_ref()) {
-            (None, _) if stream.is_null() => return run(&as_given()),
+            (None, _) if stream.is_null() => return run(&as_given(bufs)),
             (Some(o), _) => o,
             // Host buffers with a stream: they wait for its earlier work on the comm's device.
             (None, Some(s)) => s.ordinal(),
@@ -249,6 +248,11 @@ impl Comm {
         // SAFETY: the caller's promise, passed on.
         unsafe { st.run(bufs, &place, stream, run) }
     }
+}
+
+/// The buffers' own addresses, standing for themselves (host memory).
+pub(super) fn as_given(bufs: &[CallBuf]) -> Vec<*mut u8> {
+    bufs.iter().map(|b| b.addr as *mut u8).collect()
 }
 
 /// A call's buffers as the device path sees them, from its send buffer (None: in place) and

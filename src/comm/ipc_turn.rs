@@ -15,7 +15,6 @@ use crate::gpu::staging::Staging;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 impl DenseCall<'_> {
     /// Enqueues the device steps on `lane` and puts the engine's barriers between them.
@@ -69,14 +68,12 @@ impl DenseCall<'_> {
 /// What a call over CUDA IPC needs of its comm in the comm's turn (queued calls take it to
 /// the worker).
 pub(super) struct IpcTurn {
-    /// Where a call goes when not every rank's buffers are on one device.
+    /// Where a call goes when not every rank's buffers are on one device (and whose rank,
+    /// timeout and comm id this turn uses too).
     pub(super) arena: ArenaTurn,
     pub(super) lane: Arc<Mutex<Option<IpcLane>>>,
     pub(super) calls: Arc<AtomicU64>,
-    pub(super) rank: usize,
     pub(super) size: usize,
-    pub(super) timeout: Duration,
-    pub(super) comm_id: u64,
 }
 
 impl IpcTurn {
@@ -101,7 +98,7 @@ impl IpcTurn {
                 on.driver.clone(),
                 on.ordinal,
                 self.size,
-                self.timeout,
+                self.arena.timeout,
             )?);
         }
         let lane = slot.as_mut().expect("made above");
@@ -116,7 +113,7 @@ impl IpcTurn {
                 crate::qlog!(
                     Warn,
                     "rank {}: CUDA IPC not set up ({err}): staged",
-                    self.rank
+                    self.arena.rank
                 );
                 Descriptor::host(bytes)
             }
@@ -125,7 +122,7 @@ impl IpcTurn {
         let peers = on_one_device(&table);
         let opened = match &peers {
             Some(p) => lane
-                .open_peers(self.rank, p)
+                .open_peers(self.arena.rank, p)
                 .and_then(|()| lane.synchronize()),
             None => Ok(()),
         };
@@ -133,7 +130,7 @@ impl IpcTurn {
             crate::qlog!(
                 Warn,
                 "rank {}: CUDA IPC not set up ({err}): staged",
-                self.rank
+                self.arena.rank
             );
         }
         // Also the barrier after which every input is in its scratch.
@@ -141,7 +138,11 @@ impl IpcTurn {
             // The scratch copy reads the input, which the staged call may rewrite.
             if let Err(err) = lane.synchronize().and(staged.map(drop)) {
                 // Broken (a failed copy is sticky): the next call makes a new lane.
-                crate::qlog!(Warn, "rank {}: CUDA IPC lane dropped: {err}", self.rank);
+                crate::qlog!(
+                    Warn,
+                    "rank {}: CUDA IPC lane dropped: {err}",
+                    self.arena.rank
+                );
                 *slot = None;
             }
             // SAFETY: the caller's promise, passed on.
@@ -150,12 +151,12 @@ impl IpcTurn {
         crate::qlog!(
             Trace,
             "rank {}: comm {:#018x}: {} of {bytes} bytes per rank: CUDA IPC",
-            self.rank,
-            self.comm_id,
+            self.arena.rank,
+            self.arena.comm_id,
             call.name()
         );
         // SAFETY: agreed above: every scratch staged and mapped; the output is the caller's.
-        unsafe { call.run_ipc(lane, e, (self.rank, self.size), on)? };
+        unsafe { call.run_ipc(lane, e, (self.arena.rank, self.size), on)? };
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(None)
     }
