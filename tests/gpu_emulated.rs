@@ -934,6 +934,9 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
         ("head", 4099),
     ]);
     let layered_count = layered.count();
+    // On emulated hosts the calls take the hierarchical route instead of the cases' flat
+    // schedules, its codecs on the GPU for float32.
+    let hier = std::env::var("QCCL_TEST_HIER").is_ok();
     let cases = [
         CodedCase {
             spec: "fp16",
@@ -1231,7 +1234,9 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
     let (mut piped, mut overlapped) = (0u64, 0u64);
     for (ci, case) in cases.iter().enumerate() {
         let mut c = Compression::parse(case.spec).map_err(e)?;
-        if let Some(a) = case.algo {
+        if hier {
+            c = c.algo(Algo::Hier);
+        } else if let Some(a) = case.algo {
             c = c.algo(a);
         }
         if let Some(k) = case.key {
@@ -1250,17 +1255,22 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     .collect();
                 let in_place = call % 2 == 1;
                 let got = if on_device {
-                    // Odd calls on a stream of the caller's, even ones on NULL.
-                    let stream = if call % 2 == 1 {
+                    // Odd calls on a stream of the caller's, even ones on NULL. On the
+                    // hierarchical route a call on a stream is staged, its residual the
+                    // host's: a tensor key stays off streams there.
+                    let stream = if call % 2 == 1 && !(hier && case.key.is_some()) {
                         user.raw()
                     } else {
                         std::ptr::null_mut()
                     };
                     // Every third call queued, as the C ABI's non-blocking calls.
                     let queued = call % 3 == 2;
+                    // The hierarchical route's GPU path: float32, calls that return once done.
+                    let waits = stream.is_null() || queued;
+                    let must_gpu = case.must_gpu && (!hier || (dt == DType::Float32 && waits));
                     let before = comm.device_stats().map_err(e)?;
                     let how = (case.op, dt, in_place, stream, queued);
-                    let m = coded_on_device(comm, dev, &c, &ins[r], how)?;
+                    let m = coded_on_device(comm, dev, &c, &ins[r], how, hier)?;
                     user.synchronize(WAIT).map_err(e)?;
                     if let Some(err) = comm.async_error() {
                         return Err(format!("{what}: async error: {err}"));
@@ -1269,16 +1279,19 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     let after = comm.device_stats().map_err(e)?;
                     let ran = after.calls - before.calls;
                     let gpu_ran = ran == 1;
-                    if count > 0 && case.must_gpu && !gpu_ran {
+                    if count > 0 && must_gpu && !gpu_ran {
                         return Err(format!("{what}: the GPU path did not run ({ran} calls)"));
                     }
+                    // A hierarchical call returns once done.
                     let early = after.enqueued - before.enqueued;
-                    if gpu_ran && early != u64::from(!stream.is_null() && !queued) {
+                    if gpu_ran && early != u64::from(!stream.is_null() && !queued && !hier) {
                         return Err(format!(
                             "{what}: {early} calls returned once enqueued (stream {stream:?})"
                         ));
                     }
-                    if gpu_ran && n > 1 && case.gather {
+                    if hier {
+                        // The levels' exchanges depend on the pieces and the parts.
+                    } else if gpu_ran && n > 1 && case.gather {
                         // The all-gather scheme: one exchange.
                         let exchanges = after.exchanges - before.exchanges;
                         if exchanges != 1 {
@@ -1314,6 +1327,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     }
                     if gpu_ran
                         && n > 1
+                        && !hier
                         && case.layout.is_none()
                         && case.spec.starts_with("fp16")
                         && count >= 16
@@ -1388,6 +1402,7 @@ fn coded_on_device(
     c: &Compression,
     mine: &[f32],
     (op, dtype, in_place, stream, queued): (ReduceOp, DType, bool, *mut std::ffi::c_void, bool),
+    hier: bool,
 ) -> Result<Box<dyn DeviceMem>, String> {
     let e = |e: qccl::Error| e.to_string();
     let count = mine.len();
@@ -1400,6 +1415,9 @@ fn coded_on_device(
     let p = comm
         .prepare_all_reduce_compressed(count, dtype, op, c)
         .map_err(e)?;
+    if hier && p.algo() != Algo::Hier {
+        return Err(format!("a call across hosts runs {:?}, not hier", p.algo()));
+    }
     let (s, rv) = match &recv {
         Some(rm) => (Some(send.addr()), rm.addr()),
         None => (None, send.addr()),
@@ -1429,15 +1447,46 @@ fn run_coded_with(
     devices: &str,
     more: &[(&str, &str)],
 ) -> Vec<String> {
+    run_coded_on(n, device_ranks, devices, more, &[])
+}
+
+/// `run_coded_with`, rank r on emulated host `hosts[r]` (QCCL_HOSTID) when given.
+fn run_coded_on(
+    n: usize,
+    device_ranks: &str,
+    devices: &str,
+    more: &[(&str, &str)],
+    hosts: &[&str],
+) -> Vec<String> {
     let job = Job::new(n);
     let mut env = vec![
         ("QCCL_GPU_EMULATE", devices),
         ("QCCL_TEST_DEVICE_RANKS", device_ranks),
     ];
     env.extend_from_slice(more);
-    let outs = job.run("coded", &env, Duration::from_secs(300));
+    let limit = Duration::from_secs(300);
+    let outs: Vec<_> = (0..n)
+        .map(|r| {
+            let mut env = env.clone();
+            if let Some(h) = hosts.get(r) {
+                env.push(("QCCL_HOSTID", h));
+            }
+            job.spawn(r, "coded", &env)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|c| common::job::wait(c, limit))
+        .collect();
     let mut hashes: Vec<Vec<String>> = Vec::new();
     for (r, o) in outs.iter().enumerate() {
+        if o.status.code() != Some(0) {
+            // Every rank's story: the first to fail is not always rank 0.
+            for (q, o) in outs.iter().enumerate() {
+                let t = text(o);
+                let t: Vec<&str> = t.lines().filter(|l| !l.starts_with("QCCL-HASH")).collect();
+                eprintln!("rank {q} of {n}: {}", t.join("\n"));
+            }
+        }
         assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
         hashes.push(
             String::from_utf8_lossy(&o.stdout)
@@ -1496,6 +1545,46 @@ fn pipelined_compressed_sra_over_many_slices_matches_host_ranks_bit_for_bit() {
             host,
             "{n} ranks, {device} on device buffers, 4 KiB slices"
         );
+    }
+}
+
+/// The hierarchical route a multi-host job takes (pieces of 64 KiB pipelined): float32
+/// calls on device buffers run it with the codecs on the GPU and the intra-host levels
+/// through the arena, and end with the bytes of the same job on host buffers only, device
+/// and host ranks mixed: 2 hosts × 2 ranks interleaved, 3 hosts × 1 rank (no intra-host
+/// level), 3 hosts × 2 ranks.
+#[test]
+fn hierarchical_compressed_all_reduce_with_the_codecs_on_the_gpu_matches_host_ranks() {
+    let more = [("QCCL_TEST_HIER", "1"), ("QCCL_CHUNKSIZE", "65536")];
+    let jobs: [(&[&str], &[&str]); 3] = [
+        (
+            &["host-a", "host-b", "host-a", "host-b"],
+            &["0,1,2,3", "0,3"],
+        ),
+        (&["host-a", "host-b", "host-c"], &["1"]),
+        (&["a", "a", "b", "b", "c", "c"], &["0,3,5"]),
+    ];
+    for (hosts, devices) in jobs {
+        let n = hosts.len();
+        let host = run_coded_on(n, "", "1", &more, hosts);
+        for device in devices {
+            let mixed = run_coded_on(n, device, "1", &more, hosts);
+            assert_eq!(
+                mixed, host,
+                "{n} ranks, device ranks {device} against host ranks only"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn hierarchical_compressed_all_reduce_on_a_real_gpu_matches_host_ranks() {
+    if common::real_gpu() {
+        let more = [("QCCL_TEST_HIER", "1"), ("QCCL_CHUNKSIZE", "65536")];
+        let hosts = ["host-a", "host-b", "host-a", "host-b"];
+        let host = run_coded_on(4, "", "0", &more, &hosts);
+        assert_eq!(run_coded_on(4, "0,1,2,3", "0", &more, &hosts), host);
     }
 }
 

@@ -20,6 +20,7 @@ use crate::coll::call::{Coll, CollCall};
 use crate::coll::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::arena::{bands, run_banded, ArenaLane, DeviceIo};
+use crate::gpu::driver::Driver;
 use crate::gpu::staging::Staging;
 use crate::transport::frame::CollKind;
 use crate::transport::shm::arena::chunk_for;
@@ -91,30 +92,83 @@ impl ArenaTurn {
         if ctx.t.arena()?.is_none() {
             return Ok(false);
         }
-        let mut slot = self.lane.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(ArenaLane::new(on.driver.clone(), on.ordinal, self.timeout)?);
-        }
-        let lane = slot.as_mut().expect("made above");
-        crate::qlog!(
-            Trace,
-            "rank {}: comm {:#018x}: {} of {} elements on device {}: through the \
-             shared-memory arena",
-            self.rank,
-            self.comm_id,
-            call.name(),
-            ac.count,
-            lane.ordinal()
-        );
         let io = DeviceIo {
             src: on.src,
             out: on.recv,
             in_place: on.in_place,
             stream: on.stream as *mut c_void,
         };
+        let device = (&on.driver, on.ordinal);
         // SAFETY: the caller's promise: device memory of the comm's device (`on` was placed
         // so), valid until this returns.
-        let ran = unsafe { lane.run(&mut ctx, ac.shape, &io, ac.count) };
+        unsafe { self.on_lane(&mut ctx, device, (ac.shape, call.name()), &io, ac.count) }
+    }
+
+    /// Runs a level of a hierarchical call on device buffers `io` of `device` in the comm's
+    /// turn (on `e`), as the host path's `Engine::reduce_scatter_parts` and
+    /// `all_gather_parts` do (the same descriptor, f32 sums, the parts `part` cuts): a
+    /// reduce-scatter or all-gather `shape` of `count` elements through the arena. False
+    /// (nothing moved) when the comm has no arena.
+    ///
+    /// # Safety
+    /// `io`'s buffers must be device memory of `device`, valid for the call until this
+    /// returns, its stream null or a live stream of the device.
+    pub(super) unsafe fn run_parts(
+        &self,
+        e: &mut Engine,
+        device: (&Arc<dyn Driver>, usize),
+        shape: Shape,
+        io: &DeviceIo,
+        count: usize,
+    ) -> Result<bool> {
+        let (kind, name) = match shape {
+            Shape::ReduceScatter => (CollKind::ReduceScatter, "reduce_scatter"),
+            Shape::AllGather => (CollKind::AllGather, "all_gather"),
+            Shape::AllReduce => {
+                return Err(Error::Internal(
+                    "a hierarchical level through the arena is a reduce-scatter or an \
+                     all-gather"
+                        .into(),
+                ))
+            }
+        };
+        let hier = Algo::Hier as u8;
+        let mut ctx = e.ctx(kind, count, DType::Float32, ReduceOp::Sum, 0, hier);
+        if ctx.t.arena()?.is_none() {
+            return Ok(false);
+        }
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.on_lane(&mut ctx, device, (shape, name), io, count) }
+    }
+
+    /// Runs `shape` (`name` for the log) on `count` elements of `io` through the arena on
+    /// `ctx`, on the comm's lane (made on first use on `device`). False when it has no arena.
+    ///
+    /// # Safety
+    /// As `run_parts`.
+    unsafe fn on_lane(
+        &self,
+        ctx: &mut crate::algo::Ctx<'_>,
+        (driver, ordinal): (&Arc<dyn Driver>, usize),
+        (shape, name): (Shape, &str),
+        io: &DeviceIo,
+        count: usize,
+    ) -> Result<bool> {
+        let mut slot = self.lane.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(ArenaLane::new(driver.clone(), ordinal, self.timeout)?);
+        }
+        let lane = slot.as_mut().expect("made above");
+        crate::qlog!(
+            Trace,
+            "rank {}: comm {:#018x}: {name} of {count} elements on device {}: through the \
+             shared-memory arena",
+            self.rank,
+            self.comm_id,
+            lane.ordinal()
+        );
+        // SAFETY: the caller's promise, passed on.
+        let ran = unsafe { lane.run(ctx, shape, io, count) };
         if ran.is_err() {
             // A failed copy is sticky: the next call makes new streams.
             *slot = None;

@@ -227,16 +227,21 @@ impl Comm {
         })
     }
 
+    /// What a dense call through the arena needs of this comm in its turn.
+    pub(super) fn arena_turn(&self) -> ArenaTurn {
+        ArenaTurn {
+            lane: self.arena_lane.clone(),
+            calls: self.arena_calls.clone(),
+            rank: self.rank,
+            timeout: self.config.timeout,
+            comm_id: self.comm_id,
+            arena_chunk: self.config.shm_arena_chunk,
+        }
+    }
+
     pub(super) fn ipc_turn(&self) -> IpcTurn {
         IpcTurn {
-            arena: ArenaTurn {
-                lane: self.arena_lane.clone(),
-                calls: self.arena_calls.clone(),
-                rank: self.rank,
-                timeout: self.config.timeout,
-                comm_id: self.comm_id,
-                arena_chunk: self.config.shm_arena_chunk,
-            },
+            arena: self.arena_turn(),
             lane: self.ipc_lane.clone(),
             calls: self.ipc_calls.clone(),
             size: self.size,

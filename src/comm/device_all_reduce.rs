@@ -1,7 +1,8 @@
 //! The one entry for a compressed all-reduce on raw buffers that may be device memory (the C
 //! ABI's, Python's and cudarc's way in): the codecs run on the GPU where the call has that
-//! path (`gpu_sra.rs`: a flat SRA, all-gather or ring schedule on float32, float16 or bfloat16
-//! device buffers), otherwise the call is staged
+//! path (`gpu_sra.rs`: a flat SRA, all-gather, ring or tree schedule on device buffers of a
+//! float type; `gpu_hier.rs`: the hierarchical one on float32, for calls that return once
+//! done), otherwise the call is staged
 //! through page-locked memory (`device.rs`) as any other. Callers say only how the call is
 //! ordered: on a stream (`all_reduce_compressed_at`) or queued (`submit_..._at`).
 
@@ -32,7 +33,7 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<Option<Report>> {
-        if let Some(g) = self.gpu_compressed_all_reduce(&call, send, recv)? {
+        if let Some(g) = self.gpu_compressed_all_reduce(&call, send, recv, stream.is_null())? {
             // SAFETY: the caller's promise, passed on.
             return unsafe { self.run_gpu_all_reduce(g, stream) };
         }
@@ -71,7 +72,7 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<crate::Request<()>> {
-        if let Some(g) = self.gpu_compressed_all_reduce(&call, send, recv)? {
+        if let Some(g) = self.gpu_compressed_all_reduce(&call, send, recv, true)? {
             // SAFETY: the caller's promise, passed on.
             return unsafe { self.submit_gpu_all_reduce(g) };
         }

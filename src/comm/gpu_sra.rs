@@ -3,31 +3,74 @@
 //! `device_all_reduce.rs`), and how they are ordered on the caller's stream (`Staging::run`
 //! with no buffer to copy: the call returns once done) or in the comm's queue.
 
+use super::gpu_hier::GpuHier;
 use super::{Comm, PreparedAllReduce, Report};
+use crate::coll::Engine;
 use crate::error::Result;
+use crate::gpu::driver::Driver;
 use crate::gpu::sra::{DeviceStats, GpuAllReduce};
 use crate::gpu::staging::{self, Placement};
 use crossbeam_channel::SendError;
 use std::ffi::c_void;
 use std::sync::Arc;
 
+/// A compressed all-reduce with its codecs on the GPU: flat, or on the hierarchy.
+pub(super) enum OnGpu {
+    Flat(Arc<GpuAllReduce>),
+    Hier(Box<GpuHier>),
+}
+
+impl OnGpu {
+    fn whole(&self) -> &GpuAllReduce {
+        match self {
+            OnGpu::Flat(g) => g,
+            OnGpu::Hier(h) => h.whole(),
+        }
+    }
+
+    fn driver(&self) -> Arc<dyn Driver> {
+        self.whole().driver()
+    }
+
+    fn ordinal(&self) -> usize {
+        self.whole().ordinal()
+    }
+
+    /// Runs the call on `e` in its comm's turn; returns once the result is on the device.
+    fn run(&self, e: &mut Engine) -> Result<Report> {
+        match self {
+            OnGpu::Flat(g) => g.run(e),
+            OnGpu::Hier(h) => h.run(e),
+        }
+    }
+}
+
 impl Comm {
     /// The GPU path of compressed all-reduce `call` on `send` (None: in place) and `recv`, if
-    /// it has one: a flat SRA, all-gather scheme (the one sparse codecs take) or ring on a float
-    /// type, more than 0 elements, every buffer aligned to its element in
-    /// device memory of the comm's device, a launch plan for each of its codecs. None: stage
-    /// the call as any other. Buffers on another device than the comm's are an error, as for
-    /// staged calls.
+    /// it has one: a flat SRA, all-gather scheme (the one sparse codecs take), ring or tree
+    /// on a float type, or the hierarchical schedule on float32 (`gpu_hier.rs`), more than
+    /// 0 elements, every buffer aligned to its element in device memory of the comm's
+    /// device, a launch plan for each of its codecs. None: stage the call as any other.
+    /// Buffers on another device than the comm's are an error, as for staged calls.
+    /// `waits`: the call returns once done (a null stream, a queued call); the hierarchical
+    /// path is taken only then (a call on a stream must return once enqueued, and its
+    /// levels enqueue device work as they go: `gpu_hier.rs`).
     pub(super) fn gpu_compressed_all_reduce(
         &self,
         call: &PreparedAllReduce,
         send: Option<u64>,
         recv: u64,
-    ) -> Result<Option<GpuAllReduce>> {
+        waits: bool,
+    ) -> Result<Option<OnGpu>> {
         let Ok(driver) = crate::gpu::select::driver() else {
             return Ok(None);
         };
         let Some(shape) = call.on_device() else {
+            if waits {
+                if let Some(h) = self.gpu_hier_all_reduce(&driver, call, send, recv)? {
+                    return Ok(Some(OnGpu::Hier(Box::new(h))));
+                }
+            }
             self.tell_staged(&*driver, call, send, recv);
             return Ok(None);
         };
@@ -36,24 +79,11 @@ impl Comm {
         if len == 0 {
             return Ok(None);
         }
-        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
-        let place = staging::locate(&*driver, &bufs)?;
-        let ordinal = match place.ordinal()? {
-            Some(o) if place.device.iter().all(Option::is_some) => o,
-            _ => return Ok(None),
-        };
-        if bufs.iter().any(|b| b.addr % es as u64 != 0) {
+        let Some(ordinal) = self.coded_device(&*driver, (send, recv), len, es)? else {
             return Ok(None);
-        }
-        self.check_device(ordinal)?;
-        let comm = (
-            self.size,
-            self.rank,
-            self.config.slice_bytes(),
-            self.config.timeout,
-        );
-        match GpuAllReduce::new(driver, ordinal, shape, (send, recv), comm) {
-            Ok(g) => Ok(Some(g)),
+        };
+        match GpuAllReduce::new(driver, ordinal, shape, (send, recv), self.coded_shape()) {
+            Ok(g) => Ok(Some(OnGpu::Flat(Arc::new(g)))),
             Err(e) => {
                 crate::qlog!(
                     Info,
@@ -66,9 +96,43 @@ impl Comm {
         }
     }
 
+    /// The device of a compressed call's buffers `send` (None: in place) and `recv`, `len`
+    /// bytes each, when they all are device memory aligned to their `es`-byte element
+    /// (None otherwise); an error when it is not the comm's device.
+    pub(super) fn coded_device(
+        &self,
+        driver: &dyn Driver,
+        (send, recv): (Option<u64>, u64),
+        len: usize,
+        es: usize,
+    ) -> Result<Option<usize>> {
+        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
+        let place = staging::locate(driver, &bufs)?;
+        let ordinal = match place.ordinal()? {
+            Some(o) if place.device.iter().all(Option::is_some) => o,
+            _ => return Ok(None),
+        };
+        if bufs.iter().any(|b| b.addr % es as u64 != 0) {
+            return Ok(None);
+        }
+        self.check_device(ordinal)?;
+        Ok(Some(ordinal))
+    }
+
+    /// The comm as the GPU codecs' schedules see it: (ranks, rank, slice bytes, timeout).
+    pub(super) fn coded_shape(&self) -> crate::gpu::sra::CommShape {
+        (
+            self.size,
+            self.rank,
+            self.config.slice_bytes(),
+            self.config.timeout,
+        )
+    }
+
     /// Says once per comm (INFO) that a compressed all-reduce on device buffers is staged,
     /// the CPU codecs encoding, because its route has no GPU path: a multi-host job's
-    /// hierarchical default would otherwise be slow without a word.
+    /// hierarchical default on another type than float32 would otherwise be slow without
+    /// a word.
     fn tell_staged(
         &self,
         driver: &dyn crate::gpu::driver::Driver,
@@ -89,8 +153,8 @@ impl Comm {
                 Info,
                 "rank {}: compressed all-reduce on device buffers with the {} route: staged \
                  through page-locked memory, the CPU codecs encode (the codecs run on the GPU \
-                 in the flat SRA, all-gather and ring schedules: QCCL_ALGO=sra or the \
-                 call's algo asks for one); said once per comm",
+                 in the flat schedules, and in the hierarchical one on float32 with dense \
+                 intra-host levels and the host's ranks on shared memory); said once per comm",
                 self.rank,
                 call.algo().name()
             );
@@ -112,14 +176,15 @@ impl Comm {
     /// with null), and `stream` be null or a live stream of their device.
     pub(super) unsafe fn run_gpu_all_reduce(
         &self,
-        g: GpuAllReduce,
+        g: OnGpu,
         stream: *mut c_void,
     ) -> Result<Option<Report>> {
-        let g = Arc::new(g);
-        if !stream.is_null() && !self.place.process_peers {
-            // SAFETY: the caller's promise, passed on.
-            if unsafe { self.start_gpu_all_reduce(&g, stream) }? {
-                return Ok(None);
+        if let OnGpu::Flat(f) = &g {
+            if !stream.is_null() && !self.place.process_peers {
+                // SAFETY: the caller's promise, passed on.
+                if unsafe { self.start_gpu_all_reduce(f, stream) }? {
+                    return Ok(None);
+                }
             }
         }
         let nothing = Placement { device: Vec::new() };
@@ -191,10 +256,7 @@ impl Comm {
     ///
     /// # Safety
     /// `g`'s buffers must stay valid until the request has ended.
-    pub(super) unsafe fn submit_gpu_all_reduce(
-        &self,
-        g: GpuAllReduce,
-    ) -> Result<crate::Request<()>> {
+    pub(super) unsafe fn submit_gpu_all_reduce(&self, g: OnGpu) -> Result<crate::Request<()>> {
         let nothing = Placement { device: Vec::new() };
         let (driver, ordinal) = (g.driver(), g.ordinal());
         // SAFETY: no buffer is staged; the caller's promise covers `g`'s.

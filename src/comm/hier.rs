@@ -17,13 +17,13 @@ use std::sync::Arc;
 /// The two sub-communicators, made on first use.
 pub struct Hier {
     /// The ranks of this host, by rank.
-    intra: Comm,
+    pub(super) intra: Comm,
     /// The ranks with this local rank, one per host, by host.
-    inter: Comm,
+    pub(super) inter: Comm,
     /// Ranks in the parent comm (for Avg).
     size: usize,
     /// Bytes per pipelined piece (QCCL_CHUNKSIZE; 0: one piece).
-    piece_bytes: usize,
+    pub(super) piece_bytes: usize,
 }
 
 impl Comm {

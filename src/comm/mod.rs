@@ -9,6 +9,7 @@ mod cuda_slices;
 mod dense_call;
 mod device;
 mod device_all_reduce;
+mod gpu_hier;
 mod gpu_sra;
 mod hier;
 mod hitopk;

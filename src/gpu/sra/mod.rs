@@ -111,6 +111,14 @@ pub struct GpuAllReduce {
     rank: usize,
     slice: usize,
     timeout: Duration,
+    /// Plan position of element 0: 0, or where the part lies that a hierarchical call's
+    /// inter-host level reduces (`part`).
+    base: usize,
+    /// Elements of the tensor's residual: `count`, or the whole tensor's for a part.
+    res_count: usize,
+    /// The rank the random draws are keyed by: this rank, or its rank in the comm a part's
+    /// call belongs to (the host's `coded_turn`).
+    site_rank: usize,
 }
 
 /// The schedules the device runs, as the host's (`algo::compressed`).
@@ -187,7 +195,121 @@ impl GpuAllReduce {
             rank,
             slice,
             timeout,
+            base: 0,
+            res_count: count,
+            site_rank: rank,
         })
+    }
+
+    /// The all-reduce (sum) of elements `base..base + count` of this float32 call's plan,
+    /// in place in device memory `recv` (`send`: its input, out of place), on a comm of `n`
+    /// ranks: a hierarchical call's inter-host level (`comm/hier_device.rs`). Its random
+    /// draws and its residual (this call's tensor's, at `base`) are this call's; the frames
+    /// name the part, as the host's inter-host level does.
+    pub(crate) fn part(
+        &self,
+        (base, count, scheme): (usize, usize, Scheme),
+        (send, recv): (Option<u64>, u64),
+        (n, rank, slice, timeout): CommShape,
+    ) -> GpuAllReduce {
+        GpuAllReduce {
+            driver: self.driver.clone(),
+            ordinal: self.ordinal,
+            plan: self.plan.clone(),
+            plans: self.plans.clone(),
+            key: self.key.clone(),
+            op: ReduceOp::Sum,
+            count,
+            send,
+            recv,
+            seed: self.seed,
+            convert: None,
+            dtype: self.dtype,
+            scheme,
+            n,
+            rank,
+            slice,
+            timeout,
+            base: self.base + base,
+            res_count: self.res_count,
+            site_rank: self.site_rank,
+        }
+    }
+
+    /// A hierarchical call's first step on `lane` (the calling comm's), as the host's
+    /// `coded_turn`: the whole work buffer becomes the input plus the tensor's residual,
+    /// the residual zeroed (without one, out of place, a copy of the input); every level
+    /// then runs in place. Returns once done.
+    pub(crate) fn fold_residual(&self, lane: &GpuLane) -> Result<()> {
+        self.on_state(lane, |st| {
+            let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
+            let wait = (&*lane.moved, self.timeout);
+            let res = st.residual(&*self.driver, key, self.count, lane.take_forgotten(), wait)?;
+            st.compensate(self.send.unwrap_or(self.recv), res, self.recv, self.count)
+        })
+    }
+
+    /// A hierarchical call's last step on `lane`: Avg's division by the calling comm's
+    /// ranks over the whole result, as the host's `reduce::finish`. Returns once done.
+    pub(crate) fn average(&self, lane: &GpuLane) -> Result<()> {
+        if self.op != ReduceOp::Avg {
+            return Ok(());
+        }
+        self.on_state(lane, |st| self.divide(st, self.recv))
+    }
+
+    /// Runs `f` on `lane`'s device state (made on first use), then waits for its stream.
+    fn on_state(
+        &self,
+        lane: &GpuLane,
+        f: impl FnOnce(&mut DeviceState) -> Result<()>,
+    ) -> Result<()> {
+        let mut guard = lock(&lane.state);
+        if guard.is_none() {
+            *guard = Some(DeviceState::new(&*self.driver, self.ordinal)?);
+        }
+        let st = guard.as_mut().expect("made above");
+        f(st)?;
+        st.stream.synchronize(self.timeout)
+    }
+
+    /// Enqueues Avg's division of the call's `count` f32s at `work` by its comm's ranks.
+    fn divide(&self, st: &mut DeviceState, work: u64) -> Result<()> {
+        let count = self.count;
+        let args = [
+            Arg::Ptr(work),
+            Arg::U64(count as u64),
+            Arg::U64(self.n as u64),
+        ];
+        // SAFETY: reduce.cu's qccl_finish_avg_f32(float* x, uint64_t count, uint64_t n)
+        // over the call's `count` f32s, valid until the call's `done` event.
+        unsafe {
+            st.stream
+                .launch(&*st.avg, grid_for(count.div_ceil(4)), BLOCK, &args)
+        }
+    }
+
+    /// The pieces of the call's elements `r`, each one codec's: (elements within the call,
+    /// plan position of the first, codec).
+    pub(super) fn pieces(
+        &self,
+        r: Range<usize>,
+    ) -> impl Iterator<Item = (Range<usize>, usize, &Arc<dyn Codec>)> {
+        let b = self.base;
+        self.plan
+            .pieces(b + r.start..b + r.end)
+            .map(move |(q, c)| (q.start - b..q.end - b, q.start, c))
+    }
+
+    /// Bytes of the encoding of the call's elements `r`.
+    pub(super) fn encoded_len(&self, r: Range<usize>) -> usize {
+        self.plan
+            .encoded_len(self.base + r.start..self.base + r.end)
+    }
+
+    /// The call's receive buffer (its f32 work buffer on float32).
+    pub(crate) fn recv(&self) -> u64 {
+        self.recv
     }
 
     /// The driver it runs on.
@@ -223,10 +345,20 @@ impl GpuAllReduce {
         self.forget_host_residual(e);
         let lane = e.gpu.clone();
         let w0 = e.wire;
+        let stats = self.run_in(e, &lane, step)?;
+        lane.count_calls(1, stats);
+        Ok(Report::flat(self.algo(), e.wire - w0))
+    }
+
+    /// As `run`, as step `step` of the device side `lane` (its comm's, which need not be
+    /// `e`'s: a hierarchical call's inter-host level runs on the sub-comm's engine with the
+    /// calling comm's lane), counting nothing in `lane`'s stats: what its exchanges did is
+    /// returned.
+    pub(crate) fn run_in(&self, e: &mut Engine, lane: &GpuLane, step: u64) -> Result<DeviceStats> {
         let mut stats = DeviceStats::default();
         let keep = |script| Ok(Some(script));
         let script = self
-            .on_lane(&lane, step, None, keep, |st, board, res, site, view| {
+            .on_lane(lane, step, None, keep, |st, board, res, site, view| {
                 let Some(shape) = self.shape() else {
                     return self.alone(st, res, view);
                 };
@@ -241,8 +373,7 @@ impl GpuAllReduce {
                 ran
             })?
             .ok_or_else(|| Error::Internal("a call in step lost its script".into()))?;
-        self.wait_done(e, script, Ok(stats))?;
-        Ok(Report::flat(self.algo(), e.wire - w0))
+        self.wait_done(script, Ok(stats))
     }
 
     /// The worker's part of a call whose device work was enqueued when it was made
@@ -258,7 +389,9 @@ impl GpuAllReduce {
         e.coded_calls += 1;
         self.forget_host_residual(e);
         let moved = self.move_bytes(e, &mut script);
-        self.wait_done(e, script, moved)
+        let stats = self.wait_done(script, moved)?;
+        e.gpu.count_calls(1, stats);
+        Ok(())
     }
 
     /// Enqueues every kernel and copy of the call as step `step` on the comm's stream (the
@@ -358,8 +491,9 @@ impl GpuAllReduce {
         st.compensate(send.unwrap_or(recv), res, recv, self.count)
     }
 
-    /// A key used on host buffers before starts again from zero here.
-    fn forget_host_residual(&self, e: &mut Engine) {
+    /// A key used on host buffers before starts again from zero here (`e`: the engine of
+    /// the comm the call was made on).
+    pub(crate) fn forget_host_residual(&self, e: &mut Engine) {
         if let Some(k) = self.key.as_ref().filter(|_| self.plan.error_feedback()) {
             e.residuals.remove(k);
         }
@@ -398,7 +532,15 @@ impl GpuAllReduce {
         let st = guard.as_mut().expect("made above");
         let wait = (&*lane.moved, self.timeout);
         let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
-        let res = st.residual(&*self.driver, key, self.count, lane.take_forgotten(), wait)?;
+        let res = st
+            .residual(
+                &*self.driver,
+                key,
+                self.res_count,
+                lane.take_forgotten(),
+                wait,
+            )?
+            .map(|r| r + 4 * self.base as u64);
         let shape = self.shape();
         let sizes = self.sizes(shape)?;
         st.reserve(&*self.driver, &sizes, self.n, &lane.moved, self.timeout)?;
@@ -430,7 +572,7 @@ impl GpuAllReduce {
             seed: self.seed,
             step,
             chunk: 0,
-            rank: self.rank as u64,
+            rank: self.site_rank as u64,
         };
         let enqueued = self.widen(st).and_then(|view| {
             work(st, &board, res, site, view)?;
@@ -492,17 +634,7 @@ impl GpuAllReduce {
     ) -> Result<Box<dyn super::driver::Event>> {
         let count = self.count;
         if self.op == ReduceOp::Avg {
-            let args = [
-                Arg::Ptr(work),
-                Arg::U64(count as u64),
-                Arg::U64(self.n as u64),
-            ];
-            // SAFETY: reduce.cu's qccl_finish_avg_f32(float* x, uint64_t count, uint64_t n)
-            // over the call's `count` f32s, valid until the call's `done` event.
-            unsafe {
-                st.stream
-                    .launch(&*st.avg, grid_for(count.div_ceil(4)), BLOCK, &args)?
-            };
+            self.divide(st, work)?;
         }
         if let Some(convert) = &self.convert {
             // SAFETY: converts the f32 copy's `count` values into the call's receive buffer
@@ -543,7 +675,7 @@ impl GpuAllReduce {
             seed: self.seed,
             step: 0,
             chunk: 0,
-            rank: self.rank as u64,
+            rank: self.site_rank as u64,
         };
         let coded = Coded::new(&self.plan, site, 0, None, self.dtype);
         e.coded_ctx(CollKind::AllReduce, self.count, &coded, self.algo())
@@ -552,8 +684,8 @@ impl GpuAllReduce {
     /// Ends a call whose bytes were moved (`moved`: what the exchanges did, or their
     /// error): every progress value stored (after a failure the stream runs on, to an
     /// undefined result), then waits for the call's device work, so the caller's buffers go
-    /// back only once the stream is done with them.
-    fn wait_done(&self, e: &mut Engine, script: Script, moved: Result<DeviceStats>) -> Result<()> {
+    /// back only once the stream is done with them. Returns what the exchanges did.
+    fn wait_done(&self, script: Script, moved: Result<DeviceStats>) -> Result<DeviceStats> {
         let b = &script.board;
         b.release(b.total);
         let synced = b
@@ -567,12 +699,7 @@ impl GpuAllReduce {
         if b.words.bad() {
             return Err(bad_chunk());
         }
-        let mut all = lock(&e.gpu.stats);
-        all.calls += 1;
-        all.exchanges += stats.exchanges;
-        all.overlapped += stats.overlapped;
-        all.late_sends += stats.late_sends;
-        Ok(())
+        Ok(stats)
     }
 
     /// The room the call needs on `shape` (None: one rank): the same chunks and slices as
@@ -605,8 +732,8 @@ impl GpuAllReduce {
             Scheme::Tree => (0..nsl).map(|j| slice(&(0..self.count), nsl, j)).collect(),
         };
         for r in ranges {
-            s.slot = s.slot.max(self.plan.encoded_len(r.clone()));
-            for (q, codec) in self.plan.pieces(r) {
+            s.slot = s.slot.max(self.encoded_len(r.clone()));
+            for (q, _, codec) in self.pieces(r) {
                 let p = self.plan_of(&**codec)?;
                 s.payload = s.payload.max(p.payload_len(q.len()));
                 s.scratch = s.scratch.max(p.scratch_len(q.len()));

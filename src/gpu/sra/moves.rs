@@ -73,7 +73,7 @@ impl<'a> Mover<'a> {
         let bytes =
             unsafe { std::slice::from_raw_parts(board.recv_slot(set, p).cast_const(), landed) };
         let mut at = 0;
-        for (q, codec) in self.g.plan.pieces(r.clone()) {
+        for (q, _, codec) in self.g.pieces(r.clone()) {
             let len = codec.max_encoded_len(q.len());
             if at + len > landed {
                 return Err(Error::invalid(format!(
@@ -163,7 +163,7 @@ impl<'a> Mover<'a> {
 
 impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
     fn len(&self, r: &Range<usize>) -> usize {
-        self.mover.g.plan.encoded_len(r.clone())
+        self.mover.g.encoded_len(r.clone())
     }
 
     fn encode_for(&mut self, _: usize, _: usize, _: Range<usize>) -> Result<()> {
@@ -203,7 +203,7 @@ impl<'c> Side<Ctx<'c>> for MoveSide<'_> {
 
 impl<'c> HopSide<Ctx<'c>> for MoveSide<'_> {
     fn len(&self, r: &Range<usize>) -> usize {
-        self.mover.g.plan.encoded_len(r.clone())
+        self.mover.g.encoded_len(r.clone())
     }
 
     fn encode_to(&mut self, _: usize, _: usize, _: Range<usize>) -> Result<()> {
@@ -255,7 +255,7 @@ impl<'c> GatherSide<Ctx<'c>> for Lockstep<'_> {
 
 impl<'c> Side<Ctx<'c>> for Lockstep<'_> {
     fn len(&self, r: &Range<usize>) -> usize {
-        self.mover.g.plan.encoded_len(r.clone())
+        self.mover.g.encoded_len(r.clone())
     }
 
     fn encode_for(&mut self, set: usize, p: usize, r: Range<usize>) -> Result<()> {
@@ -296,7 +296,7 @@ impl<'c> Side<Ctx<'c>> for Lockstep<'_> {
 
 impl<'c> HopSide<Ctx<'c>> for Lockstep<'_> {
     fn len(&self, r: &Range<usize>) -> usize {
-        self.mover.g.plan.encoded_len(r.clone())
+        self.mover.g.encoded_len(r.clone())
     }
 
     fn encode_to(&mut self, set: usize, slot: usize, r: Range<usize>) -> Result<()> {

@@ -125,7 +125,7 @@ impl<'a> DeviceSide<'a> {
         let base = self.board.send_slot(set, to);
         let bad = self.board.words.bad_ptr() as u64;
         let mut at = 0;
-        for (q, codec) in g.plan.pieces(r) {
+        for (q, at_plan, codec) in g.pieces(r) {
             let plan = g.plan_of(&**codec)?;
             let count = q.len();
             let len = codec.max_encoded_len(count);
@@ -153,7 +153,7 @@ impl<'a> DeviceSide<'a> {
             ];
             let off = 4 * q.start as u64;
             let key = Site {
-                chunk: q.start as u64,
+                chunk: at_plan as u64,
                 ..self.site
             }
             .key();
@@ -210,7 +210,7 @@ impl<'a> DeviceSide<'a> {
         let (g, s) = (self.g, &*self.st.stream);
         let bad = self.board.words.bad_ptr() as u64;
         let mut at = 0;
-        for (q, codec) in g.plan.pieces(r) {
+        for (q, _, codec) in g.pieces(r) {
             let plan = g.plan_of(&**codec)?;
             let count = q.len();
             let payload = codec.max_encoded_len(count) - HEADER_LEN;
@@ -249,7 +249,7 @@ impl GatherSide<()> for DeviceSide<'_> {
 
 impl Side<()> for DeviceSide<'_> {
     fn len(&self, r: &Range<usize>) -> usize {
-        self.g.plan.encoded_len(r.clone())
+        self.g.encoded_len(r.clone())
     }
 
     fn encode_for(&mut self, set: usize, p: usize, r: Range<usize>) -> Result<()> {
@@ -307,7 +307,7 @@ impl Side<()> for DeviceSide<'_> {
 
 impl HopSide<()> for DeviceSide<'_> {
     fn len(&self, r: &Range<usize>) -> usize {
-        self.g.plan.encoded_len(r.clone())
+        self.g.encoded_len(r.clone())
     }
 
     fn encode_to(&mut self, set: usize, slot: usize, r: Range<usize>) -> Result<()> {

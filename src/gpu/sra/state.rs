@@ -77,6 +77,15 @@ impl GpuLane {
         s.to_device += to_device;
     }
 
+    /// Counts `calls` calls run this way, whose exchanges did `did`.
+    pub(crate) fn count_calls(&self, calls: u64, did: DeviceStats) {
+        let mut all = lock(&self.stats);
+        all.calls += calls;
+        all.exchanges += did.exchanges;
+        all.overlapped += did.overlapped;
+        all.late_sends += did.late_sends;
+    }
+
     /// Counts a call that returned once enqueued.
     pub fn count_enqueued(&self) {
         lock(&self.stats).enqueued += 1;
