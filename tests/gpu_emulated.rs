@@ -20,7 +20,7 @@ use common::job::{text, Job, CHILD};
 use common::{check_reduce, input};
 use qccl::internal::gpu_driver::{DeviceMem, Driver, Stream};
 use qccl::internal::CallBuf;
-use qccl::{Algo, Comm, Compression, DType, Layout, ReduceOp};
+use qccl::{Algo, Comm, Compression, DType, Layout, ReduceOp, TopK, TopKScheme};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +46,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "enqueue" => enqueue_and_return(&comm, &dev),
         "errors" => errors(&comm, &dev),
         "coded" => coded(&comm, &dev),
+        "topk" => hitopk(&comm, &dev),
         "coded_enqueue" => coded_enqueue_and_return(&comm, &dev),
         "coded_peer_gone" => coded_peer_gone(&comm, &dev),
         "coded_enqueue_fails" => coded_enqueue_fails(&comm, &dev),
@@ -921,10 +922,7 @@ fn fnv(bytes: &[u8]) -> u64 {
 /// printed (`QCCL-HASH case call hash`) for the parent to compare across ranks.
 fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
     let (n, r) = (comm.size(), comm.rank());
-    let on_device = std::env::var("QCCL_TEST_DEVICE_RANKS")
-        .unwrap_or_default()
-        .split(',')
-        .any(|x| x == r.to_string());
+    let on_device = device_rank(r);
     let e = |e: qccl::Error| e.to_string();
     let layered = Layout::new([
         ("conv.weight", 37),
@@ -1364,6 +1362,99 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
 }
 
 /// `got` against the float64 sum (or average) of `ins` within the case's tolerance.
+/// True when rank `r` is named in QCCL_TEST_DEVICE_RANKS (it uses device buffers).
+fn device_rank(r: usize) -> bool {
+    std::env::var("QCCL_TEST_DEVICE_RANKS")
+        .unwrap_or_default()
+        .split(',')
+        .any(|x| x == r.to_string())
+}
+
+/// HiTopKComm on float32, the ranks in QCCL_TEST_DEVICE_RANKS on device buffers with the
+/// top-k on the GPU (`Comm::hitopk_on_device`, every call: it must take the path), the others
+/// on host buffers; error feedback carried over calls, in place and out of place. Prints a
+/// hash of every result (the job compares them across ranks and against a host-only job).
+fn hitopk(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let on_device = device_rank(r);
+    let e = |e: qccl::Error| e.to_string();
+    let bound = CodedCase {
+        spec: "hitopk",
+        key: None,
+        layout: None,
+        op: ReduceOp::Sum,
+        counts: Vec::new(),
+        calls: 0,
+        tolerance: None,
+        // Error feedback re-sends what earlier calls dropped: a sanity bound only.
+        l2: 2.0,
+        must_gpu: true,
+        dtype: DType::Float32,
+        algo: None,
+        gather: false,
+    };
+    let cases: [(f64, &[usize], Option<&str>); 3] = [
+        (0.05, &[1, 7, 4099, 65_537], Some("hitopk.grad")),
+        (0.25, &[1031], None),
+        (1.0, &[13], Some("hitopk.all")),
+    ];
+    for (ci, (density, counts, key)) in cases.into_iter().enumerate() {
+        let mut o = TopK::new(density).error_feedback(key.is_some());
+        if let Some(k) = key {
+            o = o.key(k);
+        }
+        for &count in counts {
+            for call in 0..3 {
+                let what = format!("hitopk density {density} count {count} call {call}");
+                let ins: Vec<Vec<f32>> = (0..n)
+                    .map(|p| coded_input(100 + ci, call, p, count))
+                    .collect();
+                let got = if on_device {
+                    let p = comm
+                        .prepare_topk(count, DType::Float32, TopKScheme::HiTopK, &o)
+                        .map_err(e)?;
+                    let before = comm.device_stats().map_err(e)?;
+                    let send = dev.upload(bytemuck::cast_slice(&ins[r]))?;
+                    let recv = match call % 2 {
+                        1 => Some(dev.upload(&vec![0u8; 4 * count])?),
+                        _ => None,
+                    };
+                    let (s, rv) = match &recv {
+                        Some(m) => (Some(send.addr()), m.addr()),
+                        None => (None, send.addr()),
+                    };
+                    // SAFETY: both buffers live until the call returns (it returns once done).
+                    let rep = unsafe { comm.hitopk_on_device(&p, s, rv) }
+                        .map_err(e)?
+                        .ok_or_else(|| format!("{what}: the GPU path did not run"))?;
+                    let after = comm.device_stats().map_err(e)?;
+                    // Only the pairs left the device: k of them, 8 bytes each.
+                    let moved = after.to_host - before.to_host;
+                    if after.calls - before.calls != 1 || moved != 8 * rep.k as u64 {
+                        return Err(format!(
+                            "{what}: {} calls counted, {moved} bytes to the host for k = {}",
+                            after.calls - before.calls,
+                            rep.k
+                        ));
+                    }
+                    floats(&dev.download(&*recv.unwrap_or(send), 4 * count)?)
+                } else {
+                    let mut buf = ins[r].clone();
+                    comm.topk_all_reduce(&mut buf, TopKScheme::HiTopK, &o)
+                        .map_err(e)?;
+                    buf
+                };
+                println!(
+                    "QCCL-HASH topk {ci} {count} {call} {:016x}",
+                    fnv(bytemuck::cast_slice(&got))
+                );
+                check_coded(&bound, &ins, &got, n).map_err(|m| format!("{what}: {m}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_coded(case: &CodedCase, ins: &[Vec<f32>], got: &[f32], n: usize) -> Result<(), String> {
     let div = if case.op == ReduceOp::Avg {
         n as f64
@@ -1458,6 +1549,18 @@ fn run_coded_on(
     more: &[(&str, &str)],
     hosts: &[&str],
 ) -> Vec<String> {
+    run_hashed("coded", (n, device_ranks, devices), more, hosts)
+}
+
+/// Runs `scenario` on `n` ranks, those in `device_ranks` on device buffers of emulated
+/// `devices` (0: the real GPU), rank r on emulated host `hosts[r]` when given; checks that
+/// every rank printed the same hashes and returns them.
+fn run_hashed(
+    scenario: &str,
+    (n, device_ranks, devices): (usize, &str, &str),
+    more: &[(&str, &str)],
+    hosts: &[&str],
+) -> Vec<String> {
     let job = Job::new(n);
     let mut env = vec![
         ("QCCL_GPU_EMULATE", devices),
@@ -1471,7 +1574,7 @@ fn run_coded_on(
             if let Some(h) = hosts.get(r) {
                 env.push(("QCCL_HOSTID", h));
             }
-            job.spawn(r, "coded", &env)
+            job.spawn(r, scenario, &env)
         })
         .collect::<Vec<_>>()
         .into_iter()
@@ -1574,6 +1677,42 @@ fn hierarchical_compressed_all_reduce_with_the_codecs_on_the_gpu_matches_host_ra
                 "{n} ranks, device ranks {device} against host ranks only"
             );
         }
+    }
+}
+
+/// HiTopKComm with its top-k and scatter-add on the GPU ends with the bytes of the same job
+/// on host buffers, device and host ranks mixed: 2 hosts × 2 ranks, 3 hosts × 1 rank (no
+/// intra-host level), one host of 3 (no inter-host peer).
+#[test]
+fn hitopk_with_the_top_k_on_the_gpu_matches_host_ranks() {
+    let jobs: [(&[&str], &[&str]); 3] = [
+        (
+            &["host-a", "host-b", "host-a", "host-b"],
+            &["0,1,2,3", "1,2"],
+        ),
+        (&["host-a", "host-b", "host-c"], &["0,2"]),
+        (&["host-a", "host-a", "host-a"], &["0,1,2"]),
+    ];
+    for (hosts, devices) in jobs {
+        let n = hosts.len();
+        let host = run_hashed("topk", (n, "", "1"), &[], hosts);
+        for device in devices {
+            let mixed = run_hashed("topk", (n, device, "1"), &[], hosts);
+            assert_eq!(
+                mixed, host,
+                "{n} ranks, device ranks {device} against host ranks only"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn hitopk_on_a_real_gpu_matches_host_ranks() {
+    if common::real_gpu() {
+        let hosts = ["host-a", "host-b", "host-a", "host-b"];
+        let host = run_hashed("topk", (4, "", "0"), &[], &hosts);
+        assert_eq!(run_hashed("topk", (4, "0,1,2,3", "0"), &[], &hosts), host);
     }
 }
 

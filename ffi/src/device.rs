@@ -45,6 +45,14 @@ pub(crate) fn launch_on(
         // Staged at qcclGroupEnd, with the group's other calls on this comm.
         return queue(token, h, op, stream);
     }
+    if let (Op::HiTopK { send, recv, call }, true) = (&op, stream.is_null()) {
+        let (s, r) = addrs(send, recv);
+        // SAFETY: the C caller's contract (qccl.h): the buffers (distinct: in place is
+        // `send: None`) stay valid until the call returns.
+        if unsafe { h.comm.hitopk_on_device(call, s, r) }?.is_some() {
+            return Ok(());
+        }
+    }
     let op = match compressed(op) {
         Ok((call, send, recv)) => {
             // SAFETY: the C caller's contract (qccl.h): the buffers (distinct: in place is
@@ -722,6 +730,15 @@ mod tests {
         // Every rank's part r of the gathered buffer is rank r's input: its max is itself.
         assert_eq!(download(&*gpu, &*recv, count), mine);
         assert_eq!(c.comm.arena_device_calls(), 7, "rank {r}");
+        // HiTopKComm on NULL: its top-k on the GPU, its intra-host levels through the arena
+        // (the hierarchy's sub-comm counts those); at density 1 every element is sent, so the
+        // sum is the all-reduce's.
+        upload_into(&*gpu, &*send, &mine);
+        let rc =
+            unsafe { qcclHiTopKAllReduce(sp, rp, count, qcclFloat32, 1.0, 5, comm, null_mut()) };
+        assert_eq!(rc, qcclSuccess, "{}", last_error(comm));
+        assert_eq!(download(&*gpu, &*recv, count), want);
+        assert_eq!(c.comm.device_stats().unwrap().calls, 1, "rank {r}");
         assert_eq!(qcclCommDestroy(comm), qcclSuccess);
     }
 }

@@ -941,6 +941,20 @@ impl PyComm {
                 }
                 Err(p) => p,
             };
+            // HiTopKComm with its top-k on the GPU, for a call that returns once done.
+            if let device::Target::Wait = t {
+                let ptr = b.ptr as u64;
+                // SAFETY: `buf` is a live device array of this call, kept by the caller
+                // until it returns.
+                let done = py
+                    .allow_threads(|| unsafe { c.hitopk_on_device(&prepared, None, ptr) })
+                    .py()?;
+                if let Some(rep) = done {
+                    let d = report_dict(py, rep.scheme.name(), rep.wire.sent, rep.wire.received)?;
+                    d.set_item("k", rep.k)?;
+                    return Ok(Some(d));
+                }
+            }
             match device::run(py, &c, t, Job::TopK(Arc::from(prepared)), None, b)? {
                 Some(Outcome::TopK(rep)) => rep,
                 _ => return Ok(None),

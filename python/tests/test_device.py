@@ -181,6 +181,12 @@ def _collectives(rank, size, uid):
     out["big_algo"] = c.all_reduce(big, op="sum")
     out["big"] = _host(big, np.float32)
     out["arena_after"] = c.device_stats()["through_arena"]
+    # HiTopKComm without a stream: its top-k on the GPU (one call counted), exact at density 1.
+    h = _dev(_data(rank, 131, np.float32))
+    calls = c.device_stats()["calls"]
+    c.topk_all_reduce(h, 1.0, key="hk", scheme="hitopk", error_feedback=False)
+    out["hitopk"] = _host(h, np.float32)
+    out["hitopk_gpu"] = c.device_stats()["calls"] - calls
     c.barrier()
     c.close()
     return out
@@ -241,6 +247,11 @@ def test_collectives_on_device_buffers(size, ipc):
                 eq(("topk", n), rank, out[("topk", n)], total.astype(np.float32))
     through = size > 1 and not ipc
     big = np.sum([_data(r, 50_001, np.float32).astype(np.float64) for r in range(size)], axis=0)
+    hk = np.sum([_data(r, 131, np.float32).astype(np.float64) for r in range(size)], axis=0)
+    for rank, out in enumerate(res):
+        eq("hitopk", rank, out["hitopk"], hk.astype(np.float32))
+        if out["hitopk_gpu"] != 1:
+            bad.append(f"rank {rank}: HiTopK ran {out['hitopk_gpu']} calls with the top-k on the GPU")
     for rank, out in enumerate(res):
         # 9 dtypes x counts 1 and 131 x (all-gather, reduce-scatter).
         if out["arena"] != (36 if through else 0) or out["arena_after"] != out["arena"] + through:

@@ -70,9 +70,7 @@ impl Comm {
             return Ok(None);
         };
         let count = shape.3;
-        let intra = &hier.intra;
-        let shares_arena = intra.links == Links::Arena && !intra.place.process_peers;
-        if count == 0 || (intra.size() > 1 && !shares_arena) {
+        if count == 0 || !levels_on_device(hier) {
             return Ok(None);
         }
         let Some(ordinal) = self.coded_device(&**driver, (send, recv), 4 * count, 4)? else {
@@ -91,7 +89,8 @@ impl Comm {
                 return Ok(None);
             }
         };
-        let (inter, (local, me)) = (&hier.inter, (intra.size(), intra.rank()));
+        let (inter, intra) = (&hier.inter, &hier.intra);
+        let (local, me) = (intra.size(), intra.rank());
         let workload = if shape.0.is_sparse() {
             Workload::Sparse
         } else {
@@ -122,6 +121,57 @@ impl Comm {
             hier: hier.clone(),
         }))
     }
+}
+
+/// The intra-host level `shape` of a hierarchical call on f32 device buffer `buf` of
+/// `device`, in place on its elements `at`, this rank's part of them starting at element
+/// `own`: the reduce-scatter leaves this rank's part of the host's sum in its place, the
+/// all-gather spreads every part. Nothing with one rank on the host.
+///
+/// # Safety
+/// `buf` must be device memory of `device` holding the elements `at`, valid and touched by
+/// nothing else until this returns.
+pub(super) unsafe fn intra_level(
+    hier: &Hier,
+    turn: &ArenaTurn,
+    device: (&Arc<dyn Driver>, usize),
+    buf: u64,
+    (at, own): (Range<usize>, usize),
+    shape: Shape,
+) -> Result<Wire> {
+    if hier.intra.size() < 2 {
+        return Ok(Wire::default());
+    }
+    let addr = |i: usize| buf + 4 * i as u64;
+    let io = DeviceIo {
+        src: match shape {
+            Shape::AllGather => addr(own),
+            _ => addr(at.start),
+        },
+        out: addr(at.start),
+        in_place: true,
+        stream: std::ptr::null_mut(),
+    };
+    hier.intra.execute(|e| {
+        let w0 = e.wire;
+        // SAFETY: the caller's promise; the legacy default stream.
+        let ran = unsafe { turn.run_parts(e, device, shape, &io, at.len()) }?;
+        if !ran {
+            return Err(Error::Internal(
+                "the intra-host comm of a hierarchical call on device buffers has no \
+                 shared-memory arena"
+                    .into(),
+            ));
+        }
+        Ok(e.wire - w0)
+    })
+}
+
+/// True when the intra-host levels of `hier` can run on device buffers: one rank on the
+/// host, or its ranks on the shared-memory arena (not threads of one process).
+pub(super) fn levels_on_device(hier: &Hier) -> bool {
+    let intra = &hier.intra;
+    intra.size() < 2 || (intra.links == Links::Arena && !intra.place.process_peers)
 }
 
 /// The device schedule of the host's flat choice.
@@ -186,41 +236,23 @@ impl GpuHier {
         })
     }
 
-    /// The intra-host level `shape` of piece `p`, in place: the reduce-scatter leaves this
-    /// rank's part of the host's sum in its place, the all-gather spreads every part.
+    /// The intra-host level `shape` of piece `p`, in place.
     fn inside(&self, p: &Piece, shape: Shape) -> Result<Wire> {
-        let hier = &*self.hier;
-        if hier.intra.size() < 2 {
-            return Ok(Wire::default());
-        }
-        let recv = self.whole.recv();
-        let at = |i: usize| recv + 4 * i as u64;
-        let io = DeviceIo {
-            src: match shape {
-                Shape::AllGather => at(p.mine.start),
-                _ => at(p.at.start),
-            },
-            out: at(p.at.start),
-            in_place: true,
-            stream: std::ptr::null_mut(),
-        };
         let driver = self.whole.driver();
         let device = (&driver, self.whole.ordinal());
-        hier.intra.execute(|e| {
-            let w0 = e.wire;
-            // SAFETY: the call's receive buffer, device memory of the comm's device valid
-            // until the call returns (the caller's promise), piece `p` within it; the
-            // legacy default stream.
-            let ran = unsafe { self.intra.run_parts(e, device, shape, &io, p.at.len()) }?;
-            if !ran {
-                return Err(Error::Internal(
-                    "the intra-host comm of a hierarchical call on device buffers has no \
-                     shared-memory arena"
-                        .into(),
-                ));
-            }
-            Ok(e.wire - w0)
-        })
+        let at = (p.at.clone(), p.mine.start);
+        // SAFETY: the call's receive buffer, valid until the call returns (the caller's
+        // promise), piece `p` within it.
+        unsafe {
+            intra_level(
+                &self.hier,
+                &self.intra,
+                device,
+                self.whole.recv(),
+                at,
+                shape,
+            )
+        }
     }
 
     /// The inter-host level of piece `p`: the compressed all-reduce of this rank's part,

@@ -302,6 +302,17 @@ impl PreparedTopK {
         }
     }
 
+    /// The call as the device path runs it (`gpu_topk.rs`): its hierarchy, options, count,
+    /// seed and rank, when it is HiTopKComm on float32; None otherwise.
+    pub(super) fn on_device(&self) -> Option<(&Arc<Hier>, &TopK, usize, u64, usize)> {
+        match &self.kind {
+            Kind::HiTopK(h) if self.dtype == DType::Float32 => {
+                Some((h, &self.opts, self.count, self.seed, self.rank))
+            }
+            _ => None,
+        }
+    }
+
     /// Runs the call on `e` (the engine of the comm that prepared it, inside its turn) over
     /// `buf`, `count` elements of the prepared dtype, in place.
     pub fn run(&self, e: &mut crate::coll::Engine, buf: &mut [u8]) -> Result<TopKReport> {
@@ -370,6 +381,10 @@ impl PreparedTopK {
         let slice = &mut work[mine.clone()];
         let k = k_of(self.opts.density, slice.len());
         let key = self.opts.key.as_ref().filter(|_| self.opts.error_feedback);
+        if let Some(k) = key {
+            // A key used on device buffers before starts again from zero on the host.
+            e.gpu.forget_later(k);
+        }
         let mut residual = match key {
             Some(k) => Some(std::mem::take(e.residuals.get(k, slice.len()))),
             None => None,

@@ -11,6 +11,7 @@ mod device;
 mod device_all_reduce;
 mod gpu_hier;
 mod gpu_sra;
+mod gpu_topk;
 mod hier;
 mod hitopk;
 mod ipc_turn;

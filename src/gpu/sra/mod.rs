@@ -76,6 +76,7 @@ mod moves;
 mod script;
 mod sends;
 mod side;
+mod topk;
 // Kept by the comm and its engine across calls (its own file, so the engine need not import
 // the call).
 pub(crate) mod state;
@@ -85,6 +86,7 @@ use script::{Board, Script};
 use side::DeviceSide;
 use state::{lock, GpuLane, Sizes};
 pub use state::{DeviceState, DeviceStats};
+pub use topk::DeviceTopK;
 
 /// A compressed all-reduce on device buffers, checked and with its kernels loaded.
 pub struct GpuAllReduce {
@@ -241,7 +243,7 @@ impl GpuAllReduce {
     /// the residual zeroed (without one, out of place, a copy of the input); every level
     /// then runs in place. Returns once done.
     pub(crate) fn fold_residual(&self, lane: &GpuLane) -> Result<()> {
-        self.on_state(lane, |st| {
+        lane.on_state((&*self.driver, self.ordinal), self.timeout, |st| {
             let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
             let wait = (&*lane.moved, self.timeout);
             let res = st.residual(&*self.driver, key, self.count, lane.take_forgotten(), wait)?;
@@ -255,22 +257,9 @@ impl GpuAllReduce {
         if self.op != ReduceOp::Avg {
             return Ok(());
         }
-        self.on_state(lane, |st| self.divide(st, self.recv))
-    }
-
-    /// Runs `f` on `lane`'s device state (made on first use), then waits for its stream.
-    fn on_state(
-        &self,
-        lane: &GpuLane,
-        f: impl FnOnce(&mut DeviceState) -> Result<()>,
-    ) -> Result<()> {
-        let mut guard = lock(&lane.state);
-        if guard.is_none() {
-            *guard = Some(DeviceState::new(&*self.driver, self.ordinal)?);
-        }
-        let st = guard.as_mut().expect("made above");
-        f(st)?;
-        st.stream.synchronize(self.timeout)
+        lane.on_state((&*self.driver, self.ordinal), self.timeout, |st| {
+            self.divide(st, self.recv)
+        })
     }
 
     /// Enqueues Avg's division of the call's `count` f32s at `work` by its comm's ranks.

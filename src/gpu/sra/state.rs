@@ -107,6 +107,24 @@ impl GpuLane {
             .is_some_and(|s| s.residuals.remove(key).is_some())
     }
 
+    /// Runs `f` on the device state (made on first use, on `driver`'s device `ordinal`),
+    /// then waits for its stream, at most `timeout`: the steps of a call that returns once
+    /// done, each finished before the next.
+    pub(super) fn on_state(
+        &self,
+        (driver, ordinal): (&dyn Driver, usize),
+        timeout: Duration,
+        f: impl FnOnce(&mut DeviceState) -> Result<()>,
+    ) -> Result<()> {
+        let mut guard = lock(&self.state);
+        if guard.is_none() {
+            *guard = Some(DeviceState::new(driver, ordinal)?);
+        }
+        let st = guard.as_mut().expect("made above");
+        f(st)?;
+        st.stream.synchronize(timeout)
+    }
+
     /// The keys to forget before a call enqueues.
     pub(super) fn take_forgotten(&self) -> HashSet<TensorKey> {
         std::mem::take(&mut *lock(&self.forgotten))

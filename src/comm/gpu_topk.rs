@@ -1,0 +1,184 @@
+//! HiTopKComm on device buffers with its top-k on the GPU (`hitopk.rs` is the algorithm on
+//! the host): the intra-host reduce-scatter and all-gather through the shared-memory arena
+//! with the GPU at both ends (`gpu_hier.rs`'s levels), MSTopK with error feedback fused on
+//! this rank's owned slice on the GPU, only the (index, value) pairs copied to the host for
+//! the inter-host all-gather, and the scatter-add of every host's pairs on the GPU
+//! (`gpu::sra::DeviceTopK`). The selection's bytes are the host's, keyed alike, so host and
+//! device ranks of one job end bit-identical.
+//!
+//! Taken by calls that return once done (NULL stream) on float32 when the ranks of each host
+//! share the arena (or a host has one rank); staged through page-locked memory otherwise.
+
+use super::arena_turn::ArenaTurn;
+use super::gpu_hier::{intra_level, levels_on_device};
+use super::hier::Hier;
+use super::{Comm, PreparedTopK, TopKReport};
+use crate::algo::arena::Shape;
+use crate::algo::{part, Wire};
+use crate::codec::Site;
+use crate::coll::Engine;
+use crate::error::Result;
+use crate::gpu::driver::Driver;
+use crate::gpu::sra::DeviceTopK;
+use crate::gpu::staging::Placement;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A HiTopKComm call on device buffers, checked and with its kernels loaded.
+struct GpuTopK<'a> {
+    call: &'a PreparedTopK,
+    hier: &'a Hier,
+    intra: ArenaTurn,
+    topk: DeviceTopK,
+    driver: Arc<dyn Driver>,
+    ordinal: usize,
+    send: Option<u64>,
+    recv: u64,
+}
+
+impl Comm {
+    /// HiTopKComm `call` on device buffers `send` (None: in place) and `recv`, returning
+    /// once done (the legacy default stream's earlier work first): its report, or None
+    /// (nothing done) when the call has no GPU path (see the module docs) and the caller
+    /// stages it.
+    ///
+    /// # Safety
+    /// `send` and `recv` must not overlap and must each be valid for the call's bytes until
+    /// this returns.
+    #[doc(hidden)]
+    pub unsafe fn hitopk_on_device(
+        &self,
+        call: &PreparedTopK,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<TopKReport>> {
+        let Ok(driver) = crate::gpu::select::driver() else {
+            return Ok(None);
+        };
+        let Some((hier, o, count, _, _)) = call.on_device() else {
+            return Ok(None);
+        };
+        if count == 0 || !levels_on_device(hier) {
+            return Ok(None);
+        }
+        let Some(ordinal) = self.coded_device(&*driver, (send, recv), 4 * count, 4)? else {
+            return Ok(None);
+        };
+        let key = o.key.clone().filter(|_| o.error_feedback);
+        let how = (o.density, o.samplings);
+        let timeout = self.config.timeout;
+        let topk = match DeviceTopK::new(driver.clone(), ordinal, how, key, timeout) {
+            Ok(t) => t,
+            Err(e) => {
+                crate::qlog!(
+                    Info,
+                    "rank {}: HiTopK on device buffers staged, MSTopK on the CPU: {e}",
+                    self.rank
+                );
+                return Ok(None);
+            }
+        };
+        let g = GpuTopK {
+            call,
+            hier,
+            intra: hier.intra.arena_turn(),
+            topk,
+            driver: driver.clone(),
+            ordinal,
+            send,
+            recv,
+        };
+        let nothing = Placement { device: Vec::new() };
+        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.staging_on(&mut guard, driver, ordinal)?;
+        let null = std::ptr::null_mut();
+        // SAFETY: nothing is staged; the caller's promise covers the buffers.
+        let report = unsafe {
+            st.run(&[], &nothing, null, |_| {
+                self.queue.run_declared(1, |e| g.run(e))
+            })
+        }?;
+        Ok(Some(report))
+    }
+}
+
+impl GpuTopK<'_> {
+    /// Algorithm 2 on the device, in the comm's turn (on `e`), as `PreparedTopK::hitopk`.
+    fn run(&self, e: &mut Engine) -> Result<TopKReport> {
+        let (_, o, count, seed, rank) = self.call.on_device().expect("checked when made");
+        let step = e.coded_calls;
+        e.coded_calls += 1;
+        if let Some(k) = o.key.as_ref().filter(|_| o.error_feedback) {
+            // A key used on host buffers before starts again from zero here.
+            e.residuals.remove(k);
+        }
+        let lane = e.gpu.clone();
+        let (local, me) = self.hier.intra_shape();
+        let mine = part(count, local, me, 1);
+        let mut report = TopKReport {
+            scheme: super::TopKScheme::HiTopK,
+            wire: Wire::default(),
+            steps: [Duration::ZERO; 4],
+            scatter_add: Duration::ZERO,
+            k: 0,
+            indices: None,
+        };
+        if let Some(s) = self.send {
+            self.topk.copy(&lane, s, self.recv, count)?;
+        }
+        let device = (&self.driver, self.ordinal);
+        let level = |shape| {
+            // SAFETY: the call's buffer, valid until it returns (the caller's promise).
+            unsafe {
+                intra_level(
+                    self.hier,
+                    &self.intra,
+                    device,
+                    self.recv,
+                    (0..count, mine.start),
+                    shape,
+                )
+            }
+        };
+        // 1. Intra-host reduce-scatter.
+        let t = Instant::now();
+        report.wire += level(Shape::ReduceScatter)?;
+        report.steps[0] = t.elapsed();
+        // 2. MSTopK on the owned slice, compensated by its residual.
+        let t = Instant::now();
+        let slice = self.recv + 4 * mine.start as u64;
+        let site_key = Site {
+            seed,
+            step,
+            chunk: mine.start as u64,
+            rank: rank as u64,
+        }
+        .key();
+        let pairs = self.topk.select(&lane, slice, mine.len(), site_key)?;
+        report.k = pairs.len() / 8;
+        report.steps[1] = t.elapsed();
+        // 3. All-gather of the pairs among the ranks with this local rank; scatter-add in
+        //    host order.
+        let t = Instant::now();
+        let (all, wire) = self.hier.inter_all_gather(&pairs)?;
+        report.wire += wire;
+        let t_add = Instant::now();
+        self.topk.scatter_add(&lane, slice, mine.len(), &all)?;
+        report.scatter_add = t_add.elapsed();
+        report.steps[2] = t.elapsed();
+        // 4. Intra-host all-gather.
+        let t = Instant::now();
+        report.wire += level(Shape::AllGather)?;
+        report.steps[3] = t.elapsed();
+        if o.record_indices {
+            let k = report.k;
+            let idx = pairs[..4 * k]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            report.indices = Some(idx);
+        }
+        lane.count_calls(1, Default::default());
+        Ok(report)
+    }
+}
