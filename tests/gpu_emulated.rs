@@ -1263,9 +1263,9 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     };
                     // Every third call queued, as the C ABI's non-blocking calls.
                     let queued = call % 3 == 2;
-                    // The hierarchical route's GPU path: float32, calls that return once done.
+                    // The hierarchical route's GPU path: calls that return once done.
                     let waits = stream.is_null() || queued;
-                    let must_gpu = case.must_gpu && (!hier || (dt == DType::Float32 && waits));
+                    let must_gpu = case.must_gpu && (!hier || waits);
                     let before = comm.device_stats().map_err(e)?;
                     let how = (case.op, dt, in_place, stream, queued);
                     let m = coded_on_device(comm, dev, &c, &ins[r], how, hier)?;

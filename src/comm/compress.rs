@@ -482,14 +482,14 @@ impl PreparedAllReduce {
 
     /// The call as the device path runs it on the hierarchy (`gpu_hier.rs`): its shape as
     /// `on_device`'s (the schedule standing for the parts' own) and the hierarchy, when it
-    /// is a hierarchical schedule on float32 whose intra-host levels are dense; None
+    /// is a hierarchical schedule on a float type whose intra-host levels are dense; None
     /// otherwise.
     pub(super) fn on_device_hier(&self) -> Option<(crate::gpu::sra::CallShape<'_>, &Arc<Hier>)> {
         let Schedule::Hier(h) = &self.schedule else {
             return None;
         };
         let shape = self.device_shape(crate::gpu::sra::Scheme::Sra);
-        (self.dtype == DType::Float32 && !self.intra_host).then_some((shape, h))
+        (self.dtype.is_float() && !self.intra_host).then_some((shape, h))
     }
 
     /// The bytes of each of the call's buffers.

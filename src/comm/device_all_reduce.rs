@@ -1,7 +1,7 @@
 //! The one entry for a compressed all-reduce on raw buffers that may be device memory (the C
 //! ABI's, Python's and cudarc's way in): the codecs run on the GPU where the call has that
 //! path (`gpu_sra.rs`: a flat SRA, all-gather, ring or tree schedule on device buffers of a
-//! float type; `gpu_hier.rs`: the hierarchical one on float32, for calls that return once
+//! float type; `gpu_hier.rs`: the hierarchical one, for calls that return once
 //! done), otherwise the call is staged
 //! through page-locked memory (`device.rs`) as any other. Callers say only how the call is
 //! ordered: on a stream (`all_reduce_compressed_at`) or queued (`submit_..._at`).

@@ -14,7 +14,10 @@
 //! comm's rank, the call's step and the plan position, its residual the tensor's at the
 //! part, and Avg's division over the whole result at the end.
 //!
-//! Taken by calls that return once done (a null stream, queued calls) on float32 buffers
+//! Float16, bfloat16 and float64 run on an f32 copy in device memory, as the host's
+//! `with_f32` (`GpuAllReduce::fold_residual`, `finish_whole`).
+//!
+//! Taken by calls that return once done (a null stream, queued calls) on float buffers
 //! when the intra-host levels are dense (the default) and the ranks of each host share the
 //! arena (or a host has one rank); staged through page-locked memory, the CPU codecs
 //! encoding, otherwise. A call on a caller's stream must return once enqueued, with every
@@ -73,7 +76,8 @@ impl Comm {
         if count == 0 || !levels_on_device(hier) {
             return Ok(None);
         }
-        let Some(ordinal) = self.coded_device(&**driver, (send, recv), 4 * count, 4)? else {
+        let es = shape.5.size();
+        let Some(ordinal) = self.coded_device(&**driver, (send, recv), es * count, es)? else {
             return Ok(None);
         };
         let here = self.coded_shape();
@@ -103,7 +107,7 @@ impl Comm {
             .map(|at| {
                 let p = part(at.len(), local, me, 1);
                 let mine = at.start + p.start..at.start + p.end;
-                let scheme = scheme_of(inter.choose_flat(workload, 4 * mine.len()));
+                let scheme = scheme_of(inter.choose_flat(workload, es * mine.len()));
                 Piece { at, mine, scheme }
             })
             .collect();
@@ -198,13 +202,13 @@ impl GpuHier {
         e.coded_calls += 1;
         self.whole.forget_host_residual(e);
         let lane = e.gpu.clone();
-        self.whole.fold_residual(&lane)?;
+        let work = self.whole.fold_residual(&lane)?;
         let across = Mutex::new((DeviceStats::default(), Wire::default()));
         // The caller's thread runs both intra-host levels.
         let intra = std::cell::Cell::new(Wire::default());
         let inside = |p: &Piece, shape| {
             let mut w = intra.get();
-            w += self.inside(p, shape)?;
+            w += self.inside(p, work, shape)?;
             intra.set(w);
             Ok(())
         };
@@ -212,7 +216,7 @@ impl GpuHier {
             self.pieces.iter().collect(),
             |p| inside(p, Shape::ReduceScatter),
             |p| {
-                let Some((did, wire)) = self.across(p, &lane, step)? else {
+                let Some((did, wire)) = self.across(p, work, &lane, step)? else {
                     return Ok(());
                 };
                 let mut a = across.lock().unwrap_or_else(|e| e.into_inner());
@@ -224,7 +228,7 @@ impl GpuHier {
             },
             |p| inside(p, Shape::AllGather),
         )?;
-        self.whole.average(&lane)?;
+        self.whole.finish_whole(&lane, work)?;
         let (did, inter) = across.into_inner().unwrap_or_else(|e| e.into_inner());
         lane.count_calls(1, did);
         let mut wire = intra.get();
@@ -236,38 +240,32 @@ impl GpuHier {
         })
     }
 
-    /// The intra-host level `shape` of piece `p`, in place.
-    fn inside(&self, p: &Piece, shape: Shape) -> Result<Wire> {
+    /// The intra-host level `shape` of piece `p`, in place in the f32 `work` buffer.
+    fn inside(&self, p: &Piece, work: u64, shape: Shape) -> Result<Wire> {
         let driver = self.whole.driver();
         let device = (&driver, self.whole.ordinal());
         let at = (p.at.clone(), p.mine.start);
-        // SAFETY: the call's receive buffer, valid until the call returns (the caller's
-        // promise), piece `p` within it.
-        unsafe {
-            intra_level(
-                &self.hier,
-                &self.intra,
-                device,
-                self.whole.recv(),
-                at,
-                shape,
-            )
-        }
+        // SAFETY: the call's f32 work buffer (its receive buffer, valid until the call
+        // returns: the caller's promise; or the lane's copy, the call's until it ends),
+        // piece `p` within it.
+        unsafe { intra_level(&self.hier, &self.intra, device, work, at, shape) }
     }
 
-    /// The inter-host level of piece `p`: the compressed all-reduce of this rank's part,
-    /// step `step` on `lane`. What its exchanges did and its bytes; None when the part is
-    /// empty (so it is on every rank of the inter-host comm: they share the local rank).
+    /// The inter-host level of piece `p`: the compressed all-reduce of this rank's part of
+    /// the f32 `work` buffer, step `step` on `lane`. What its exchanges did and its bytes;
+    /// None when the part is empty (so it is on every rank of the inter-host comm: they
+    /// share the local rank).
     fn across(
         &self,
         p: &Piece,
+        work: u64,
         lane: &crate::gpu::sra::state::GpuLane,
         step: u64,
     ) -> Result<Option<(DeviceStats, Wire)>> {
         if p.mine.is_empty() {
             return Ok(None);
         }
-        let at = self.whole.recv() + 4 * p.mine.start as u64;
+        let at = work + 4 * p.mine.start as u64;
         let level = (p.mine.start, p.mine.len(), p.scheme);
         let g = self.whole.part(level, (None, at), self.inter);
         self.hier.inter.execute(|e| {

@@ -153,8 +153,9 @@ impl Comm {
                 Info,
                 "rank {}: compressed all-reduce on device buffers with the {} route: staged \
                  through page-locked memory, the CPU codecs encode (the codecs run on the GPU \
-                 in the flat schedules, and in the hierarchical one on float32 with dense \
-                 intra-host levels and the host's ranks on shared memory); said once per comm",
+                 in the flat schedules, and in the hierarchical one without a stream, with \
+                 dense intra-host levels and the host's ranks on shared memory); said once \
+                 per comm",
                 self.rank,
                 call.algo().name()
             );
@@ -259,17 +260,20 @@ impl Comm {
     pub(super) unsafe fn submit_gpu_all_reduce(&self, g: OnGpu) -> Result<crate::Request<()>> {
         let nothing = Placement { device: Vec::new() };
         let (driver, ordinal) = (g.driver(), g.ordinal());
+        // One compressed call, with the codecs on the GPU. A hierarchical one leaves the
+        // device side between its steps: undeclared, so that a compressed call made on a
+        // stream meanwhile waits for it to end before it enqueues (its progress waits would
+        // otherwise land on the device side's stream ahead of this call's next kernels,
+        // which the worker waits for: `Queue::submit_declared`).
+        let coded = match g {
+            OnGpu::Flat(_) => Some(1),
+            OnGpu::Hier(_) => None,
+        };
         // SAFETY: no buffer is staged; the caller's promise covers `g`'s.
         unsafe {
-            // One compressed call, with the codecs on the GPU.
-            self.submit_staged(
-                driver,
-                ordinal,
-                Vec::new(),
-                nothing,
-                Some(1),
-                move |e, _| g.run(e).map(drop),
-            )
+            self.submit_staged(driver, ordinal, Vec::new(), nothing, coded, move |e, _| {
+                g.run(e).map(drop)
+            })
         }
     }
 

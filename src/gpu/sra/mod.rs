@@ -239,26 +239,56 @@ impl GpuAllReduce {
     }
 
     /// A hierarchical call's first step on `lane` (the calling comm's), as the host's
-    /// `coded_turn`: the whole work buffer becomes the input plus the tensor's residual,
-    /// the residual zeroed (without one, out of place, a copy of the input); every level
-    /// then runs in place. Returns once done.
-    pub(crate) fn fold_residual(&self, lane: &GpuLane) -> Result<()> {
+    /// `with_f32` and `coded_turn`: the call's f32 work buffer (its receive buffer, or for
+    /// another float type the lane's f32 copy of its input) becomes the input plus the
+    /// tensor's residual, the residual zeroed; every level then runs in place there.
+    /// Returns the work buffer's address once done; it stays the call's until `finish_whole`
+    /// (the comm's turn keeps other calls off the lane's copy meanwhile: see
+    /// `comm/gpu_hier.rs`).
+    pub(crate) fn fold_residual(&self, lane: &GpuLane) -> Result<u64> {
+        let mut work = self.recv;
+        let input = self.send.unwrap_or(self.recv);
         lane.on_state((&*self.driver, self.ordinal), self.timeout, |st| {
             let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
             let wait = (&*lane.moved, self.timeout);
             let res = st.residual(&*self.driver, key, self.count, lane.take_forgotten(), wait)?;
-            st.compensate(self.send.unwrap_or(self.recv), res, self.recv, self.count)
-        })
+            let Some(convert) = &self.convert else {
+                return st.compensate(input, res, self.recv, self.count);
+            };
+            let sizes = Sizes {
+                slot: 0,
+                payload: 0,
+                scratch: 0,
+                work: 4 * self.count,
+            };
+            st.reserve(&*self.driver, &sizes, 1, &lane.moved, self.timeout)?;
+            work = state::addr(&st.work);
+            // SAFETY: converts the call's `count` input elements (valid until the call
+            // returns: the caller's promise) into the f32 copy `reserve` sized.
+            unsafe { convert.run(&*st.stream, true, input, work, self.count)? };
+            st.compensate(work, res, work, self.count)
+        })?;
+        Ok(work)
     }
 
-    /// A hierarchical call's last step on `lane`: Avg's division by the calling comm's
-    /// ranks over the whole result, as the host's `reduce::finish`. Returns once done.
-    pub(crate) fn average(&self, lane: &GpuLane) -> Result<()> {
-        if self.op != ReduceOp::Avg {
+    /// A hierarchical call's last step on `lane`, on its f32 `work` buffer: Avg's division
+    /// by the calling comm's ranks over the whole result, as the host's `reduce::finish`,
+    /// then for another float type the conversion into the receive buffer (`from_f32`).
+    /// Returns once done.
+    pub(crate) fn finish_whole(&self, lane: &GpuLane, work: u64) -> Result<()> {
+        if self.op != ReduceOp::Avg && self.convert.is_none() {
             return Ok(());
         }
         lane.on_state((&*self.driver, self.ordinal), self.timeout, |st| {
-            self.divide(st, self.recv)
+            if self.op == ReduceOp::Avg {
+                self.divide(st, work)?;
+            }
+            if let Some(convert) = &self.convert {
+                // SAFETY: the f32 copy's `count` values into the call's receive buffer
+                // (valid until the call returns: the caller's promise).
+                unsafe { convert.run(&*st.stream, false, work, self.recv, self.count)? };
+            }
+            Ok(())
         })
     }
 
@@ -294,11 +324,6 @@ impl GpuAllReduce {
     pub(super) fn encoded_len(&self, r: Range<usize>) -> usize {
         self.plan
             .encoded_len(self.base + r.start..self.base + r.end)
-    }
-
-    /// The call's receive buffer (its f32 work buffer on float32).
-    pub(crate) fn recv(&self) -> u64 {
-        self.recv
     }
 
     /// The driver it runs on.
