@@ -1372,7 +1372,8 @@ fn device_rank(r: usize) -> bool {
 
 /// HiTopKComm on float32, the ranks in QCCL_TEST_DEVICE_RANKS on device buffers with the
 /// top-k on the GPU (`Comm::hitopk_on_device`, every call: it must take the path), the others
-/// on host buffers; error feedback carried over calls, in place and out of place. Prints a
+/// on host buffers; error feedback carried over calls, in place and out of place, float32,
+/// bfloat16 and float16 (an f32 copy on the device, as the host's). Prints a
 /// hash of every result (the job compares them across ranks and against a host-only job).
 fn hitopk(comm: &Comm, dev: &Dev) -> Result<(), String> {
     let (n, r) = (comm.size(), comm.rank());
@@ -1393,30 +1394,41 @@ fn hitopk(comm: &Comm, dev: &Dev) -> Result<(), String> {
         algo: None,
         gather: false,
     };
-    let cases: [(f64, &[usize], Option<&str>); 3] = [
-        (0.05, &[1, 7, 4099, 65_537], Some("hitopk.grad")),
-        (0.25, &[1031], None),
-        (1.0, &[13], Some("hitopk.all")),
+    let cases: [(f64, &[usize], Option<&str>, DType); 5] = [
+        (
+            0.05,
+            &[1, 7, 4099, 65_537],
+            Some("hitopk.grad"),
+            DType::Float32,
+        ),
+        (0.25, &[1031], None, DType::Float32),
+        (1.0, &[13], Some("hitopk.all"), DType::Float32),
+        (0.1, &[7, 4099], Some("hitopk.bf16"), DType::Bfloat16),
+        (0.1, &[1031], Some("hitopk.half"), DType::Float16),
     ];
-    for (ci, (density, counts, key)) in cases.into_iter().enumerate() {
+    for (ci, (density, counts, key, dt)) in cases.into_iter().enumerate() {
         let mut o = TopK::new(density).error_feedback(key.is_some());
         if let Some(k) = key {
             o = o.key(k);
         }
         for &count in counts {
             for call in 0..3 {
-                let what = format!("hitopk density {density} count {count} call {call}");
+                let what = format!("hitopk density {density} {dt} count {count} call {call}");
+                // The inputs as the buffers hold them (halves rounded).
                 let ins: Vec<Vec<f32>> = (0..n)
-                    .map(|p| coded_input(100 + ci, call, p, count))
+                    .map(|p| {
+                        let x = coded_input(100 + ci, call, p, count);
+                        from_bytes(&to_bytes(&x, dt), dt)
+                    })
                     .collect();
-                let got = if on_device {
-                    let p = comm
-                        .prepare_topk(count, DType::Float32, TopKScheme::HiTopK, &o)
-                        .map_err(e)?;
+                let p = comm
+                    .prepare_topk(count, dt, TopKScheme::HiTopK, &o)
+                    .map_err(e)?;
+                let bytes = if on_device {
                     let before = comm.device_stats().map_err(e)?;
-                    let send = dev.upload(bytemuck::cast_slice(&ins[r]))?;
+                    let send = dev.upload(&to_bytes(&ins[r], dt))?;
                     let recv = match call % 2 {
-                        1 => Some(dev.upload(&vec![0u8; 4 * count])?),
+                        1 => Some(dev.upload(&vec![0u8; dt.size() * count])?),
                         _ => None,
                     };
                     let (s, rv) = match &recv {
@@ -1437,17 +1449,14 @@ fn hitopk(comm: &Comm, dev: &Dev) -> Result<(), String> {
                             rep.k
                         ));
                     }
-                    floats(&dev.download(&*recv.unwrap_or(send), 4 * count)?)
+                    dev.download(&*recv.unwrap_or(send), dt.size() * count)?
                 } else {
-                    let mut buf = ins[r].clone();
-                    comm.topk_all_reduce(&mut buf, TopKScheme::HiTopK, &o)
-                        .map_err(e)?;
-                    buf
+                    let mut bytes = to_bytes(&ins[r], dt);
+                    comm.execute(|eng| p.run(eng, &mut bytes)).map_err(e)?;
+                    bytes
                 };
-                println!(
-                    "QCCL-HASH topk {ci} {count} {call} {:016x}",
-                    fnv(bytemuck::cast_slice(&got))
-                );
+                println!("QCCL-HASH topk {ci} {count} {call} {:016x}", fnv(&bytes));
+                let got = from_bytes(&bytes, dt);
                 check_coded(&bound, &ins, &got, n).map_err(|m| format!("{what}: {m}"))?;
             }
         }

@@ -6,12 +6,14 @@
 //! (`gpu::sra::DeviceTopK`). The selection's bytes are the host's, keyed alike, so host and
 //! device ranks of one job end bit-identical.
 //!
-//! Taken by calls that return once done (NULL stream) on float32 when the ranks of each host
-//! share the arena (or a host has one rank); staged through page-locked memory otherwise.
+//! Float16, bfloat16 and float64 run on an f32 copy in device memory (`DeviceTopK::widen`,
+//! `narrow`), as the host's `with_f32`. Taken by calls that return once done (NULL stream)
+//! when the ranks of each host share the arena (or a host has one rank); staged through
+//! page-locked memory otherwise.
 
 use super::arena_turn::ArenaTurn;
 use super::gpu_hier::{intra_level, levels_on_device};
-use super::hier::Hier;
+use super::hitopk::TopKOnDevice;
 use super::{Comm, PreparedTopK, TopKReport};
 use crate::algo::arena::Shape;
 use crate::algo::{part, Wire};
@@ -26,8 +28,7 @@ use std::time::{Duration, Instant};
 
 /// A HiTopKComm call on device buffers, checked and with its kernels loaded.
 struct GpuTopK<'a> {
-    call: &'a PreparedTopK,
-    hier: &'a Hier,
+    call: TopKOnDevice<'a>,
     intra: ArenaTurn,
     topk: DeviceTopK,
     driver: Arc<dyn Driver>,
@@ -55,19 +56,21 @@ impl Comm {
         let Ok(driver) = crate::gpu::select::driver() else {
             return Ok(None);
         };
-        let Some((hier, o, count, _, _)) = call.on_device() else {
+        let Some(t) = call.on_device() else {
             return Ok(None);
         };
+        let (hier, o, count, dtype) = (t.hier, t.opts, t.count, t.dtype);
         if count == 0 || !levels_on_device(hier) {
             return Ok(None);
         }
-        let Some(ordinal) = self.coded_device(&*driver, (send, recv), 4 * count, 4)? else {
+        let es = dtype.size();
+        let Some(ordinal) = self.coded_device(&*driver, (send, recv), es * count, es)? else {
             return Ok(None);
         };
         let key = o.key.clone().filter(|_| o.error_feedback);
         let how = (o.density, o.samplings);
         let timeout = self.config.timeout;
-        let topk = match DeviceTopK::new(driver.clone(), ordinal, how, key, timeout) {
+        let topk = match DeviceTopK::new(driver.clone(), (ordinal, dtype), how, key, timeout) {
             Ok(t) => t,
             Err(e) => {
                 crate::qlog!(
@@ -79,9 +82,8 @@ impl Comm {
             }
         };
         let g = GpuTopK {
-            call,
-            hier,
             intra: hier.intra.arena_turn(),
+            call: t,
             topk,
             driver: driver.clone(),
             ordinal,
@@ -105,7 +107,8 @@ impl Comm {
 impl GpuTopK<'_> {
     /// Algorithm 2 on the device, in the comm's turn (on `e`), as `PreparedTopK::hitopk`.
     fn run(&self, e: &mut Engine) -> Result<TopKReport> {
-        let (_, o, count, seed, rank) = self.call.on_device().expect("checked when made");
+        let t = &self.call;
+        let (o, count, seed, rank) = (t.opts, t.count, t.seed, t.rank);
         let step = e.coded_calls;
         e.coded_calls += 1;
         if let Some(k) = o.key.as_ref().filter(|_| o.error_feedback) {
@@ -113,7 +116,7 @@ impl GpuTopK<'_> {
             e.residuals.remove(k);
         }
         let lane = e.gpu.clone();
-        let (local, me) = self.hier.intra_shape();
+        let (local, me) = self.call.hier.intra_shape();
         let mine = part(count, local, me, 1);
         let mut report = TopKReport {
             scheme: super::TopKScheme::HiTopK,
@@ -123,22 +126,13 @@ impl GpuTopK<'_> {
             k: 0,
             indices: None,
         };
-        if let Some(s) = self.send {
-            self.topk.copy(&lane, s, self.recv, count)?;
-        }
+        let work = self.topk.widen(&lane, self.send, self.recv, count)?;
         let device = (&self.driver, self.ordinal);
+        let at = (0..count, mine.start);
         let level = |shape| {
-            // SAFETY: the call's buffer, valid until it returns (the caller's promise).
-            unsafe {
-                intra_level(
-                    self.hier,
-                    &self.intra,
-                    device,
-                    self.recv,
-                    (0..count, mine.start),
-                    shape,
-                )
-            }
+            // SAFETY: the call's f32 work buffer (its receive buffer, valid until it returns:
+            // the caller's promise; or the lane's copy, the call's until it ends).
+            unsafe { intra_level(self.call.hier, &self.intra, device, work, at.clone(), shape) }
         };
         // 1. Intra-host reduce-scatter.
         let t = Instant::now();
@@ -146,7 +140,7 @@ impl GpuTopK<'_> {
         report.steps[0] = t.elapsed();
         // 2. MSTopK on the owned slice, compensated by its residual.
         let t = Instant::now();
-        let slice = self.recv + 4 * mine.start as u64;
+        let slice = work + 4 * mine.start as u64;
         let site_key = Site {
             seed,
             step,
@@ -160,7 +154,7 @@ impl GpuTopK<'_> {
         // 3. All-gather of the pairs among the ranks with this local rank; scatter-add in
         //    host order.
         let t = Instant::now();
-        let (all, wire) = self.hier.inter_all_gather(&pairs)?;
+        let (all, wire) = self.call.hier.inter_all_gather(&pairs)?;
         report.wire += wire;
         let t_add = Instant::now();
         self.topk.scatter_add(&lane, slice, mine.len(), &all)?;
@@ -169,6 +163,7 @@ impl GpuTopK<'_> {
         // 4. Intra-host all-gather.
         let t = Instant::now();
         report.wire += level(Shape::AllGather)?;
+        self.topk.narrow(&lane, work, self.recv, count)?;
         report.steps[3] = t.elapsed();
         if o.record_indices {
             let k = report.k;

@@ -263,6 +263,16 @@ enum Kind {
     TwoLevel(Arc<Hier>),
 }
 
+/// A HiTopKComm call as the device path runs it.
+pub(super) struct TopKOnDevice<'a> {
+    pub(super) hier: &'a Arc<Hier>,
+    pub(super) opts: &'a TopK,
+    pub(super) count: usize,
+    pub(super) dtype: DType,
+    pub(super) seed: u64,
+    pub(super) rank: usize,
+}
+
 /// A checked top-k all-reduce, ready to run on its comm's engine.
 pub struct PreparedTopK {
     kind: Kind,
@@ -302,13 +312,18 @@ impl PreparedTopK {
         }
     }
 
-    /// The call as the device path runs it (`gpu_topk.rs`): its hierarchy, options, count,
-    /// seed and rank, when it is HiTopKComm on float32; None otherwise.
-    pub(super) fn on_device(&self) -> Option<(&Arc<Hier>, &TopK, usize, u64, usize)> {
+    /// The call as the device path runs it (`gpu_topk.rs`), when it is HiTopKComm; None
+    /// otherwise.
+    pub(super) fn on_device(&self) -> Option<TopKOnDevice<'_>> {
         match &self.kind {
-            Kind::HiTopK(h) if self.dtype == DType::Float32 => {
-                Some((h, &self.opts, self.count, self.seed, self.rank))
-            }
+            Kind::HiTopK(hier) => Some(TopKOnDevice {
+                hier,
+                opts: &self.opts,
+                count: self.count,
+                dtype: self.dtype,
+                seed: self.seed,
+                rank: self.rank,
+            }),
             _ => None,
         }
     }

@@ -11,7 +11,8 @@ use crate::codec::ef::TensorKey;
 use crate::codec::CodecSpec;
 use crate::error::{Error, Result};
 use crate::gpu::driver::Driver;
-use crate::gpu::plans::{plan_for, CodecPlan};
+use crate::gpu::plans::{plan_for, CodecPlan, Convert};
+use crate::types::DType;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,14 +24,16 @@ pub struct DeviceTopK {
     /// The tensor whose residual the selection keeps (error feedback), if any.
     key: Option<TensorKey>,
     timeout: Duration,
+    /// The call's buffers to and from f32 (None: float32), as the host's `with_f32`.
+    convert: Option<Convert>,
 }
 
 impl DeviceTopK {
-    /// MSTopK at `density` with `samplings` threshold searches on device `ordinal`;
-    /// `Unsupported` when its kernels cannot be loaded.
+    /// MSTopK at `density` with `samplings` threshold searches on device `ordinal`, for
+    /// buffers of float type `dtype`; `Unsupported` when its kernels cannot be loaded.
     pub fn new(
         driver: Arc<dyn Driver>,
-        ordinal: usize,
+        (ordinal, dtype): (usize, DType),
         (density, samplings): (f64, u32),
         key: Option<TensorKey>,
         timeout: Duration,
@@ -38,20 +41,52 @@ impl DeviceTopK {
         let spec = CodecSpec::parse(&format!("mstopk:density={density},samplings={samplings}"))?;
         let plan = plan_for(&*driver, ordinal, &**spec.codec())?;
         DeviceState::functions(&*driver, ordinal)?;
+        let convert = Convert::new(&*driver, ordinal, dtype)?;
         Ok(DeviceTopK {
             driver,
             ordinal,
             plan,
             key,
             timeout,
+            convert,
         })
     }
 
-    /// Copies `count` f32s from `src` to `dst` on `lane` (an out-of-place call's input into
-    /// its buffer); returns once done.
-    pub fn copy(&self, lane: &GpuLane, src: u64, dst: u64, count: usize) -> Result<()> {
-        lane.on_state((&*self.driver, self.ordinal), self.timeout, |st| {
-            st.compensate(src, None, dst, count)
+    /// The call's f32 work buffer of `count` elements, its input in it: `recv` (`send`, out
+    /// of place, copied in), or for another float type the lane's f32 copy of the input
+    /// (which stays the call's until it ends: it runs alone in its comm's turn). Returns
+    /// once done.
+    pub fn widen(&self, lane: &GpuLane, send: Option<u64>, recv: u64, count: usize) -> Result<u64> {
+        let input = send.unwrap_or(recv);
+        let mut work = recv;
+        self.on_state(lane, |st| {
+            let Some(convert) = &self.convert else {
+                return st.compensate(input, None, recv, count);
+            };
+            let sizes = Sizes {
+                slot: 0,
+                payload: 0,
+                scratch: 0,
+                work: 4 * count,
+            };
+            st.reserve(&*self.driver, &sizes, 1, &lane.moved, self.timeout)?;
+            work = super::state::addr(&st.work);
+            // SAFETY: the call's `count` input elements (valid until it returns: the
+            // caller's promise) into the f32 copy `reserve` sized.
+            unsafe { convert.run(&*st.stream, true, input, work, count) }
+        })?;
+        Ok(work)
+    }
+
+    /// Converts the f32 `work` buffer back into `recv` for another float type (nothing for
+    /// float32); returns once done.
+    pub fn narrow(&self, lane: &GpuLane, work: u64, recv: u64, count: usize) -> Result<()> {
+        let Some(convert) = &self.convert else {
+            return Ok(());
+        };
+        // SAFETY: `work`'s `count` f32s into the call's buffer (valid until it returns).
+        self.on_state(lane, |st| unsafe {
+            convert.run(&*st.stream, false, work, recv, count)
         })
     }
 
@@ -70,7 +105,7 @@ impl DeviceTopK {
         if count == 0 {
             return Ok(pairs);
         }
-        lane.on_state((&*self.driver, self.ordinal), self.timeout, |st| {
+        self.on_state(lane, |st| {
             let wait = (&*lane.moved, self.timeout);
             let res = st.residual(
                 &*self.driver,
@@ -120,7 +155,7 @@ impl DeviceTopK {
                 all.len()
             )));
         }
-        lane.on_state((&*self.driver, self.ordinal), self.timeout, |st| {
+        self.on_state(lane, |st| {
             self.reserve(st, lane, block, count)?;
             st.zero(slice, count)?;
             let (payload, scratch) = (
@@ -150,6 +185,15 @@ impl DeviceTopK {
             ));
         }
         Ok(())
+    }
+
+    /// Runs `f` on `lane`'s device state, then waits for its stream.
+    fn on_state(
+        &self,
+        lane: &GpuLane,
+        f: impl FnOnce(&mut DeviceState) -> Result<()>,
+    ) -> Result<()> {
+        lane.on_state((&*self.driver, self.ordinal), self.timeout, f)
     }
 
     /// Grows the lane's payload and scratch for a payload of `len` bytes over `count`
