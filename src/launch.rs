@@ -23,7 +23,9 @@
 //! QCCL_RANK, QCCL_WORLD_SIZE, QCCL_LOCAL_RANK (all = the rank), QCCL_COMM_ID
 //! (127.0.0.1 and a free port, held by a [`ReservedPort`] for the whole job: rank 0 hosts the
 //! rendezvous there) and QCCL_SECRET (random, one per job). Everything else is inherited
-//! unchanged, QCCL_HOSTID included: all ranks of one launch claim the same host.
+//! unchanged, QCCL_HOSTID included: all ranks of one launch claim the same host, unless
+//! [`Launch::hosts`] splits them into emulated hosts (each its own QCCL_HOSTID, and
+//! QCCL_LOCAL_RANK the rank on it), to run the multi-host routes on one machine.
 //!
 //! Binding, as `mpirun`'s default when the ranks fit the CPUs this process may run on: rank r
 //! is bound to the r-th of them ([`Bind::Core`]). Unlike mpirun, ranks that outnumber the CPUs
@@ -58,6 +60,7 @@ pub struct Launch {
     finished: Vec<i32>,
     bind: Bind,
     lost_allowed: usize,
+    hosts: usize,
 }
 
 /// Where the ranks may run (`mpirun --bind-to`).
@@ -99,7 +102,18 @@ impl Launch {
             finished: Vec::new(),
             bind: Bind::Auto,
             lost_allowed: 0,
+            hosts: 1,
         }
+    }
+
+    /// Splits the ranks into `hosts` emulated hosts of consecutive ranks, the same number on
+    /// each (rank r on host r / (np / hosts)): each rank gets QCCL_HOSTID `emuhost<h>` and
+    /// its rank on that host as QCCL_LOCAL_RANK, so the multi-host routes (the hierarchical
+    /// all-reduce, HiTopKComm) run on one machine, TCP over loopback between the hosts and
+    /// shared memory inside each, as `perf-tests/emucluster` does without its shaped links.
+    pub fn hosts(mut self, hosts: usize) -> Launch {
+        self.hosts = hosts;
+        self
     }
 
     /// Up to `n` ranks may fail (a non-zero exit or a signal) without ending the job: the
@@ -153,6 +167,13 @@ impl Launch {
         if self.np == 0 {
             return Err(Error::invalid("launch: need at least 1 rank"));
         }
+        if self.hosts == 0 || !self.np.is_multiple_of(self.hosts) {
+            return Err(Error::invalid(format!(
+                "launch: {} ranks do not split into {} hosts of the same size",
+                self.np, self.hosts
+            )));
+        }
+        let per_host = self.np / self.hosts;
         let exe = std::env::current_exe()
             .map_err(|e| Error::io("cannot find this program's executable", e))?;
         // Held until the job ends: no other process can take the port before rank 0 binds it.
@@ -178,11 +199,14 @@ impl Launch {
                 set_affinity(&[cpu])
                     .map_err(|e| Error::io(format!("cannot bind rank {r} to CPU {cpu}"), e))?;
             }
+            if self.hosts > 1 {
+                cmd.env("QCCL_HOSTID", format!("emuhost{}", r / per_host));
+            }
             let spawned = cmd
                 .args(&self.args)
                 .env("QCCL_RANK", r.to_string())
                 .env("QCCL_WORLD_SIZE", self.np.to_string())
-                .env("QCCL_LOCAL_RANK", r.to_string())
+                .env("QCCL_LOCAL_RANK", (r % per_host).to_string())
                 .env("QCCL_COMM_ID", format!("127.0.0.1:{port}"))
                 .env("QCCL_SECRET", &secret)
                 .stdin(Stdio::null())

@@ -150,7 +150,9 @@ pub struct Args {
     pub timeout: Option<Duration>,
     /// `--bind-to`: where `-np` puts its ranks (mpirun's flag).
     pub bind: qccl::launch::Bind,
-    /// The arguments minus `-np N` and `--bind-to`: what `-np` hands its children.
+    /// `--hosts`: emulated hosts `-np` splits its ranks into (1: one host).
+    pub hosts: usize,
+    /// The arguments minus `-np N`, `--bind-to` and `--hosts`: what `-np` hands its children.
     pub passthrough: Vec<String>,
 }
 
@@ -438,6 +440,11 @@ struct Cli {
     #[arg(long = "bind-to", alias = "bind_to", value_name = "core|none|auto", default_value = "auto",
           help_heading = QCCL, verbatim_doc_comment)]
     bind_to: String,
+    /// With -np: split the ranks into N emulated hosts of np/N
+    /// consecutive ranks (QCCL_HOSTID per rank): the multi-host routes
+    /// (hierarchical all-reduce, hitopk) on one machine, TCP between hosts
+    #[arg(long, value_name = "N", default_value_t = 1, help_heading = QCCL, verbatim_doc_comment)]
+    hosts: usize,
     /// Print the version
     #[arg(long, action = ArgAction::Version)]
     version: Option<bool>,
@@ -510,8 +517,8 @@ fn switch(letter: char, long: &str, v: &str) -> Result<bool, ArgError> {
 }
 
 /// Splits off what only the launcher uses: `-np N` (mpirun's spelling, also `-npN`, `--np N`,
-/// `--np=N`) and `--bind-to X`. Returns the arguments for clap (`-np` spelled `--np`) and the
-/// arguments `-np` hands its children (neither of the two).
+/// `--np=N`), `--bind-to X` and `--hosts N`. Returns the arguments for clap (`-np` spelled
+/// `--np`) and the arguments `-np` hands its children (none of the three).
 fn split_launcher_args(raw: &[String]) -> (Vec<String>, Vec<String>) {
     let (mut for_clap, mut passthrough) = (Vec::new(), Vec::new());
     let mut i = 0;
@@ -531,7 +538,10 @@ fn split_launcher_args(raw: &[String]) -> (Vec<String>, Vec<String>) {
         {
             for_clap.push(format!("--np={}", v.trim_start_matches('=')));
             i += 1;
-        } else if launcher_flag("--bind-to") || launcher_flag("--bind_to") {
+        } else if launcher_flag("--bind-to")
+            || launcher_flag("--bind_to")
+            || launcher_flag("--hosts")
+        {
             for_clap.push(tok.to_string());
             if !tok.contains('=') {
                 if let Some(v) = raw.get(i + 1) {
@@ -644,6 +654,7 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
         np: c.np,
         timeout: None,
         bind: c.bind_to.parse().map_err(|e| format!("--bind-to: {e}"))?,
+        hosts: c.hosts,
         passthrough,
     };
     match c.output_file {
@@ -663,6 +674,18 @@ pub fn parse(argv0: &str, raw: &[String]) -> Result<Parsed, ArgError> {
     }
     if c.np == Some(0) {
         return Err("-np: need at least 1 rank".into());
+    }
+    match c.np {
+        _ if c.hosts == 0 => return Err("--hosts 0: need at least 1 host".into()),
+        Some(np) if !np.is_multiple_of(c.hosts) => {
+            return Err(format!(
+                "--hosts {}: -np {np} does not split into hosts of the same size",
+                c.hosts
+            )
+            .into())
+        }
+        None if c.hosts > 1 => return Err("--hosts: only with -np".into()),
+        _ => {}
     }
     let timeout = c.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
     if !(timeout >= 0.0 && timeout.is_finite()) {
@@ -1143,6 +1166,13 @@ mod tests {
         assert_eq!((a.min_bytes, a.np), (2048, Some(2)));
         assert_eq!(a.bind, qccl::launch::Bind::None);
         assert_eq!(a.passthrough, ["-b", "1K", "-b", "2K", "-n", "3"]);
+        // --hosts is the launcher's too; it must split -np evenly.
+        let a = args("-np 4 --hosts 2 -n 3 --hosts=2");
+        assert_eq!((a.np, a.hosts), (Some(4), 2));
+        assert_eq!(a.passthrough, ["-n", "3"]);
+        assert!(err("-np 3 --hosts 2").msg.contains("does not split"));
+        assert!(err("--hosts 2").msg.contains("only with -np"));
+        assert!(err("-np 2 --hosts 0").msg.contains("at least 1 host"));
     }
 
     #[test]

@@ -238,6 +238,26 @@ impl Gpu {
             // scheme): the same entry, its codec on the GPU.
             Work::TopK(call) => match call.into_compressed() {
                 Ok((c, k)) => self.enqueue_compressed(ctx.comm, c, &call_bufs, Some(k))?,
+                // HiTopKComm on the NULL stream: its top-k and scatter-add on the GPU where
+                // the call has that path (`Comm::hitopk_on_device`), returning once done.
+                Err(call) if self.stream_null => {
+                    let (send, recv) = send_recv_of(&call_bufs)?;
+                    // SAFETY: as in `enqueue_compressed`: this section's device memory,
+                    // distinct buffers, valid until the call returned.
+                    match unsafe { ctx.comm.hitopk_on_device(&call, send, recv) }? {
+                        Some(rep) => {
+                            let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+                            done.push(Ran {
+                                algo: None,
+                                wire: Some(rep.wire),
+                                inter: None,
+                                steps: Some((rep.steps, rep.scatter_add)),
+                                k: rep.k,
+                            });
+                        }
+                        None => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
+                    }
+                }
                 Err(call) => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
             },
             // As the C API where `Comm::dense_path` says so: a dense all-reduce through the

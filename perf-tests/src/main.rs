@@ -289,6 +289,7 @@ fn main() {
             let mut job = Launch::new(np)
                 .args(&a.passthrough)
                 .bind(a.bind)
+                .hosts(a.hosts)
                 .finished_code(EXIT_WRONG);
             if let Some(t) = a.timeout {
                 job = job.timeout(t);

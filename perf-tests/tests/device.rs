@@ -167,6 +167,35 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
     }
 }
 
+/// Across emulated hosts (`--hosts 2`: two hosts of two ranks), a compressed all-reduce
+/// and HiTopKComm on device buffers with the NULL stream take their GPU paths (the
+/// hierarchical levels through each host's arena, the codecs and the top-k on the emulated
+/// GPU: the log says so) and every checked value is right.
+#[test]
+fn compressed_calls_across_emulated_hosts_run_their_codecs_on_the_gpu() {
+    let runs: [(&[&str], &str); 2] = [
+        (&["-Z", "fp16"], "hierarchical, the codecs on the GPU"),
+        (
+            &["--coll", "hitopk", "--density", "0.1"],
+            "the top-k on the GPU",
+        ),
+    ];
+    for (what, says) in runs {
+        let mut args = vec!["--hosts", "2", "--device", "cuda", "-y", "1"];
+        args.extend_from_slice(what);
+        let (code, out, err) = perf_with(Some("1"), 4, &args, &[("QCCL_DEBUG", "TRACE")]);
+        assert_eq!(code, Some(0), "{what:?}\n{out}\n{err}");
+        assert!(
+            out.contains("# Out of bounds values : 0 OK"),
+            "{what:?}\n{out}\n{err}"
+        );
+        assert!(
+            err.contains(says),
+            "{what:?}: no \"{says}\" in the log\n{err}"
+        );
+    }
+}
+
 /// The names of the table's columns (its header line, without the leading `#`).
 fn header(out: &str) -> Vec<&str> {
     out.lines()

@@ -81,6 +81,11 @@ impl Comm {
                 return Ok(None);
             }
         };
+        crate::qlog!(
+            Trace,
+            "rank {}: HiTopK of {count} elements on device {ordinal}: the top-k on the GPU",
+            self.rank
+        );
         let g = GpuTopK {
             intra: hier.intra.arena_turn(),
             call: t,
