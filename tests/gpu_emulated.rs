@@ -47,6 +47,7 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "errors" => errors(&comm, &dev),
         "coded" => coded(&comm, &dev),
         "topk" => hitopk(&comm, &dev),
+        "hier_then_stream" => hier_then_stream(&comm, &dev),
         "coded_enqueue" => coded_enqueue_and_return(&comm, &dev),
         "coded_peer_gone" => coded_peer_gone(&comm, &dev),
         "coded_enqueue_fails" => coded_enqueue_fails(&comm, &dev),
@@ -1362,6 +1363,53 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
 }
 
 /// `got` against the float64 sum (or average) of `ins` within the case's tolerance.
+/// A queued hierarchical compressed all-reduce (which leaves the comm's device side between
+/// its pieces), then at once a flat one on a stream of the caller's (whose work is enqueued on
+/// that device side when it is made, behind progress waits the worker stores in its turn):
+/// the stream call must wait for the queued one to end before it enqueues, or its waits land
+/// ahead of the queued call's next kernels and both hang until the comm's timeout. Both
+/// results right (fp16 carries these small integer sums exactly), three times.
+fn hier_then_stream(comm: &Comm, dev: &Dev) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let e = |e: qccl::Error| e.to_string();
+    let count = 65_537;
+    let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
+    let hier = Compression::parse("fp16").map_err(e)?.algo(Algo::Hier);
+    let flat = Compression::parse("fp16").map_err(e)?.algo(Algo::Sra);
+    let user = dev.gpu.create_stream(0).map_err(e)?;
+    for round in 0..3 {
+        let a = dev.upload(bytemuck::cast_slice(&mine))?;
+        let b = dev.upload(bytemuck::cast_slice(&mine))?;
+        let p = comm
+            .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &hier)
+            .map_err(e)?;
+        // SAFETY: `a` lives until the request ended (waited below).
+        let req = unsafe { comm.submit_all_reduce_compressed_at(p, None, a.addr()) }.map_err(e)?;
+        let q = comm
+            .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &flat)
+            .map_err(e)?;
+        // SAFETY: `b` lives until the stream passed the call (synchronized below).
+        unsafe { comm.all_reduce_compressed_at(q, None, b.addr(), user.raw()) }.map_err(e)?;
+        req.wait().map_err(e)?;
+        user.synchronize(WAIT).map_err(e)?;
+        if let Some(err) = comm.async_error() {
+            return Err(format!("round {round}: async error: {err}"));
+        }
+        for (m, what) in [(&a, "queued hierarchical"), (&b, "flat on a stream")] {
+            let got = floats(&dev.download(&**m, 4 * count)?);
+            for (i, &x) in got.iter().enumerate() {
+                let want: usize = (0..n).map(|p| (p + i) % 5).sum();
+                if x != want as f32 {
+                    return Err(format!(
+                        "round {round}, {what}: element {i} is {x}, want {want}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// True when rank `r` is named in QCCL_TEST_DEVICE_RANKS (it uses device buffers).
 fn device_rank(r: usize) -> bool {
     std::env::var("QCCL_TEST_DEVICE_RANKS")
@@ -1758,6 +1806,32 @@ fn compressed_sra_with_the_codecs_on_a_real_gpu_matches_host_ranks_bit_for_bit()
                 );
             }
         }
+    }
+}
+
+/// A queued hierarchical call, then a flat one on a stream: neither hangs (2 emulated hosts
+/// × 2 ranks, 16 pieces; a 20 s timeout turns a hang into a failure).
+#[test]
+fn a_stream_call_after_a_queued_hierarchical_one_waits_for_it() {
+    let job = Job::new(4);
+    let limit = Duration::from_secs(120);
+    let outs: Vec<_> = (0..4)
+        .map(|r| {
+            let host = if r % 2 == 0 { "host-a" } else { "host-b" };
+            let env = [
+                ("QCCL_GPU_EMULATE", "1"),
+                ("QCCL_HOSTID", host),
+                ("QCCL_CHUNKSIZE", "16384"),
+                ("QCCL_TIMEOUT_MS", "20000"),
+            ];
+            job.spawn(r, "hier_then_stream", &env)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|c| common::job::wait(c, limit))
+        .collect();
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "rank {r} of 4:\n{}", text(o));
     }
 }
 
