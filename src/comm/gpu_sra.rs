@@ -188,12 +188,29 @@ impl Comm {
                 }
             }
         }
+        let device = (g.driver(), g.ordinal());
+        // SAFETY: the caller's promise about the stream.
+        let report = unsafe { self.in_turn_after(device, stream, |e| g.run(e)) }?;
+        Ok(stream.is_null().then_some(report))
+    }
+
+    /// Runs `f` in this comm's turn, undeclared, once the work on the caller's `stream`
+    /// (null: the legacy default stream) so far is done; returns what `f` returned. For the
+    /// GPU paths that return once done (they stage nothing).
+    ///
+    /// # Safety
+    /// `stream` must be null or a live stream of `driver`'s device `ordinal`.
+    pub(super) unsafe fn in_turn_after<R>(
+        &self,
+        (driver, ordinal): (Arc<dyn Driver>, usize),
+        stream: *mut c_void,
+        f: impl FnOnce(&mut Engine) -> Result<R>,
+    ) -> Result<R> {
         let nothing = Placement { device: Vec::new() };
         let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let st = self.staging_on(&mut guard, g.driver(), g.ordinal())?;
+        let st = self.staging_on(&mut guard, driver, ordinal)?;
         // SAFETY: nothing is staged; the caller's promise about the stream.
-        let report = unsafe { st.run(&[], &nothing, stream, |_| self.execute(|e| g.run(e))) }?;
-        Ok(stream.is_null().then_some(report))
+        unsafe { st.run(&[], &nothing, stream, |_| self.execute(f)) }
     }
 
     /// Enqueues `g` on the caller's `stream` and queues the moving of its bytes; false

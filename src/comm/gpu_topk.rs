@@ -22,7 +22,6 @@ use crate::coll::Engine;
 use crate::error::Result;
 use crate::gpu::driver::Driver;
 use crate::gpu::sra::DeviceTopK;
-use crate::gpu::staging::Placement;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -95,16 +94,13 @@ impl Comm {
             send,
             recv,
         };
-        let nothing = Placement { device: Vec::new() };
-        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let st = self.staging_on(&mut guard, driver, ordinal)?;
-        let null = std::ptr::null_mut();
         // Undeclared (one compressed call, but the count is not given): a compressed call
         // made on a stream meanwhile then waits for this one to end before it enqueues, so
         // its progress waits cannot land on the device side's stream between this call's
         // steps, ahead of kernels the worker waits for (`Queue::submit_declared`).
-        // SAFETY: nothing is staged; the caller's promise covers the buffers.
-        let report = unsafe { st.run(&[], &nothing, null, |_| self.queue.run(|e| g.run(e))) }?;
+        // SAFETY: the legacy default stream; the caller's promise covers the buffers.
+        let report =
+            unsafe { self.in_turn_after((driver, ordinal), std::ptr::null_mut(), |e| g.run(e)) }?;
         Ok(Some(report))
     }
 }
