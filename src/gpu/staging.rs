@@ -216,6 +216,23 @@ impl Drop for Finish {
     }
 }
 
+/// Records on `caller` the event after the copies out a call enqueued there (`copies`: how
+/// enqueueing them went) into `event`, even after a failed enqueue: `pinned` stays lent
+/// until the copies that were enqueued are done, and with no event it never goes back.
+fn copied_out(
+    caller: &dyn Stream,
+    copies: Result<()>,
+    event: &mut Option<Box<dyn super::driver::Event>>,
+    pinned: &mut Option<Lent>,
+) -> Result<()> {
+    match caller.record() {
+        Ok(e) => *event = Some(e),
+        Err(e) if copies.is_ok() => return Err(e),
+        Err(_) => std::mem::forget(pinned.take()),
+    }
+    copies
+}
+
 /// Lets `pinned` go back to the pool (when its holder drops it) only once every copy that
 /// `copies` mark is done; keeps it out of the pool for good when one cannot be confirmed.
 fn settle<'a>(
@@ -444,14 +461,7 @@ impl Staging {
             // valid until its stream passes the call.
             unsafe { caller.copy_to_device(dev, host, len) }
         });
-        // Recorded even after a failed enqueue: the buffers stay lent until the copies that
-        // were enqueued are done (with no event, they never go back).
-        match caller.record() {
-            Ok(e) => finish.copied_out = Some(e),
-            Err(e) if copies.is_ok() => return Err(e),
-            Err(_) => std::mem::forget(finish.pinned.take()),
-        }
-        copies?;
+        copied_out(&*caller, copies, &mut finish.copied_out, &mut finish.pinned)?;
         Ok(finish)
     }
 
@@ -517,13 +527,7 @@ impl Staging {
                 unsafe { caller.copy_to_device(dev, at.add(off), n) }
             })
         });
-        // As in `start`: recorded even after a failed enqueue.
-        match caller.record() {
-            Ok(e) => banded.copied_out = Some(e),
-            Err(e) if copies.is_ok() => return Err(e),
-            Err(_) => std::mem::forget(banded.pinned.take()),
-        }
-        copies?;
+        copied_out(&*caller, copies, &mut banded.copied_out, &mut banded.pinned)?;
         Ok(banded)
     }
 
