@@ -66,9 +66,12 @@ pub fn run<T: Send>(
         };
         for mut p in pieces {
             first(&mut p)?;
-            to_mid
-                .send(p)
-                .map_err(|_| Error::Internal("pipeline: the middle stage stopped early".into()))?;
+            if to_mid.send(p).is_err() {
+                // The middle stage failed: its error, behind the pieces it finished.
+                return Err(from_mid.iter().find_map(Result::err).unwrap_or_else(|| {
+                    Error::Internal("pipeline: the middle stage stopped early".into())
+                }));
+            }
             in_flight += 1;
             if in_flight == 2 {
                 finish_one(&mut in_flight)?;
@@ -150,7 +153,9 @@ mod tests {
             let r = run((0..4).collect(), fail_at(k), |_| Ok(()), |_| Ok(()));
             assert!(r.is_err(), "first fails at {k}");
             let r = run((0..4).collect(), |_| Ok(()), fail_at(k), |_| Ok(()));
-            assert!(r.is_err(), "middle fails at {k}");
+            // The middle stage's own error, not the pipeline's.
+            let msg = r.expect_err("the middle stage failed").to_string();
+            assert!(msg.contains("boom"), "middle fails at {k}: {msg}");
             let r = run((0..4).collect(), |_| Ok(()), |_| Ok(()), fail_at(k));
             assert!(r.is_err(), "last fails at {k}");
         }

@@ -332,6 +332,16 @@ impl Inspector {
         }
     }
 
+    /// Why rank `p` will not take part any more, by one probe: its process is gone or its
+    /// comm failed; None when it answered otherwise or not at all.
+    pub fn peer_down(&self, p: usize) -> Option<String> {
+        match self.probe(p, Instant::now() + PROBE_TIMEOUT) {
+            Answer::Gone(why) => Some(why),
+            Answer::Failed { reason, .. } => Some(format!("its comm failed: {reason}")),
+            Answer::Silent | Answer::Idle | Answer::Waiting { .. } => None,
+        }
+    }
+
     /// Probes `ranks` at once (one thread each), until `deadline`.
     fn probe_all(&self, ranks: &[usize], deadline: Instant) -> Vec<Answer> {
         std::thread::scope(|scope| {

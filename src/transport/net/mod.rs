@@ -194,6 +194,9 @@ impl NetConnector {
         deadline: Instant,
     ) -> Result<(Vec<TcpStream>, Option<Prepared>)> {
         let incoming = self.acceptor.incoming.clone();
+        // A peer whose comm failed (or whose process exited) before connecting never will:
+        // ask it now and then instead of waiting for the whole timeout.
+        let mut ask_at = Instant::now() + PEER_CHECK;
         loop {
             if let Some((v, _)) = self.stash.get(&peer) {
                 if v.iter().all(Option::is_some) {
@@ -215,6 +218,16 @@ impl NetConnector {
             }
             if abort_requested(cfg) {
                 return Err(Error::Aborted("abort() was called on this comm".into()));
+            }
+            if let Some(i) = cfg.inspector.as_ref().filter(|_| Instant::now() >= ask_at) {
+                if let Some(why) = i.peer_down(peer) {
+                    return Err(Error::Remote {
+                        rank: peer,
+                        addr: self.peers[peer].to_string(),
+                        msg: format!("it will not connect to this rank: {why}"),
+                    });
+                }
+                ask_at = Instant::now() + PEER_CHECK;
             }
             if Instant::now() >= deadline {
                 let stalled = Stalled {
@@ -249,6 +262,9 @@ impl NetConnector {
         }
     }
 }
+
+/// How often a wait for a peer to connect asks whether it still can.
+const PEER_CHECK: Duration = Duration::from_secs(1);
 
 fn abort_requested(cfg: &LinkConfig) -> bool {
     cfg.abort.load(std::sync::atomic::Ordering::Relaxed)
