@@ -44,6 +44,8 @@ enum How {
     Stream,
     /// Out of place, queued (`submit_all_reduce_dense_at`, the C API's non-blocking call).
     Queued,
+    /// Out of place, on a caller's stream.
+    StreamOut,
 }
 
 /// Where a rank's buffers are in a scenario.
@@ -68,21 +70,18 @@ fn run_child(scenario: &str) -> Result<(), String> {
 fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String> {
     let (rank, n) = (comm.rank(), comm.size());
     let wants_ipc = std::env::var("QCCL_CUDA_IPC").is_ok_and(|v| v == "1");
+    let rank_1_on_host = if rank == 1 {
+        Place::Host
+    } else {
+        Place::Device
+    };
     let (cases, place, expect_ipc) = match scenario {
         // Every dtype and op, on device buffers everywhere.
         "all" => (every_case(), Place::Device, n > 1),
         // A smaller grid for 7 ranks.
         "few" => (few_cases(), Place::Device, n > 1),
         // Rank 1's buffers are host memory: every rank takes the usual path.
-        "mixed" => (
-            few_cases(),
-            if rank == 1 {
-                Place::Host
-            } else {
-                Place::Device
-            },
-            false,
-        ),
+        "mixed" => (few_cases(), rank_1_on_host, false),
         // Some rank did not ask for CUDA IPC: none uses it.
         "partial" => (few_cases(), Place::Device, false),
         // Reduce-scatter and all-gather, every dtype (and op).
@@ -96,21 +95,19 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
             (cases, Place::Device, false)
         }
         // Rank 1's buffers are host memory: the others still go through the arena.
-        "arena-mixed" => (
-            arena_cases(),
-            if rank == 1 {
-                Place::Host
-            } else {
-                Place::Device
-            },
-            false,
-        ),
+        "arena-mixed" => (arena_cases(), rank_1_on_host, false),
+        // Several emulated hosts: the hierarchical route, staged in bands.
+        "hosts" => (hosts_cases(), Place::Device, false),
+        // Rank 1's buffers are host memory: the others still stage in bands.
+        "hosts-mixed" => (few_cases(), rank_1_on_host, false),
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
         "arena-fault" => return arena_fault(comm, gpu),
+        "hosts-fault" => return hosts_fault(comm, gpu),
         "arena-slow" => return arena_slow_copy(comm, gpu),
         other => return Err(format!("unknown scenario {other}")),
     };
-    let ipc_comm = n > 1 && !scenario.starts_with("arena") && scenario != "partial";
+    let hosts = scenario.starts_with("hosts");
+    let ipc_comm = n > 1 && !scenario.starts_with("arena") && !hosts && scenario != "partial";
     if comm.uses_cuda_ipc() != ipc_comm {
         return Err(format!(
             "uses_cuda_ipc() is {} on {n} ranks (scenario {scenario}, QCCL_CUDA_IPC wanted \
@@ -119,9 +116,14 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         ));
     }
     let user = gpu.create_stream(0).map_err(|e| e.to_string())?;
-    let (mut calls, mut through_arena) = (0, 0);
+    let (mut calls, mut through_arena, mut in_bands) = (0, 0, 0);
+    let hows: &[How] = if hosts {
+        &[How::Default, How::Stream, How::Queued, How::StreamOut]
+    } else {
+        &[How::Default, How::Stream, How::Queued]
+    };
     for (i, &(dtype, op, count)) in cases.iter().enumerate() {
-        for how in [How::Default, How::Stream, How::Queued] {
+        for &how in hows {
             // In place on the caller's stream, out of place otherwise.
             let in_place = how == How::Stream;
             let inputs: Vec<Vec<u8>> = (0..n)
@@ -139,8 +141,18 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
             // Through the arena: device buffers not over CUDA IPC (on a stream: enqueued in
             // bands; on a comm using CUDA IPC, every call returns once done).
             let device = place == Place::Device && !expect_ipc;
-            through_arena += u64::from(device && takes_arena_rounds(n, count * dtype.size()));
+            let arena = !hosts && takes_arena_rounds(n, count * dtype.size());
+            through_arena += u64::from(device && arena);
+            // Across hosts: the hierarchical route, every call of bytes staged in bands.
+            in_bands += u64::from(device && hosts && count > 0);
         }
+    }
+    if comm.hier_band_calls() != in_bands {
+        return Err(format!(
+            "{} hierarchical calls on device buffers staged in bands, expected {in_bands} \
+             (scenario {scenario})",
+            comm.hier_band_calls()
+        ));
     }
     if comm.arena_device_calls() != through_arena {
         return Err(format!(
@@ -251,7 +263,7 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
                     let done = match how {
                         How::Queued => unsafe { comm.submit_coll_dense_at(call, from, to) }
                             .and_then(|r| r.wait()),
-                        How::Stream => {
+                        How::Stream | How::StreamOut => {
                             match unsafe { comm.enqueue_coll_dense_at(&call, from, to, raw) } {
                                 Ok(false) => unsafe { comm.coll_dense_at(&call, from, to, raw) },
                                 other => other.map(drop),
@@ -298,8 +310,7 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
 /// it: rank 1's call returns that error, the others' fail naming a peer instead of waiting,
 /// all well within the comm's timeout.
 fn arena_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
-    let e = |e: qccl::Error| e.to_string();
-    let user = gpu.create_stream(0).map_err(e)?;
+    let user = gpu.create_stream(0).map_err(|e| e.to_string())?;
     let (dtype, op) = (DType::Float32, ReduceOp::Sum);
     let mine = input(dtype, op, comm.rank(), 300_007, 1);
     // A call that goes through, setting the arena and its streams up.
@@ -310,11 +321,43 @@ fn arena_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
             comm.arena_device_calls()
         ));
     }
+    let want = if comm.rank() == 1 {
+        "injected fault"
+    } else {
+        "rank 1"
+    };
+    fails_soon(comm, gpu, &*user, &got, want)
+}
+
+/// Across hosts, a hierarchical call staged in bands whose first copy in fails on rank 1:
+/// every rank's call fails, soon, rank 1's naming the fault.
+fn hosts_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
+    let user = gpu.create_stream(0).map_err(|e| e.to_string())?;
+    let mine = input(DType::Float32, ReduceOp::Sum, comm.rank(), 100_003, 1);
+    let want = if comm.rank() == 1 {
+        "injected fault"
+    } else {
+        ""
+    };
+    fails_soon(comm, gpu, &*user, &mine, want)
+}
+
+/// A float sum of `mine` on a device buffer with the NULL stream, rank 1's next copy made to
+/// fail first: the call must fail within 20 s, its error naming `want`.
+fn fails_soon(
+    comm: &Comm,
+    gpu: &dyn Driver,
+    user: &dyn Stream,
+    mine: &[u8],
+    want: &str,
+) -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let (dtype, op) = (DType::Float32, ReduceOp::Sum);
     let count = mine.len() / dtype.size();
     let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
     let buf = gpu.alloc_device(0, mine.len()).map_err(e)?;
-    // SAFETY: `got` outlives the synchronize; `buf` holds its bytes.
-    unsafe { user.copy_to_device(buf.addr(), got.as_ptr(), got.len()) }.map_err(e)?;
+    // SAFETY: `mine` outlives the synchronize; `buf` holds its bytes.
+    unsafe { user.copy_to_device(buf.addr(), mine.as_ptr(), mine.len()) }.map_err(e)?;
     user.synchronize(WAIT).map_err(e)?;
     if comm.rank() == 1 {
         let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
@@ -326,11 +369,6 @@ fn arena_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
     let msg = match r {
         Ok(_) => return Err("the call succeeded though rank 1's copy failed".into()),
         Err(err) => err.to_string(),
-    };
-    let want = if comm.rank() == 1 {
-        "injected fault"
-    } else {
-        "rank 1"
     };
     if !msg.contains(want) {
         return Err(format!("the call failed without naming {want:?}: {msg}"));
@@ -404,6 +442,16 @@ fn arena_cases() -> Vec<(DType, ReduceOp, usize)> {
     cases
 }
 
+/// Every dtype and op, and calls of more pieces than a call has bands.
+fn hosts_cases() -> Vec<(DType, ReduceOp, usize)> {
+    let mut cases = every_case();
+    cases.extend([
+        (DType::Float32, ReduceOp::Sum, 1_000_003),
+        (DType::Bfloat16, ReduceOp::Avg, 777_777),
+    ]);
+    cases
+}
+
 fn few_cases() -> Vec<(DType, ReduceOp, usize)> {
     vec![
         (DType::Float32, ReduceOp::Sum, 100_003),
@@ -437,7 +485,7 @@ fn on_device(
     let send = upload(mine)?;
     let recv = match how {
         How::Stream => None,
-        How::Default | How::Queued => Some(upload(&vec![0xa5; len])?),
+        How::Default | How::Queued | How::StreamOut => Some(upload(&vec![0xa5; len])?),
     };
     let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
     let out = recv.as_deref().unwrap_or(&*send);
@@ -450,7 +498,7 @@ fn on_device(
             .map_err(e)?,
         // SAFETY (all): device buffers of `len` bytes that live until the call returned or
         // `user` passed it (synchronized below); `user` is a live stream of their device.
-        How::Stream => {
+        How::Stream | How::StreamOut => {
             // Enqueued, pipelined through the arena where that applies (the C API's way on
             // a stream), else the blocking entry.
             let raw = user.raw();
@@ -585,6 +633,32 @@ fn through_the_arena_beside_a_rank_on_host_buffers() {
     job(3, "arena-mixed", no_ipc);
 }
 
+/// Rank r on emulated host `r % hosts` (interleaved), pieces of 16 KiB.
+fn on_hosts(hosts: usize) -> impl Fn(usize) -> Vec<(&'static str, &'static str)> {
+    const NAMES: [&str; 3] = ["emuhost0", "emuhost1", "emuhost2"];
+    move |r| {
+        vec![
+            ("QCCL_HOSTID", NAMES[r % hosts]),
+            ("QCCL_CHUNKSIZE", "16384"),
+        ]
+    }
+}
+
+#[test]
+fn across_emulated_hosts_hierarchical_calls_stage_in_bands() {
+    job(4, "hosts", on_hosts(2));
+}
+
+#[test]
+fn across_emulated_hosts_a_failed_copy_fails_every_rank() {
+    job(4, "hosts-fault", on_hosts(2));
+}
+
+#[test]
+fn across_emulated_hosts_beside_a_rank_on_host_buffers() {
+    job(6, "hosts-mixed", on_hosts(3));
+}
+
 #[test]
 fn reduce_scatter_and_all_gather_through_the_arena() {
     job(3, "arena-colls", no_ipc);
@@ -614,7 +688,8 @@ fn ranks_as_threads_of_one_process() {
 }
 
 /// The same on a real GPU, 3 processes sharing device 0, over CUDA IPC and through the
-/// arena (`--ignored`; QCCL_REQUIRE_GPU=1 makes a missing GPU a failure).
+/// arena, and 4 on 2 emulated hosts (`--ignored`; QCCL_REQUIRE_GPU=1 makes a missing GPU a
+/// failure).
 #[test]
 #[ignore = "needs an NVIDIA GPU (QCCL_REQUIRE_GPU=1 makes a missing one a failure)"]
 fn on_a_real_gpu() {
@@ -623,5 +698,6 @@ fn on_a_real_gpu() {
         job(3, "real-all", ipc);
         job(3, "real-arena-few", no_ipc);
         job(3, "real-arena-colls", no_ipc);
+        job(4, "real-hosts", on_hosts(2));
     }
 }

@@ -15,7 +15,7 @@
 # Figures (issue #22): the kernels against the device's copy bandwidth (qccl-gpu-bench);
 # all_reduce busbw on device vs host buffers at 2 and 4 ranks sharing the GPU (qccl-perf),
 # dense (staged, and over CUDA IPC) and compressed (SRA; the ring at 4 ranks); across two
-# emulated hosts, the compressed hierarchical all-reduce and HiTopKComm;
+# emulated hosts, the dense and the compressed hierarchical all-reduce and HiTopKComm;
 # torch.distributed on CUDA tensors, backend gloo vs qccl, same run (perf-tests/peers).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -128,12 +128,29 @@ for dev in cuda host; do
     sed -n "/^== qccl-perf -np 4 --device $dev -Z $z -A ring\$/,/rc=/p" "$log" >>"$fig"
 done
 
-# Across two emulated hosts of two ranks (--hosts 2, since 2026-11-28), NULL stream: the
-# compressed all-reduce takes the hierarchical route with the codecs on the GPU and the
-# intra-host levels through the arena; HiTopKComm runs its top-k and scatter-add on the GPU.
-# Against the same calls on host buffers, same run (64 MiB at most: these bound the part).
+# Across two emulated hosts of two ranks (--hosts 2, since 2026-11-28), against the same
+# calls on host buffers, same run (64 MiB at most: these bound the part).
 hz=64M
 [ "$quick" = smoke ] && hz=4M
+
+# The dense all-reduce takes the hierarchical route: device buffers staged piece by piece,
+# the copies of one piece overlapping the levels of another (before, staged whole), on
+# qccl-perf's stream and on the NULL one.
+for how in "" "-y 1"; do
+    for dev in cuda host; do
+        [ "$dev" = host ] && [ -n "$how" ] && continue
+        tag=${how:+_null}
+        # shellcheck disable=SC2086 # $how holds the flags
+        step "qccl-perf -np 4 --hosts 2 --device $dev${how:+ $how}" 45 "$kit/bin/qccl-perf" \
+            -np 4 --hosts 2 -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
+            $how -J "$json/perf_hosts_dense${tag}_${dev}_np4.json"
+        sed -n "/^== qccl-perf -np 4 --hosts 2 --device $dev${how:+ $how}\$/,/rc=/p" "$log" >>"$fig"
+    done
+done
+
+# NULL stream: the compressed all-reduce takes the hierarchical route with the codecs on the
+# GPU and the intra-host levels through the arena; HiTopKComm runs its top-k and
+# scatter-add on the GPU.
 for what in "-Z $z" "--coll hitopk --density 0.01"; do
     tag=$(echo "$what" | tr -c 'a-z0-9\n' '_' | tr -s '_' | sed 's/^_//')
     for dev in cuda host; do

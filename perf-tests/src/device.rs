@@ -210,7 +210,7 @@ impl Gpu {
                 let raw = self.stream.raw();
                 if unsafe { ctx.comm.enqueue_all_reduce_dense_at(&call, send, recv, raw) }? {
                     return self.enqueued(Ran {
-                        algo: Some(Algo::Sra),
+                        algo: call.algo(),
                         ..Ran::default()
                     });
                 }

@@ -167,21 +167,29 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
     }
 }
 
-/// Across emulated hosts (`--hosts 2`: two hosts of two ranks), a compressed all-reduce
-/// and HiTopKComm on device buffers with the NULL stream take their GPU paths (the
+/// Across emulated hosts (`--hosts 2`: two hosts of two ranks), calls on device buffers
+/// take their device paths (the log says so) and every checked value is right: a dense
+/// all-reduce on qccl-perf's stream and on the NULL one, staged piece by piece on the
+/// hierarchical route; a compressed all-reduce and HiTopKComm with the NULL stream, the
 /// hierarchical levels through each host's arena, the codecs and the top-k on the emulated
-/// GPU: the log says so) and every checked value is right.
+/// GPU.
 #[test]
-fn compressed_calls_across_emulated_hosts_run_their_codecs_on_the_gpu() {
-    let runs: [(&[&str], &str); 2] = [
-        (&["-Z", "fp16"], "hierarchical, the codecs on the GPU"),
+fn calls_across_emulated_hosts_take_their_device_paths() {
+    let staged = "hierarchical, staged in";
+    let runs: [(&[&str], &str); 4] = [
+        (&[], staged),
+        (&["-y", "1"], staged),
         (
-            &["--coll", "hitopk", "--density", "0.1"],
+            &["-y", "1", "-Z", "fp16"],
+            "hierarchical, the codecs on the GPU",
+        ),
+        (
+            &["-y", "1", "--coll", "hitopk", "--density", "0.1"],
             "the top-k on the GPU",
         ),
     ];
     for (what, says) in runs {
-        let mut args = vec!["--hosts", "2", "--device", "cuda", "-y", "1"];
+        let mut args = vec!["--hosts", "2", "--device", "cuda"];
         args.extend_from_slice(what);
         let (code, out, err) = perf_with(Some("1"), 4, &args, &[("QCCL_DEBUG", "TRACE")]);
         assert_eq!(code, Some(0), "{what:?}\n{out}\n{err}");

@@ -302,11 +302,16 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<bool> {
-        if stream.is_null()
-            || self.place.cuda_ipc
-            || self.place.process_peers
-            || self.links != crate::tuning::Links::Arena
-        {
+        if stream.is_null() || self.place.cuda_ipc || self.place.process_peers {
+            return Ok(false);
+        }
+        if let DenseCall::AllReduce(c) = call {
+            if c.hier().is_some() {
+                // SAFETY: the caller's promise, passed on.
+                return unsafe { self.enqueue_hier_bands(c, send, recv, stream) };
+            }
+        }
+        if self.links != crate::tuning::Links::Arena {
             return Ok(false);
         }
         let n = self.size;

@@ -49,10 +49,12 @@ impl Comm {
     /// [`Comm::submit_all_reduce_dense_at`] (stream null) may run this comm's calls on device
     /// buffers better than the generic staged path: the comm uses CUDA IPC, or (for calls
     /// that return once done: `stream` null) its ranks share one host, whose arena the GPU
-    /// copies into and out of (`arena_turn.rs`).
+    /// copies into and out of (`arena_turn.rs`), or its hosts may take the hierarchical
+    /// route, staged piece by piece (`hier_bands.rs`).
     #[doc(hidden)]
     pub fn dense_path(&self, stream: *mut c_void) -> bool {
-        self.place.cuda_ipc || (self.links == Links::Arena && stream.is_null())
+        let hier = self.hosts.per_host.len() > 1 && self.hosts.uniform();
+        self.place.cuda_ipc || (stream.is_null() && (self.links == Links::Arena || hier))
     }
 
     /// How many calls on device buffers ran through the shared-memory arena, the GPU
@@ -119,6 +121,15 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<Option<Algo>> {
+        if let DenseCall::AllReduce(c) = call {
+            if let Some(plan) = self.hier_bands(c, send, recv)? {
+                let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+                let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
+                // SAFETY: the caller's promise, passed on.
+                self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })?;
+                return Ok(Some(Algo::Hier));
+            }
+        }
         let on = match self.place_call(call, send, recv, stream as usize)? {
             Ok(on) => on,
             Err((bufs, host)) => {
@@ -188,6 +199,15 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<crate::Request<()>> {
+        if let OwnedDense::AllReduce(c) = &call {
+            if let Some(plan) = self.hier_bands(c, send, recv)? {
+                let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
+                return self.submit_with_staging(driver, ordinal, Some(0), move |e, st| {
+                    // SAFETY: the caller's promise, passed on; the legacy default stream.
+                    unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }
+                });
+            }
+        }
         let on = match self.place_call(call.call(), send, recv, 0)? {
             Ok(on) => on,
             Err((bufs, _)) => {
@@ -200,20 +220,10 @@ impl Comm {
                 };
             }
         };
-        let staging = self.queued_staging.clone();
-        let first = if staging.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
-            Some(self.new_staging(on.driver.clone(), on.ordinal)?)
-        } else {
-            None
-        };
         let turn = self.ipc_turn();
         let ipc = call.call().exchanges(self.place.cuda_ipc);
-        self.queue.submit_holding((), Some(0), move |e, _| {
-            let mut guard = staging.lock().unwrap_or_else(|p| p.into_inner());
-            if guard.is_none() {
-                *guard = first;
-            }
-            let st = guard.as_mut().expect("made before the call was queued");
+        let (driver, ordinal) = (on.driver.clone(), on.ordinal);
+        self.submit_with_staging(driver, ordinal, Some(0), move |e, st| {
             let call = call.call();
             // SAFETY (both): the caller's promise, passed on; the legacy default stream.
             unsafe {

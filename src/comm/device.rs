@@ -181,6 +181,21 @@ impl Comm {
         coded: Option<u64>,
         run: impl FnOnce(&mut crate::coll::Engine, &[*mut u8]) -> Result<()> + Send + 'static,
     ) -> Result<crate::Request<()>> {
+        self.submit_with_staging(driver, ordinal, coded, move |e, st| {
+            // SAFETY: the caller's promise, passed on; the legacy default stream.
+            unsafe { st.run(&bufs, &place, std::ptr::null_mut(), |hosts| run(e, hosts)) }
+        })
+    }
+
+    /// Queues `run` with the staging of this comm's queued calls (made now, on device
+    /// `ordinal`, by the first such call), in the comm's turn.
+    pub(super) fn submit_with_staging(
+        &self,
+        driver: std::sync::Arc<dyn crate::gpu::driver::Driver>,
+        ordinal: usize,
+        coded: Option<u64>,
+        run: impl FnOnce(&mut crate::coll::Engine, &mut Staging) -> Result<()> + Send + 'static,
+    ) -> Result<crate::Request<()>> {
         self.check_device(ordinal)?;
         let staging = self.queued_staging.clone();
         let first = if staging.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
@@ -194,8 +209,7 @@ impl Comm {
                 *guard = first;
             }
             let st = guard.as_mut().expect("made before the call was queued");
-            // SAFETY: the caller's promise, passed on; the legacy default stream.
-            unsafe { st.run(&bufs, &place, std::ptr::null_mut(), |hosts| run(e, hosts)) }
+            run(e, st)
         })
     }
 

@@ -22,8 +22,22 @@ pub struct Hier {
     pub(super) inter: Comm,
     /// Ranks in the parent comm (for Avg).
     size: usize,
+    /// This rank in the parent comm (for the peers' errors).
+    rank: usize,
     /// Bytes per pipelined piece (QCCL_CHUNKSIZE; 0: one piece).
     pub(super) piece_bytes: usize,
+}
+
+impl Hier {
+    /// Aborts both sub-comms after a call failed midway on this rank (`err`), so that the
+    /// peers fail at once instead of at their timeout, each aborting its own in turn: the
+    /// sub-comms' calls are out of step from then on anyway.
+    fn abort_after(&self, err: &Error) {
+        let why = format!("a hierarchical all_reduce failed midway: {err}");
+        let told = format!("(rank {} of the parent comm) failed: {err}", self.rank);
+        self.intra.queue.abort_because(&why, &told);
+        self.inter.queue.abort_because(&why, &told);
+    }
 }
 
 impl Comm {
@@ -70,6 +84,7 @@ impl Comm {
             intra,
             inter,
             size: self.size,
+            rank: self.rank,
             piece_bytes: self.config.chunksize,
         });
         *slot = Some(h.clone());
@@ -88,6 +103,41 @@ pub fn all_reduce(
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
+    all_reduce_in_pieces(h, send, recv, (count, dtype, op), &AtOnce)
+}
+
+/// What a hierarchical all-reduce on a staged copy waits for before each piece and reports
+/// after it (`hier_bands.rs`: the piece's copies in and out).
+pub(super) trait PieceIo {
+    /// Returns once piece `i`'s input is in the buffer.
+    fn landed(&self, i: usize) -> Result<()>;
+    /// Piece `i`'s result is in the buffer (pieces end in order).
+    fn done(&self, i: usize);
+}
+
+/// Buffers that are there from the start.
+struct AtOnce;
+
+impl PieceIo for AtOnce {
+    fn landed(&self, _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn done(&self, _: usize) {}
+}
+
+/// The pieces [`all_reduce`] cuts `count` elements of `es` bytes into, in elements.
+pub(super) fn pieces_of(h: &Hier, count: usize, es: usize) -> Vec<std::ops::Range<usize>> {
+    pipeline::pieces(count, h.piece_bytes / es)
+}
+
+/// [`all_reduce`], each piece started once `io` says it landed and reported done to it.
+pub(super) fn all_reduce_in_pieces(
+    h: &Hier,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    (count, dtype, op): (usize, DType, ReduceOp),
+    io: &dyn PieceIo,
+) -> Result<()> {
     if count == 0 {
         return Ok(());
     }
@@ -99,20 +149,25 @@ pub fn all_reduce(
     };
     let (local, me) = (h.intra.size(), h.intra.rank());
     let es = dtype.size();
-    let bytes: Vec<_> = pipeline::pieces(count, h.piece_bytes / es)
+    let bytes: Vec<_> = pieces_of(h, count, es)
         .into_iter()
         .map(|r| r.start * es..r.end * es)
         .collect();
     let sends = bytes.iter().map(|r| send.map(|s| &s[r.clone()]));
-    let pieces: Vec<_> = sends.zip(split_parts(recv, &bytes)).collect();
-    pipeline::run(
+    let pieces: Vec<_> = sends
+        .zip(split_parts(recv, &bytes))
+        .enumerate()
+        .map(|(i, (s, r))| (i, s, r))
+        .collect();
+    let ran = pipeline::run(
         pieces,
-        |(s, r)| {
+        |(i, s, r)| {
+            io.landed(*i)?;
             let n = r.len() / es;
             h.intra
                 .execute(|e| e.reduce_scatter_parts(*s, r, n, dtype, sum_op))
         },
-        |(_, r)| {
+        |(_, _, r)| {
             let mine = part(r.len() / es, local, me, es);
             let n = mine.len() / es;
             h.inter
@@ -120,11 +175,17 @@ pub fn all_reduce(
             reduce::finish(dtype, op, &mut r[mine], h.size);
             Ok(())
         },
-        |(_, r)| {
+        |(i, _, r)| {
             let n = r.len() / es;
-            h.intra.execute(|e| e.all_gather_parts(r, n, dtype))
+            h.intra.execute(|e| e.all_gather_parts(r, n, dtype))?;
+            io.done(*i);
+            Ok(())
         },
-    )
+    );
+    if let Err(e) = &ran {
+        h.abort_after(e);
+    }
+    ran
 }
 
 /// One piece of a compressed hierarchical all-reduce: its elements, their plan position, their

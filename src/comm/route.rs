@@ -159,6 +159,25 @@ impl AllReduceCall {
         }
     }
 
+    /// The algorithm the call runs: its flat schedule, or `Hier`; None when compressed (its
+    /// report says).
+    #[doc(hidden)]
+    pub fn algo(&self) -> Option<Algo> {
+        match &self.route {
+            Route::Flat(f) => Some(f.algo()),
+            Route::Hier(_) => Some(Algo::Hier),
+            Route::Compressed(_) => None,
+        }
+    }
+
+    /// The hierarchy the call runs on, when its route is the dense hierarchical one.
+    pub(super) fn hier(&self) -> Option<&Arc<Hier>> {
+        match &self.route {
+            Route::Hier(h) => Some(h),
+            _ => None,
+        }
+    }
+
     /// (count, dtype, op).
     pub(super) fn shape(&self) -> (usize, DType, ReduceOp) {
         (self.count, self.dtype, self.op)

@@ -122,6 +122,8 @@ pub struct Staging {
     ordinal: usize,
     /// Copies in (and out, for calls that wait).
     stream: Box<dyn Stream>,
+    /// Copies out of calls in bands that wait (`start_banded_waiting`), made on first use.
+    outs: Option<Box<dyn Stream>>,
     pinned: Vec<Box<dyn Pinned>>,
     timeout: Duration,
     /// Page-locked buffers of calls on a caller's stream, lent until each call is done.
@@ -293,6 +295,23 @@ impl Banded {
     pub fn release(&self, b: usize) {
         self.word.release(self.base.wrapping_add(b as u32 + 1));
     }
+
+    /// Returns once band `b`'s copies in are done (bounded by the comm's timeout).
+    pub fn wait_landed(&self, b: usize) -> Result<()> {
+        self.landed[b].synchronize(self.timeout)
+    }
+
+    /// Releases every band and returns once their copies out are done (a call that waits:
+    /// `Staging::start_banded_waiting`).
+    pub fn finish(self) -> Result<()> {
+        self.word.release(self.base.wrapping_add(self.bands));
+        match &self.copied_out {
+            Some(e) => e.synchronize(self.timeout),
+            None => Err(Error::Internal(
+                "a banded call's copies out were never enqueued".into(),
+            )),
+        }
+    }
 }
 
 impl Drop for Banded {
@@ -322,6 +341,7 @@ impl Staging {
             driver,
             ordinal,
             stream,
+            outs: None,
             pinned: Vec::new(),
             timeout,
             pool,
@@ -483,18 +503,63 @@ impl Staging {
         bands: &[Band],
         raw: *mut c_void,
     ) -> Result<Banded> {
+        // SAFETY: the caller's promise about `raw`.
+        let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
+        // SAFETY: the caller's promise about the ranges.
+        unsafe { self.start_bands(len, bands, &*caller, &*caller) }
+    }
+
+    /// As [`Staging::start_banded`] for a call that returns once done (`raw` null: the
+    /// legacy default stream; queued calls in the comm's turn): the copies in wait for
+    /// `raw`'s earlier work, the copies out go on a stream of qccl's own, which no work of
+    /// the caller's waits behind; [`Banded::finish`] returns once they are done.
+    ///
+    /// # Safety
+    /// Each device range must stay valid until `Banded::finish` returned (or the Banded
+    /// was dropped and its copies settled), and `raw` be null or a stream of this device.
+    pub unsafe fn start_banded_waiting(
+        &mut self,
+        len: usize,
+        bands: &[Band],
+        raw: *mut c_void,
+    ) -> Result<Banded> {
+        // SAFETY: the caller's promise about `raw`.
+        let after = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
+        let outs = match self.outs.take() {
+            Some(s) => s,
+            None => self.driver.create_stream(self.ordinal)?,
+        };
+        // SAFETY: the caller's promise about the ranges.
+        let started = unsafe { self.start_bands(len, bands, &*after, &*outs) };
+        if started.is_ok() {
+            // A failed copy is sticky: the next call makes a new stream.
+            self.outs = Some(outs);
+        }
+        started
+    }
+
+    /// `start_banded`'s body: the copies in wait for `after`'s earlier work, the copies out
+    /// go on `outs`, each band's behind its value of the word.
+    ///
+    /// # Safety
+    /// As `start_banded`.
+    unsafe fn start_bands(
+        &mut self,
+        len: usize,
+        bands: &[Band],
+        after: &dyn Stream,
+        outs: &dyn Stream,
+    ) -> Result<Banded> {
         if bands.is_empty() || len == 0 {
             return Err(Error::Internal("a banded call of no bands or bytes".into()));
         }
-        // SAFETY: the caller's promise about `raw`.
-        let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
         // One take for the whole call: a band's take that had to pin memory would first
         // wait for this comm's earlier calls, the call's own earlier bands included.
         let (word, last, timeout) = (self.word.clone(), self.seq, self.timeout);
         let pinned = self.pool.take(&*self.driver, &[len], self.timeout, || {
             word.wait_for(last, timeout)
         })?;
-        let ready = caller.record()?;
+        let ready = after.record()?;
         self.stream.wait_event(&*ready)?;
         let at = pinned.ptr(0);
         let mut landed = Vec::with_capacity(bands.len());
@@ -520,14 +585,14 @@ impl Staging {
         let copies = bands.iter().enumerate().try_for_each(|(i, band)| {
             // SAFETY: the word is page-locked memory of this driver, aligned, alive as long
             // as `self.word`, which the Banded holds until it stored its last value.
-            unsafe { caller.wait_word(self.word.at.cast(), base.wrapping_add(i as u32 + 1))? };
+            unsafe { outs.wait_word(self.word.at.cast(), base.wrapping_add(i as u32 + 1))? };
             band.outs.iter().try_for_each(|&(dev, off, n)| {
                 // SAFETY: the band's results are in the buffer once its value is stored;
                 // the buffer stays out of the pool until the event below is done.
-                unsafe { caller.copy_to_device(dev, at.add(off), n) }
+                unsafe { outs.copy_to_device(dev, at.add(off), n) }
             })
         });
-        copied_out(&*caller, copies, &mut banded.copied_out, &mut banded.pinned)?;
+        copied_out(outs, copies, &mut banded.copied_out, &mut banded.pinned)?;
         Ok(banded)
     }
 
