@@ -48,6 +48,8 @@ fn run_child(scenario: &str) -> Result<(), String> {
         "coded" => coded(&comm, &dev),
         "topk" => hitopk(&comm, &dev),
         "hier_then_stream" => hier_then_stream(&comm, &dev),
+        "hier_fault" => hier_fault(&comm, &dev, false),
+        "topk_fault" => hier_fault(&comm, &dev, true),
         "coded_enqueue" => coded_enqueue_and_return(&comm, &dev),
         "coded_peer_gone" => coded_peer_gone(&comm, &dev),
         "coded_enqueue_fails" => coded_enqueue_fails(&comm, &dev),
@@ -1410,6 +1412,63 @@ fn hier_then_stream(comm: &Comm, dev: &Dev) -> Result<(), String> {
     Ok(())
 }
 
+/// On two emulated hosts, a compressed all-reduce on the hierarchy with the codecs on the
+/// GPU (`topk`: HiTopK with its top-k on the GPU) whose next copy fails on rank 1, after a
+/// call that went through: every rank's call fails within 4 s though the comm's timeout is
+/// 20 s (the failing rank aborts the sub-comms, and each rank that fails so in turn), rank
+/// 1's naming the fault. Every process stays 6 s: a peer's exit would end the waits too.
+fn hier_fault(comm: &Comm, dev: &Dev, topk: bool) -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let count = 65_537;
+    let mine: Vec<f32> = (0..count).map(|i| ((comm.rank() + i) % 5) as f32).collect();
+    let d = dev.upload(bytemuck::cast_slice(&mine))?;
+    let call = || -> Result<(), String> {
+        if topk {
+            let p = comm
+                .prepare_topk(
+                    count,
+                    DType::Float32,
+                    TopKScheme::HiTopK,
+                    &TopK::new(0.1).error_feedback(false),
+                )
+                .map_err(e)?;
+            // SAFETY: `d` lives until the call returned (it returns once done).
+            match unsafe { comm.hitopk_on_device(&p, None, d.addr()) }.map_err(e)? {
+                Some(_) => Ok(()),
+                None => Err("HiTopK took no GPU path".into()),
+            }
+        } else {
+            let c = Compression::parse("fp16").map_err(e)?.algo(Algo::Hier);
+            let p = comm
+                .prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c)
+                .map_err(e)?;
+            // SAFETY: `d` lives until the call returned (the NULL stream).
+            unsafe { comm.all_reduce_compressed_at(p, None, d.addr(), std::ptr::null_mut()) }
+                .map(drop)
+                .map_err(e)
+        }
+    };
+    call().map_err(|m| format!("the first call: {m}"))?;
+    if comm.rank() == 1 {
+        let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
+        emu.fail_next_copy(0).map_err(e)?;
+    }
+    let t0 = std::time::Instant::now();
+    let msg = match call() {
+        Ok(()) => return Err("the call succeeded though rank 1's copy failed".into()),
+        Err(m) => m,
+    };
+    let took = t0.elapsed();
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(took));
+    if comm.rank() == 1 && !msg.contains("injected fault") {
+        return Err(format!("the call failed without naming the fault: {msg}"));
+    }
+    if took > Duration::from_secs(4) {
+        return Err(format!("the failure took {took:?} to surface: {msg}"));
+    }
+    Ok(())
+}
+
 /// True when rank `r` is named in QCCL_TEST_DEVICE_RANKS (it uses device buffers).
 fn device_rank(r: usize) -> bool {
     std::env::var("QCCL_TEST_DEVICE_RANKS")
@@ -1813,6 +1872,19 @@ fn compressed_sra_with_the_codecs_on_a_real_gpu_matches_host_ranks_bit_for_bit()
 /// × 2 ranks, 16 pieces; a 20 s timeout turns a hang into a failure).
 #[test]
 fn a_stream_call_after_a_queued_hierarchical_one_waits_for_it() {
+    on_two_hosts("hier_then_stream");
+}
+
+/// A failed copy midway through a call on the hierarchy (codecs on the GPU; HiTopK) fails
+/// every rank soon, not at the comm's timeout.
+#[test]
+fn a_failed_copy_in_a_call_on_the_hierarchy_fails_every_rank_soon() {
+    on_two_hosts("hier_fault");
+    on_two_hosts("topk_fault");
+}
+
+/// `scenario` on 4 ranks of 2 emulated hosts (interleaved), 16 KiB pieces, a 20 s timeout.
+fn on_two_hosts(scenario: &str) {
     let job = Job::new(4);
     let limit = Duration::from_secs(120);
     let outs: Vec<_> = (0..4)
@@ -1824,14 +1896,19 @@ fn a_stream_call_after_a_queued_hierarchical_one_waits_for_it() {
                 ("QCCL_CHUNKSIZE", "16384"),
                 ("QCCL_TIMEOUT_MS", "20000"),
             ];
-            job.spawn(r, "hier_then_stream", &env)
+            job.spawn(r, scenario, &env)
         })
         .collect::<Vec<_>>()
         .into_iter()
         .map(|c| common::job::wait(c, limit))
         .collect();
     for (r, o) in outs.iter().enumerate() {
-        assert_eq!(o.status.code(), Some(0), "rank {r} of 4:\n{}", text(o));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "rank {r} of 4 ({scenario}):\n{}",
+            text(o)
+        );
     }
 }
 

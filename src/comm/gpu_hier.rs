@@ -212,7 +212,7 @@ impl GpuHier {
             intra.set(w);
             Ok(())
         };
-        pipeline::run(
+        self.hier.aborting(pipeline::run(
             self.pieces.iter().collect(),
             |p| inside(p, Shape::ReduceScatter),
             |p| {
@@ -227,7 +227,7 @@ impl GpuHier {
                 Ok(())
             },
             |p| inside(p, Shape::AllGather),
-        )?;
+        ))?;
         self.whole.finish_whole(&lane, work)?;
         let (did, inter) = across.into_inner().unwrap_or_else(|e| e.into_inner());
         lane.count_calls(1, did);

@@ -99,8 +99,11 @@ impl Comm {
         // its progress waits cannot land on the device side's stream between this call's
         // steps, ahead of kernels the worker waits for (`Queue::submit_declared`).
         // SAFETY: the legacy default stream; the caller's promise covers the buffers.
-        let report =
-            unsafe { self.in_turn_after((driver, ordinal), std::ptr::null_mut(), |e| g.run(e)) }?;
+        let report = unsafe {
+            self.in_turn_after((driver, ordinal), std::ptr::null_mut(), |e| {
+                hier.aborting(g.run(e))
+            })
+        }?;
         Ok(Some(report))
     }
 }

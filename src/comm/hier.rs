@@ -29,14 +29,18 @@ pub struct Hier {
 }
 
 impl Hier {
-    /// Aborts both sub-comms after a call failed midway on this rank (`err`), so that the
-    /// peers fail at once instead of at their timeout, each aborting its own in turn: the
-    /// sub-comms' calls are out of step from then on anyway.
-    fn abort_after(&self, err: &Error) {
-        let why = format!("a hierarchical all_reduce failed midway: {err}");
-        let told = format!("(rank {} of the parent comm) failed: {err}", self.rank);
-        self.intra.queue.abort_because(&why, &told);
-        self.inter.queue.abort_because(&why, &told);
+    /// `ran`, a call on the sub-comms; when it failed (midway: its arguments were checked
+    /// before), both sub-comms are aborted first, so that the peers fail at once instead of
+    /// at their timeout, each aborting its own in turn: the sub-comms' calls are out of step
+    /// from then on anyway.
+    pub(super) fn aborting<T>(&self, ran: Result<T>) -> Result<T> {
+        if let Err(err) = &ran {
+            let why = format!("a call on the hierarchy failed midway: {err}");
+            let told = format!("(rank {} of the parent comm) failed: {err}", self.rank);
+            self.intra.queue.abort_because(&why, &told);
+            self.inter.queue.abort_because(&why, &told);
+        }
+        ran
     }
 }
 
@@ -159,7 +163,7 @@ pub(super) fn all_reduce_in_pieces(
         .enumerate()
         .map(|(i, (s, r))| (i, s, r))
         .collect();
-    let ran = pipeline::run(
+    h.aborting(pipeline::run(
         pieces,
         |(i, s, r)| {
             io.landed(*i)?;
@@ -181,11 +185,7 @@ pub(super) fn all_reduce_in_pieces(
             io.done(*i);
             Ok(())
         },
-    );
-    if let Err(e) = &ran {
-        h.abort_after(e);
-    }
-    ran
+    ))
 }
 
 /// One piece of a compressed hierarchical all-reduce: its elements, their plan position, their
@@ -251,7 +251,7 @@ impl Hier {
             rank: me as u64,
             ..site
         };
-        pipeline::run(
+        self.aborting(pipeline::run(
             pieces.iter_mut().collect(),
             |p| {
                 let wire = self.intra.execute(|e| {
@@ -308,7 +308,7 @@ impl Hier {
                 p.intra += wire;
                 Ok(())
             },
-        )?;
+        ))?;
         let (mut total, mut inter) = (Wire::default(), Wire::default());
         for p in &pieces {
             total += p.intra;

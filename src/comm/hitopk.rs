@@ -364,7 +364,7 @@ impl PreparedTopK {
             }
             Kind::HiTopK(h) => {
                 super::compress::with_f32(None, buf, self.dtype, |_, work| {
-                    self.hitopk(e, h, work, &mut report)
+                    h.aborting(self.hitopk(e, h, work, &mut report))
                 })?;
             }
         }

@@ -307,7 +307,11 @@ impl Connector for NetConnector {
     }
 
     fn abort(&mut self, _head: &[u8], _reason: &[u8]) {
+        // Closes the sockets of peers that connected but were never linked (stashed, or
+        // still in the accept thread's queue): a peer already sending or waiting on one
+        // fails at once instead of at its timeout (an abort frame goes only over links).
         self.stash.clear();
+        while self.acceptor.incoming.try_recv().is_ok() {}
     }
 
     fn inspector(&self) -> Option<Arc<Inspector>> {
