@@ -316,6 +316,49 @@ def test_stream_calls_enqueue(size):
             np.testing.assert_array_equal(out[("fp16", n)], total.astype(np.float32))
 
 
+def _across_hosts(rank, size, uid):
+    """Dense all-reduces of device arrays on 2 emulated hosts (the hierarchical route): with
+    no stream, on a stream (its copy in enqueued just before) and out of place."""
+    os.environ["QCCL_HOSTID"] = f"emuhost{rank % 2}"
+    os.environ["QCCL_CHUNKSIZE"] = "16384"
+    _, EmuStream = _helpers()
+    c = qccl.Comm.init(uid, rank, size, timeout=60)
+    s = EmuStream()
+    out = {}
+    for dt in (np.float32, np.float16, np.int64):
+        for n in (1, 131, 50_001):
+            a = _dev(_data(rank, n, dt))
+            c.all_reduce(a, op="sum")
+            out[("null", np.dtype(dt).name, n)] = _host(a, dt)
+            b = _dev(np.zeros(n, dt))
+            b.copy_in(_data(rank, n, dt).tobytes(), s.handle)
+            assert c.all_reduce(b, op="max", stream=s.handle) is None
+            out[("stream", np.dtype(dt).name, n)] = _host(b, dt, s.handle)
+    s.synchronize()
+    out["bands"] = c.device_stats()["hier_bands"]
+    assert c.async_error() is None
+    c.close()
+    return out
+
+
+def test_dense_calls_across_hosts_stage_in_bands():
+    size = 4
+    uid = qccl.unique_id()
+    with emulated(1):
+        res = run_ranks(_across_hosts, size, uid, timeout=180)
+    for dt in (np.float32, np.float16, np.int64):
+        for n in (1, 131, 50_001):
+            parts = [_data(r, n, dt).astype(np.float64) for r in range(size)]
+            name = np.dtype(dt).name
+            for rank, out in enumerate(res):
+                want = np.sum(parts, axis=0).astype(dt)
+                np.testing.assert_array_equal(out[("null", name, n)], want, err_msg=f"{name} {n}")
+                want = np.max(parts, axis=0).astype(dt)
+                np.testing.assert_array_equal(out[("stream", name, n)], want, err_msg=f"{name} {n}")
+    # Every call took the path: 3 dtypes x 3 counts x (no stream, stream).
+    assert [out["bands"] for out in res] == [18] * size
+
+
 def _coded(rank, size, uid):
     """Compressed all-reduces with the codecs on the GPU (flat SRA, float32, device buffers),
     rank 0 on host memory: every rank ends with the same bytes."""
