@@ -96,8 +96,8 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         }
         // Rank 1's buffers are host memory: the others still go through the arena.
         "arena-mixed" => (arena_cases(), rank_1_on_host, false),
-        // Several emulated hosts: the hierarchical route, staged in bands.
-        "hosts" => (hosts_cases(), Place::Device, false),
+        // Several emulated hosts: the hierarchical route (or SRA), staged in bands.
+        "hosts" | "hosts-sra" => (hosts_cases(), Place::Device, false),
         // Rank 1's buffers are host memory: the others still stage in bands.
         "hosts-mixed" => (few_cases(), rank_1_on_host, false),
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
@@ -147,11 +147,11 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
             in_bands += u64::from(device && hosts && count > 0);
         }
     }
-    if comm.hier_band_calls() != in_bands {
+    if comm.piecewise_calls() != in_bands {
         return Err(format!(
             "{} hierarchical calls on device buffers staged in bands, expected {in_bands} \
              (scenario {scenario})",
-            comm.hier_band_calls()
+            comm.piecewise_calls()
         ));
     }
     if comm.arena_device_calls() != through_arena {
@@ -650,6 +650,17 @@ fn on_hosts(hosts: usize) -> impl Fn(usize) -> Vec<(&'static str, &'static str)>
 #[test]
 fn across_emulated_hosts_hierarchical_calls_stage_in_bands() {
     job(4, "hosts", on_hosts(2));
+}
+
+/// One rank on each of 3 emulated hosts, SRA at every size (QCCL_ALGO=sra) in 4 KiB slices:
+/// staged in bands of slices.
+#[test]
+fn across_emulated_hosts_sra_calls_stage_in_bands() {
+    job(3, "hosts-sra", |r| {
+        let mut env = on_hosts(3)(r);
+        env.extend([("QCCL_ALGO", "sra"), ("QCCL_BUFFSIZE", "4096")]);
+        env
+    });
 }
 
 #[test]

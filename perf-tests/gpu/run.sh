@@ -148,6 +148,15 @@ for how in "" "-y 1"; do
     done
 done
 
+# Four hosts of one rank: the dense all-reduce runs SRA over the sockets, on device buffers
+# staged in bands of slices (since 2026-11-28; before, staged whole).
+for dev in cuda host; do
+    step "qccl-perf -np 4 --hosts 4 --device $dev" 45 "$kit/bin/qccl-perf" -np 4 --hosts 4 \
+        -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
+        -J "$json/perf_hosts4_dense_${dev}_np4.json"
+    sed -n "/^== qccl-perf -np 4 --hosts 4 --device $dev\$/,/rc=/p" "$log" >>"$fig"
+done
+
 # NULL stream: the compressed all-reduce takes the hierarchical route with the codecs on the
 # GPU and the intra-host levels through the arena; HiTopKComm runs its top-k and
 # scatter-add on the GPU.

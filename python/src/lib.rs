@@ -1084,8 +1084,8 @@ impl PyComm {
 
     /// {"calls": compressed all-reduces on device buffers that ran their codecs on the GPU,
     /// "to_host" / "to_device": encoded bytes they copied each way, ..., "through_arena":
-    /// dense calls on device buffers through the shared-memory arena, "hier_bands": dense
-    /// hierarchical all-reduces on device buffers staged piece by piece} (the rest are
+    /// dense calls on device buffers through the shared-memory arena, "piecewise": dense
+    /// all-reduces on device buffers across hosts staged piece by piece} (the rest are
     /// staged whole through page-locked memory and compressed by the CPU).
     fn device_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.comm()?;
@@ -1098,7 +1098,7 @@ impl PyComm {
         d.set_item("overlapped", s.overlapped)?;
         d.set_item("late_sends", s.late_sends)?;
         d.set_item("through_arena", c.arena_device_calls())?;
-        d.set_item("hier_bands", c.hier_band_calls())?;
+        d.set_item("piecewise", c.piecewise_calls())?;
         Ok(d)
     }
 

@@ -335,7 +335,7 @@ def _across_hosts(rank, size, uid):
             assert c.all_reduce(b, op="max", stream=s.handle) is None
             out[("stream", np.dtype(dt).name, n)] = _host(b, dt, s.handle)
     s.synchronize()
-    out["bands"] = c.device_stats()["hier_bands"]
+    out["bands"] = c.device_stats()["piecewise"]
     assert c.async_error() is None
     c.close()
     return out

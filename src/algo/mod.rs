@@ -158,6 +158,26 @@ pub fn part(count: usize, parts: usize, i: usize, es: usize) -> Range<usize> {
     a * es..b * es
 }
 
+/// What an algorithm run on a staged copy of its buffer waits for before each of its
+/// pieces (or slices) and reports after it (`comm/bands.rs`: the copies in and out of a
+/// call on device buffers staged piece by piece).
+pub trait PieceIo {
+    /// Returns once piece `i`'s input is in the buffer.
+    fn landed(&self, i: usize) -> Result<()>;
+    /// Piece `i`'s result is in the buffer (pieces end in order).
+    fn done(&self, i: usize);
+}
+
+/// A buffer that is all there from the start.
+pub struct AtOnce;
+
+impl PieceIo for AtOnce {
+    fn landed(&self, _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn done(&self, _: usize) {}
+}
+
 /// Sub-range `j` of `nsl` of the byte range `r`, on element boundaries.
 pub fn sub(r: &Range<usize>, nsl: usize, j: usize, es: usize) -> Range<usize> {
     let elems = (r.end - r.start) / es;

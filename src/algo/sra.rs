@@ -3,10 +3,11 @@
 //! Two transfers per element whatever the world size, which is what keeps the error of a
 //! lossy codec bounded later; and the owner's single reduction makes all ranks bit-identical.
 
-use super::{part, split_parts, sub, Ctx};
+use super::{part, split_parts, sub, AtOnce, Ctx, PieceIo};
 use crate::reduce;
 use crate::transport::{RecvReduce, RecvReq, SendReq};
 use crate::Result;
+use std::ops::Range;
 
 /// SRA all-reduce of `count` elements; out-of-place when `send` is given.
 pub fn all_reduce(
@@ -14,6 +15,32 @@ pub fn all_reduce(
     send: Option<&[u8]>,
     buf: &mut [u8],
     count: usize,
+) -> Result<()> {
+    all_reduce_in_slices(ctx, send, buf, count, &AtOnce)
+}
+
+/// The byte ranges step j of the SRA all-reduce of `count` elements of `es` bytes on `n`
+/// ranks with `slice`-byte slices reads and writes (slice j of every rank's chunk), by j:
+/// what [`all_reduce_in_slices`] waits for before its scatter-reduce step j and reports
+/// after its all-gather step j.
+pub fn slices(count: usize, n: usize, es: usize, slice: usize) -> Vec<Vec<Range<usize>>> {
+    let chunks: Vec<_> = (0..n).map(|c| part(count, n, c, es)).collect();
+    // As `Ctx::nslices` of the last (longest) chunk.
+    let nsl = chunks[n - 1].len().div_ceil(slice.max(1)).max(1);
+    (0..nsl)
+        .map(|j| chunks.iter().map(|c| sub(c, nsl, j, es)).collect())
+        .collect()
+}
+
+/// [`all_reduce`], its scatter-reduce step j started once `io` says slice j landed
+/// ([`slices`]) and its all-gather step j reported done to it. Without the arena only: its
+/// rounds take the call whole (the caller checks).
+pub fn all_reduce_in_slices(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    count: usize,
+    io: &dyn PieceIo,
 ) -> Result<()> {
     let (n, r, es) = (ctx.size, ctx.rank, ctx.dtype.size());
     if n == 1 {
@@ -45,6 +72,7 @@ pub fn all_reduce(
         }
         // Scatter-reduce: slice j of every chunk goes to the chunk's owner.
         for j in 0..nsl {
+            io.landed(j)?;
             let mine = sub(&chunks[r], nsl, j, es);
             if direct {
                 scatter_reduce_direct(ctx, send, buf, &chunks, &by_rank, nsl, j)?;
@@ -102,6 +130,7 @@ pub fn all_reduce(
                 })
                 .collect();
             ctx.exchange(&sends, &mut recvs)?;
+            io.done(j);
         }
         Ok(())
     })();

@@ -16,7 +16,7 @@ use crate::transport::frame::{CollKind, OpDesc};
 use crate::transport::{RecvReq, SendReq, Transport};
 use crate::tuning::Flat;
 use crate::types::{DType, ReduceOp};
-use crate::Result;
+use crate::{Error, Result};
 use call::{Coll, CollCall};
 
 /// What executes collectives for one comm: its transport and scratch, used by one operation
@@ -116,6 +116,31 @@ impl Engine {
             }
             Flat::Ring => algo::ring::all_reduce(&mut ctx, send, recv, count),
         }
+    }
+
+    /// The SRA all-reduce of `count` elements in place in `buf`, a staged copy whose slices
+    /// (`algo::sra::slices` with this comm's SRA slice) `io` says landed, reporting each
+    /// done: the host path's call, frame for frame. An error on a comm with a shared-memory
+    /// arena, whose rounds take a call whole.
+    pub(crate) fn all_reduce_sra_in_slices(
+        &mut self,
+        buf: &mut [u8],
+        (count, dtype, op): (usize, DType, ReduceOp),
+        io: &dyn algo::PieceIo,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let sra_slice = self.sra_slice;
+        let algo = Flat::Sra.algo() as u8;
+        let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo);
+        ctx.slice = sra_slice;
+        if ctx.t.arena()?.is_some() {
+            return Err(Error::Internal(
+                "an all-reduce in slices on a comm with a shared-memory arena".into(),
+            ));
+        }
+        algo::sra::all_reduce_in_slices(&mut ctx, None, buf, count, io)
     }
 
     /// Reduce-scatter: `recvcount` elements per rank; in place (result at `buf[rank]`) when

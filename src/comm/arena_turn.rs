@@ -306,9 +306,9 @@ impl Comm {
             return Ok(false);
         }
         if let DenseCall::AllReduce(c) = call {
-            if c.hier().is_some() {
-                // SAFETY: the caller's promise, passed on.
-                return unsafe { self.enqueue_hier_bands(c, send, recv, stream) };
+            // SAFETY: the caller's promise, passed on.
+            if unsafe { self.enqueue_in_bands(c, send, recv, stream) }? {
+                return Ok(true);
             }
         }
         if self.links != crate::tuning::Links::Arena {

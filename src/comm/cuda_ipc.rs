@@ -49,12 +49,13 @@ impl Comm {
     /// [`Comm::submit_all_reduce_dense_at`] (stream null) may run this comm's calls on device
     /// buffers better than the generic staged path: the comm uses CUDA IPC, or (for calls
     /// that return once done: `stream` null) its ranks share one host, whose arena the GPU
-    /// copies into and out of (`arena_turn.rs`), or its hosts may take the hierarchical
-    /// route, staged piece by piece (`hier_bands.rs`).
+    /// copies into and out of (`arena_turn.rs`), or its ranks are processes linked by
+    /// sockets, whose hierarchical and SRA all-reduces are staged piece by piece
+    /// (`bands.rs`).
     #[doc(hidden)]
     pub fn dense_path(&self, stream: *mut c_void) -> bool {
-        let hier = self.hosts.per_host.len() > 1 && self.hosts.uniform();
-        self.place.cuda_ipc || (stream.is_null() && (self.links == Links::Arena || hier))
+        let arena = self.links == Links::Arena;
+        self.place.cuda_ipc || (stream.is_null() && (arena || !self.place.process_peers))
     }
 
     /// How many calls on device buffers ran through the shared-memory arena, the GPU
@@ -122,7 +123,7 @@ impl Comm {
         stream: *mut c_void,
     ) -> Result<Option<Algo>> {
         if let DenseCall::AllReduce(c) = call {
-            if let Some(plan) = self.hier_bands(c, send, recv)? {
+            if let Some(plan) = self.bands_of(c, send, recv)? {
                 let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
                 let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
                 // SAFETY: the caller's promise, passed on.
@@ -200,7 +201,7 @@ impl Comm {
         recv: u64,
     ) -> Result<crate::Request<()>> {
         if let OwnedDense::AllReduce(c) = &call {
-            if let Some(plan) = self.hier_bands(c, send, recv)? {
+            if let Some(plan) = self.bands_of(c, send, recv)? {
                 let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
                 return self.submit_with_staging(driver, ordinal, Some(0), move |e, st| {
                     // SAFETY: the caller's promise, passed on; the legacy default stream.

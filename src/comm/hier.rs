@@ -4,7 +4,7 @@
 //! 1/local_size of the data crosses the network per rank.
 
 use super::{pipeline, Comm};
-use crate::algo::{part, split_parts, Wire};
+use crate::algo::{part, split_parts, AtOnce, PieceIo, Wire};
 use crate::codec::layout::CodecMap;
 use crate::codec::Site;
 use crate::coll::compressed::Coded;
@@ -108,25 +108,6 @@ pub fn all_reduce(
     op: ReduceOp,
 ) -> Result<()> {
     all_reduce_in_pieces(h, send, recv, (count, dtype, op), &AtOnce)
-}
-
-/// What a hierarchical all-reduce on a staged copy waits for before each piece and reports
-/// after it (`hier_bands.rs`: the piece's copies in and out).
-pub(super) trait PieceIo {
-    /// Returns once piece `i`'s input is in the buffer.
-    fn landed(&self, i: usize) -> Result<()>;
-    /// Piece `i`'s result is in the buffer (pieces end in order).
-    fn done(&self, i: usize);
-}
-
-/// Buffers that are there from the start.
-struct AtOnce;
-
-impl PieceIo for AtOnce {
-    fn landed(&self, _: usize) -> Result<()> {
-        Ok(())
-    }
-    fn done(&self, _: usize) {}
 }
 
 /// The pieces [`all_reduce`] cuts `count` elements of `es` bytes into, in elements.

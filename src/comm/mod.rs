@@ -2,6 +2,7 @@
 
 mod api;
 mod arena_turn;
+mod bands;
 mod compress;
 mod cuda_ipc;
 #[cfg(feature = "cuda")]
@@ -13,7 +14,6 @@ mod gpu_hier;
 mod gpu_sra;
 mod gpu_topk;
 mod hier;
-mod hier_bands;
 mod hitopk;
 mod ipc_turn;
 mod pipeline;
@@ -147,9 +147,8 @@ pub struct Comm {
     arena_lane: Arc<std::sync::Mutex<Option<crate::gpu::arena::ArenaLane>>>,
     /// Calls that ran through the arena on device buffers.
     arena_calls: Arc<std::sync::atomic::AtomicU64>,
-    /// Dense hierarchical all-reduces on device buffers staged piece by piece
-    /// (`hier_bands.rs`).
-    hier_band_calls: Arc<std::sync::atomic::AtomicU64>,
+    /// Dense all-reduces on device buffers across hosts staged piece by piece (`bands.rs`).
+    piecewise_calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The cores the ranks on `me`'s machine may run on between them: the union of their CPU
@@ -488,7 +487,7 @@ impl Comm {
             ipc_calls: Default::default(),
             arena_lane: Default::default(),
             arena_calls: Default::default(),
-            hier_band_calls: Default::default(),
+            piecewise_calls: Default::default(),
         })
     }
 
