@@ -21,7 +21,7 @@ use common::suite::same_on_all_ranks;
 use common::{check_reduce, input, ops_for};
 use qccl::internal::gpu_driver::{DeviceMem, Driver, Stream};
 use qccl::internal::{Buf, Coll, CollCall};
-use qccl::{Comm, DType, ReduceOp};
+use qccl::{Algo, Comm, DType, ReduceOp};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -143,16 +143,40 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
             let device = place == Place::Device && !expect_ipc;
             let arena = !hosts && takes_arena_rounds(n, count * dtype.size());
             through_arena += u64::from(device && arena);
-            // Across hosts: the hierarchical route, every call of bytes staged in bands.
+            // Across hosts: every call of bytes staged in bands.
             in_bands += u64::from(device && hosts && count > 0);
         }
     }
     if comm.piecewise_calls() != in_bands {
         return Err(format!(
-            "{} hierarchical calls on device buffers staged in bands, expected {in_bands} \
-             (scenario {scenario})",
+            "{} calls on device buffers staged in bands, expected {in_bands} (scenario \
+             {scenario})",
             comm.piecewise_calls()
         ));
+    }
+    if hosts {
+        // The entry names the schedule that ran (every rank calls; device ranks check).
+        let want = if scenario == "hosts-sra" {
+            Algo::Sra
+        } else {
+            Algo::Hier
+        };
+        let e = |e: qccl::Error| e.to_string();
+        let call = comm
+            .prepare_all_reduce(4099, DType::Float32, ReduceOp::Sum, None)
+            .map_err(e)?;
+        let mut host = vec![0u8; 4 * 4099];
+        let dev = gpu.alloc_device(0, 4 * 4099).map_err(e)?;
+        let at = match place {
+            Place::Device => dev.addr(),
+            Place::Host => host.as_mut_ptr() as u64,
+        };
+        // SAFETY: memory of the call's bytes, alive until it returned.
+        let ran = unsafe { comm.all_reduce_dense_at(&call, None, at, std::ptr::null_mut()) }
+            .map_err(e)?;
+        if place == Place::Device && ran != Some(want) {
+            return Err(format!("the call ran {ran:?}, not {want:?}"));
+        }
     }
     if comm.arena_device_calls() != through_arena {
         return Err(format!(

@@ -128,7 +128,7 @@ impl Comm {
                 let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
                 // SAFETY: the caller's promise, passed on.
                 self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })?;
-                return Ok(Some(Algo::Hier));
+                return Ok(c.algo());
             }
         }
         let on = match self.place_call(call, send, recv, stream as usize)? {
