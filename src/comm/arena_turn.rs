@@ -332,28 +332,24 @@ impl Comm {
         };
         let es = ac.dtype.size();
         let (bands, per_band, len) = bands(ac.shape, &io, (n, self.rank, chunk), ac.count, es);
-        let banded = {
-            let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-            let st = self.staging_on(&mut guard, driver, ordinal)?;
-            // SAFETY: the caller's promise: device memory of the call's bytes until the
-            // stream passes the call, a live stream of their device.
-            unsafe { st.start_banded(len, &bands, stream)? }
-        };
         let (timeout, calls, in_place) =
             (self.config.timeout, self.arena_calls.clone(), io.in_place);
-        // The request is not kept: the stream and `async_error` report the outcome; the
-        // Banded releases the stream when dropped, after a failure is recorded.
-        let _ = self.queue.submit_holding(banded, Some(0), move |e, b| {
-            let mut ctx = ac.ctx(e);
-            let shape = (ac.shape, in_place);
-            if !run_banded(&mut ctx, shape, ac.count, b, (per_band, chunk), timeout)? {
-                return Err(Error::Internal(
-                    "a call cut in bands for the arena found no arena".into(),
-                ));
-            }
-            calls.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })?;
+        let device = (driver, ordinal);
+        // SAFETY: the caller's promise: device memory of the call's bytes until the stream
+        // passes the call, a live stream of their device.
+        unsafe {
+            self.enqueue_banded(device, (len, &bands), stream, move |e, b| {
+                let mut ctx = ac.ctx(e);
+                let shape = (ac.shape, in_place);
+                if !run_banded(&mut ctx, shape, ac.count, b, (per_band, chunk), timeout)? {
+                    return Err(Error::Internal(
+                        "a call cut in bands for the arena found no arena".into(),
+                    ));
+                }
+                calls.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
+        }?;
         Ok(true)
     }
 }

@@ -84,7 +84,7 @@ impl Comm {
         // Each piece's byte ranges.
         let (schedule, pieces): (Schedule, Vec<Vec<Range<usize>>>) = match call.hier() {
             Some(h) => {
-                let at = hier::pieces_of(h, count, es).into_iter();
+                let at = h.pieces(count, es).into_iter();
                 (
                     Schedule::Hier(h.clone()),
                     at.map(|r| std::iter::once(r.start * es..r.end * es).collect())
@@ -164,22 +164,43 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<bool> {
-        let Some(plan) = self.bands_of(call, send, recv)? else {
+        let Some(mut plan) = self.bands_of(call, send, recv)? else {
             return Ok(false);
         };
+        let (driver, ordinal, len) = (plan.driver.clone(), plan.ordinal, plan.len);
+        let bands = std::mem::take(&mut plan.bands);
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            self.enqueue_banded((driver, ordinal), (len, &bands), stream, move |e, b| {
+                plan.run(e, b)
+            })
+        }?;
+        Ok(true)
+    }
+
+    /// Starts a call on device memory `device` (driver, ordinal) in `bands` through a
+    /// page-locked buffer of `len` bytes on the caller's `stream` (`Staging::start_banded`)
+    /// and queues `job`, which runs its collective on the buffer in the comm's turn. The
+    /// request is not kept: the stream and `async_error` report the outcome; the Banded
+    /// releases the stream when dropped, after a failure is recorded.
+    ///
+    /// # Safety
+    /// Each band's device ranges must stay valid until the stream passes the call, and
+    /// `stream` be a live stream of their device.
+    pub(super) unsafe fn enqueue_banded(
+        &self,
+        (driver, ordinal): (Arc<dyn Driver>, usize),
+        (len, bands): (usize, &[Band]),
+        stream: *mut c_void,
+        job: impl FnOnce(&mut Engine, &mut Banded) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
         let banded = {
             let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-            let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
-            // SAFETY: the caller's promise: device memory of the call's bytes until the
-            // stream passes the call, a live stream of their device.
-            unsafe { st.start_banded(plan.len, &plan.bands, stream)? }
+            let st = self.staging_on(&mut guard, driver, ordinal)?;
+            // SAFETY: the caller's promise.
+            unsafe { st.start_banded(len, bands, stream)? }
         };
-        // The request is not kept: the stream and `async_error` report the outcome; the
-        // Banded releases the stream when dropped, after a failure is recorded.
-        let _ = self
-            .queue
-            .submit_holding(banded, Some(0), move |e, b| plan.run(e, b))?;
-        Ok(true)
+        self.queue.submit_holding(banded, Some(0), job).map(drop)
     }
 
     /// How many dense all-reduces on device buffers across hosts ran staged piece by piece

@@ -102,7 +102,8 @@ impl Comm {
         };
         // The host's pieces and, per piece, the inter-host comm's own choice for the part
         // (every rank of it holds a part of the same size: they share the local rank).
-        let pieces = pipeline::pieces(count, hier.piece_bytes / 4)
+        let pieces = hier
+            .pieces(count, 4)
             .into_iter()
             .map(|at| {
                 let p = part(at.len(), local, me, 1);

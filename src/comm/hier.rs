@@ -29,6 +29,12 @@ pub struct Hier {
 }
 
 impl Hier {
+    /// The pipelined pieces of a call on the hierarchy of `count` elements of `es` bytes
+    /// (QCCL_CHUNKSIZE each at most), in elements.
+    pub(super) fn pieces(&self, count: usize, es: usize) -> Vec<std::ops::Range<usize>> {
+        pipeline::pieces(count, self.piece_bytes / es)
+    }
+
     /// `ran`, a call on the sub-comms; when it failed (midway: its arguments were checked
     /// before), both sub-comms are aborted first, so that the peers fail at once instead of
     /// at their timeout, each aborting its own in turn: the sub-comms' calls are out of step
@@ -110,11 +116,6 @@ pub fn all_reduce(
     all_reduce_in_pieces(h, send, recv, (count, dtype, op), &AtOnce)
 }
 
-/// The pieces [`all_reduce`] cuts `count` elements of `es` bytes into, in elements.
-pub(super) fn pieces_of(h: &Hier, count: usize, es: usize) -> Vec<std::ops::Range<usize>> {
-    pipeline::pieces(count, h.piece_bytes / es)
-}
-
 /// [`all_reduce`], each piece started once `io` says it landed and reported done to it.
 pub(super) fn all_reduce_in_pieces(
     h: &Hier,
@@ -134,7 +135,8 @@ pub(super) fn all_reduce_in_pieces(
     };
     let (local, me) = (h.intra.size(), h.intra.rank());
     let es = dtype.size();
-    let bytes: Vec<_> = pieces_of(h, count, es)
+    let bytes: Vec<_> = h
+        .pieces(count, es)
         .into_iter()
         .map(|r| r.start * es..r.end * es)
         .collect();
@@ -201,7 +203,7 @@ impl Hier {
         if work.is_empty() {
             return Ok((Wire::default(), Wire::default()));
         }
-        let ranges = pipeline::pieces(work.len(), self.piece_bytes / 4);
+        let ranges = self.pieces(work.len(), 4);
         let mut residuals: Vec<Option<&mut [f32]>> = match residual {
             Some(r) => split_parts(r, &ranges).into_iter().map(Some).collect(),
             None => ranges.iter().map(|_| None).collect(),
