@@ -938,6 +938,11 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
     // On emulated hosts the calls take the hierarchical route instead of the cases' flat
     // schedules, its codecs on the GPU for float32.
     let hier = std::env::var("QCCL_TEST_HIER").is_ok();
+    // Every call on a stream of the caller's (a tensor key's residual then stays the
+    // host's on every call, as on host ranks).
+    let on_streams = std::env::var("QCCL_TEST_STREAMS").is_ok();
+    // Compressed intra-host levels too (no GPU path: every call staged).
+    let intra = std::env::var("QCCL_TEST_INTRA").is_ok();
     let cases = [
         CodedCase {
             spec: "fp16",
@@ -1236,7 +1241,7 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
     for (ci, case) in cases.iter().enumerate() {
         let mut c = Compression::parse(case.spec).map_err(e)?;
         if hier {
-            c = c.algo(Algo::Hier);
+            c = c.algo(Algo::Hier).intra_host(intra);
         } else if let Some(a) = case.algo {
             c = c.algo(a);
         }
@@ -1257,22 +1262,24 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                 let in_place = call % 2 == 1;
                 let got = if on_device {
                     // Odd calls on a stream of the caller's, even ones on NULL. On the
-                    // hierarchical route a call on a stream is staged, its residual the
-                    // host's: a tensor key stays off streams there.
-                    let stream = if call % 2 == 1 && !(hier && case.key.is_some()) {
+                    // hierarchical route a call on a stream is staged (in bands), its
+                    // residual the host's: a tensor key stays off streams there.
+                    let stream = if on_streams || call % 2 == 1 && !(hier && case.key.is_some()) {
                         user.raw()
                     } else {
                         std::ptr::null_mut()
                     };
                     // Every third call queued, as the C ABI's non-blocking calls.
-                    let queued = call % 3 == 2;
+                    let queued = call % 3 == 2 && !on_streams;
                     // The hierarchical route's GPU path: calls that return once done.
                     let waits = stream.is_null() || queued;
-                    let must_gpu = case.must_gpu && (!hier || waits);
+                    let must_gpu = case.must_gpu && (!hier || waits && !intra);
                     let before = comm.device_stats().map_err(e)?;
+                    let banded = comm.piecewise_calls();
                     let how = (case.op, dt, in_place, stream, queued);
-                    let m = coded_on_device(comm, dev, &c, &ins[r], how, hier)?;
+                    let (m, input) = coded_on_device(comm, dev, &c, &ins[r], how, hier)?;
                     user.synchronize(WAIT).map_err(e)?;
+                    drop(input);
                     if let Some(err) = comm.async_error() {
                         return Err(format!("{what}: async error: {err}"));
                     }
@@ -1288,6 +1295,16 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     if gpu_ran && early != u64::from(!stream.is_null() && !queued && !hier) {
                         return Err(format!(
                             "{what}: {early} calls returned once enqueued (stream {stream:?})"
+                        ));
+                    }
+                    // Without a GPU path (on a stream, compressed intra-host levels), a call
+                    // on the hierarchy is staged piece by piece, its pieces' copies
+                    // pipelined with its levels.
+                    let banded = comm.piecewise_calls() - banded;
+                    let want = u64::from(hier && count > 0 && !gpu_ran);
+                    if banded != want {
+                        return Err(format!(
+                            "{what}: {banded} calls staged in bands, want {want}"
                         ));
                     }
                     if hier {
@@ -1602,7 +1619,7 @@ fn check_coded(case: &CodedCase, ins: &[Vec<f32>], got: &[f32], n: usize) -> Res
 /// One compressed all-reduce of `mine` on device buffers through the core's entry, ordered
 /// on `stream` (or queued, as the C ABI's non-blocking calls, when `queued`): with the codecs
 /// on the GPU when the call has that path, else staged. Returns the device buffer holding the
-/// result (read after the stream).
+/// result (read after the stream) and, out of place, the input's (kept until then).
 fn coded_on_device(
     comm: &Comm,
     dev: &Dev,
@@ -1610,7 +1627,7 @@ fn coded_on_device(
     mine: &[f32],
     (op, dtype, in_place, stream, queued): (ReduceOp, DType, bool, *mut std::ffi::c_void, bool),
     hier: bool,
-) -> Result<Box<dyn DeviceMem>, String> {
+) -> Result<(Mem, Option<Mem>), String> {
     let e = |e: qccl::Error| e.to_string();
     let count = mine.len();
     let send = dev.upload(&to_bytes(mine, dtype))?;
@@ -1638,8 +1655,14 @@ fn coded_on_device(
         // synchronises it before they are dropped, with the result read).
         unsafe { comm.all_reduce_compressed_at(p, s, rv, stream) }.map_err(e)?;
     }
-    Ok(recv.unwrap_or(send))
+    Ok(match recv {
+        Some(rm) => (rm, Some(send)),
+        None => (send, None),
+    })
 }
+
+/// A device buffer of the test's.
+type Mem = Box<dyn DeviceMem>;
 
 /// Runs the `coded` scenario on `n` ranks, those in `device_ranks` on device buffers, checks
 /// that every rank printed the same hashes and returns them.
@@ -1775,25 +1798,62 @@ fn pipelined_compressed_sra_over_many_slices_matches_host_ranks_bit_for_bit() {
 #[test]
 fn hierarchical_compressed_all_reduce_with_the_codecs_on_the_gpu_matches_host_ranks() {
     let more = [("QCCL_TEST_HIER", "1"), ("QCCL_CHUNKSIZE", "65536")];
-    let jobs: [(&[&str], &[&str]); 3] = [
-        (
-            &["host-a", "host-b", "host-a", "host-b"],
-            &["0,1,2,3", "0,3"],
-        ),
-        (&["host-a", "host-b", "host-c"], &["1"]),
-        (&["a", "a", "b", "b", "c", "c"], &["0,3,5"]),
-    ];
-    for (hosts, devices) in jobs {
+    mixed_jobs_match_host_ranks(
+        &more,
+        &[
+            (
+                &["host-a", "host-b", "host-a", "host-b"],
+                &["0,1,2,3", "0,3"],
+            ),
+            (&["host-a", "host-b", "host-c"], &["1"]),
+            (&["a", "a", "b", "b", "c", "c"], &["0,3,5"]),
+        ],
+    );
+}
+
+/// For each job (rank r on emulated host `hosts[r]`) and each set of device ranks, the
+/// `coded` scenario with `more` ends with the bytes of the same job on host buffers only.
+fn mixed_jobs_match_host_ranks(more: &[(&str, &str)], jobs: &[(&[&str], &[&str])]) {
+    for &(hosts, devices) in jobs {
         let n = hosts.len();
-        let host = run_coded_on(n, "", "1", &more, hosts);
+        let host = run_coded_on(n, "", "1", more, hosts);
         for device in devices {
-            let mixed = run_coded_on(n, device, "1", &more, hosts);
+            let mixed = run_coded_on(n, device, "1", more, hosts);
             assert_eq!(
                 mixed, host,
                 "{n} ranks, device ranks {device} against host ranks only"
             );
         }
     }
+}
+
+/// Calls on the hierarchical route made on a caller's stream have no GPU path (`gpu_hier.rs`)
+/// and are staged piece by piece (`comm/bands.rs`), the residual folded in, other float
+/// types converted and Avg divided per piece: with pieces of 16 KiB (several per call),
+/// tensor keys' residuals across calls, float16, bfloat16, float64 and Avg, the job ends with
+/// the bytes of the same job on host buffers, device and host ranks mixed. So do calls with
+/// compressed intra-host levels (no GPU path either) on streams, NULL and queued.
+#[test]
+fn hierarchical_compressed_calls_on_a_stream_stage_in_bands_and_match_host_ranks() {
+    let more = [
+        ("QCCL_TEST_HIER", "1"),
+        ("QCCL_TEST_STREAMS", "1"),
+        ("QCCL_CHUNKSIZE", "16384"),
+    ];
+    let intra = [
+        ("QCCL_TEST_HIER", "1"),
+        ("QCCL_TEST_INTRA", "1"),
+        ("QCCL_CHUNKSIZE", "16384"),
+    ];
+    let two: &[&str] = &["host-a", "host-b", "host-a", "host-b"];
+    mixed_jobs_match_host_ranks(&intra, &[(two, &["0,2,3"])]);
+    mixed_jobs_match_host_ranks(
+        &more,
+        &[
+            (two, &["0,1,2,3", "1,2"]),
+            (&["a", "a", "a", "b", "b", "b"], &["0,4,5"]),
+        ],
+    );
 }
 
 /// HiTopKComm with its top-k and scatter-add on the GPU ends with the bytes of the same job

@@ -334,6 +334,12 @@ def _across_hosts(rank, size, uid):
             b.copy_in(_data(rank, n, dt).tobytes(), s.handle)
             assert c.all_reduce(b, op="max", stream=s.handle) is None
             out[("stream", np.dtype(dt).name, n)] = _host(b, dt, s.handle)
+    # A compressed one on a stream: the hierarchical route has no GPU path there, so it is
+    # staged in bands too, the CPU codecs encoding.
+    d = _dev(np.zeros(50_001, np.float32))
+    d.copy_in(_data(rank, 50_001, np.float32).tobytes(), s.handle)
+    assert c.all_reduce_compressed(d, "fp16", key="coded", stream=s.handle) is None
+    out["coded"] = _host(d, np.float32, s.handle)
     s.synchronize()
     out["bands"] = c.device_stats()["piecewise"]
     assert c.async_error() is None
@@ -355,8 +361,12 @@ def test_dense_calls_across_hosts_stage_in_bands():
                 np.testing.assert_array_equal(out[("null", name, n)], want, err_msg=f"{name} {n}")
                 want = np.max(parts, axis=0).astype(dt)
                 np.testing.assert_array_equal(out[("stream", name, n)], want, err_msg=f"{name} {n}")
-    # Every call took the path: 3 dtypes x 3 counts x (no stream, stream).
-    assert [out["bands"] for out in res] == [18] * size
+    want = np.sum([_data(r, 50_001, np.float64) for r in range(size)], axis=0)
+    for out in res:
+        assert out["coded"].tobytes() == res[0]["coded"].tobytes()
+        np.testing.assert_allclose(out["coded"], want, rtol=1 / 256, atol=np.abs(want).max() / 256)
+    # Every call took the path: 3 dtypes x 3 counts x (no stream, stream), and the compressed one.
+    assert [out["bands"] for out in res] == [19] * size
 
 
 def _coded(rank, size, uid):

@@ -338,7 +338,7 @@ impl Comm {
         // SAFETY: the caller's promise: device memory of the call's bytes until the stream
         // passes the call, a live stream of their device.
         unsafe {
-            self.enqueue_banded(device, (len, &bands), stream, move |e, b| {
+            self.enqueue_banded(device, (len, &bands), stream, Some(0), move |e, b| {
                 let mut ctx = ac.ctx(e);
                 let shape = (ac.shape, in_place);
                 if !run_banded(&mut ctx, shape, ac.count, b, (per_band, chunk), timeout)? {

@@ -9,6 +9,10 @@
 //! - The flat SRA over sockets (3 to 8 hosts of one rank each, or QCCL_ALGO=sra): a piece is
 //!   slice j of every rank's chunk (`algo::sra::slices`); its scatter-reduce step waits for
 //!   it, its all-gather step ends it.
+//! - A compressed all-reduce on the hierarchical route with no GPU path (`gpu_hier.rs`: on
+//!   a caller's stream, or where its levels cannot run on device memory), the CPU codecs
+//!   encoding: a piece is one of the hierarchy's pieces of f32s
+//!   (`PreparedAllReduce::run_in_pieces`).
 //!
 //! Every copy is enqueued when the call starts: on a caller's stream the call returns then
 //! (NCCL's semantics; the stream waits for each band's release), calls that return once done
@@ -18,7 +22,7 @@
 //! are the host path's, so host and device ranks of one job mix freely and end
 //! bit-identical.
 //!
-//! Not taken (staged whole, as before) on comms with another rank in this process (see
+//! Not taken (staged whole) on comms with another rank in this process (see
 //! `Comm::on_stream`), using CUDA IPC or on one host's arena (`arena_turn.rs` has that
 //! path), on other schedules (the ring, whose every step touches whole chunks; the tree and
 //! the all-gather scheme, for small calls), and where a buffer is host memory.
@@ -26,7 +30,7 @@
 use super::device_all_reduce::staged;
 use super::hier::{self, Hier};
 use super::route::AllReduceCall;
-use super::Comm;
+use super::{Comm, PreparedAllReduce, Report};
 use crate::algo::{sra, PieceIo};
 use crate::coll::Engine;
 use crate::error::Result;
@@ -48,6 +52,8 @@ const MAX_STREAM_OPS: usize = 256;
 enum Schedule {
     Hier(Arc<Hier>),
     Sra,
+    /// A compressed all-reduce on the hierarchy, the CPU codecs encoding.
+    Coded(Arc<PreparedAllReduce>),
 }
 
 /// A dense all-reduce across hosts cut in bands, ready to start.
@@ -77,20 +83,16 @@ impl Comm {
         recv: u64,
     ) -> Result<Option<Bands>> {
         let (count, dtype, op) = call.shape();
-        if count == 0 || self.place.process_peers || self.place.cuda_ipc {
+        if count == 0 || !self.may_band() {
             return Ok(None);
         }
         let es = dtype.size();
         // Each piece's byte ranges.
         let (schedule, pieces): (Schedule, Vec<Vec<Range<usize>>>) = match call.hier() {
-            Some(h) => {
-                let at = h.pieces(count, es).into_iter();
-                (
-                    Schedule::Hier(h.clone()),
-                    at.map(|r| std::iter::once(r.start * es..r.end * es).collect())
-                        .collect(),
-                )
-            }
+            Some(h) => (
+                Schedule::Hier(h.clone()),
+                byte_ranges(h.pieces(count, es), es),
+            ),
             None if call.flat() == Some(Flat::Sra)
                 && self.size > 1
                 && self.links != Links::Arena =>
@@ -100,7 +102,50 @@ impl Comm {
             }
             None => return Ok(None),
         };
-        let len = count * es;
+        self.cut_in_bands(schedule, (count, dtype, op), pieces, send, recv)
+    }
+
+    /// The compressed all-reduce `call` on the hierarchy cut in bands, its pieces the
+    /// hierarchy's (QCCL_CHUNKSIZE of f32s each), when its buffers are all device memory and
+    /// it has at least one element; None otherwise (as `bands_of`). For calls without a GPU
+    /// path (`gpu_hier.rs`): on a caller's stream, or where its levels cannot run on
+    /// device memory.
+    pub(super) fn coded_bands_of(
+        &self,
+        call: &Arc<PreparedAllReduce>,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<Bands>> {
+        let shape = call.shape();
+        let (count, dtype, _) = shape;
+        let Some(h) = call.hier() else {
+            return Ok(None);
+        };
+        if count == 0 || !self.may_band() {
+            return Ok(None);
+        }
+        let es = dtype.size();
+        let pieces = byte_ranges(h.pieces(count, 4), es);
+        self.cut_in_bands(Schedule::Coded(call.clone()), shape, pieces, send, recv)
+    }
+
+    /// True when this comm may stage calls in bands: no other rank in this process (see
+    /// `Comm::on_stream`), no CUDA IPC.
+    fn may_band(&self) -> bool {
+        !self.place.process_peers && !self.place.cuda_ipc
+    }
+
+    /// A call of `shape` on `send` (None: in place) and `recv` cut in bands of its
+    /// `pieces`' byte ranges, when all its buffers are device memory.
+    fn cut_in_bands(
+        &self,
+        schedule: Schedule,
+        (count, dtype, op): (usize, DType, ReduceOp),
+        pieces: Vec<Vec<Range<usize>>>,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<Bands>> {
+        let len = count * dtype.size();
         let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
         let Some((driver, _, ordinal)) = self.all_on_device(&bufs)? else {
             return Ok(None);
@@ -134,6 +179,7 @@ impl Comm {
             match schedule {
                 Schedule::Hier(_) => "hierarchical",
                 Schedule::Sra => "SRA",
+                Schedule::Coded(_) => "compressed hierarchical",
             },
             pieces.len(),
             bands.len()
@@ -164,23 +210,39 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<bool> {
-        let Some(mut plan) = self.bands_of(call, send, recv)? else {
+        let Some(plan) = self.bands_of(call, send, recv)? else {
             return Ok(false);
         };
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.enqueue_plan(plan, stream) }?;
+        Ok(true)
+    }
+
+    /// Enqueues the call `plan` (`bands_of`, `coded_bands_of`) on the caller's `stream` (not
+    /// null) in bands and returns at once.
+    ///
+    /// # Safety
+    /// As [`Comm::enqueue_all_reduce_dense_at`].
+    pub(super) unsafe fn enqueue_plan(&self, mut plan: Bands, stream: *mut c_void) -> Result<()> {
         let (driver, ordinal, len) = (plan.driver.clone(), plan.ordinal, plan.len);
         let bands = std::mem::take(&mut plan.bands);
+        let coded = Some(plan.coded_calls());
         // SAFETY: the caller's promise, passed on.
         unsafe {
-            self.enqueue_banded((driver, ordinal), (len, &bands), stream, move |e, b| {
-                plan.run(e, b)
-            })
-        }?;
-        Ok(true)
+            self.enqueue_banded(
+                (driver, ordinal),
+                (len, &bands),
+                stream,
+                coded,
+                move |e, b| plan.run(e, b).map(drop),
+            )
+        }
     }
 
     /// Starts a call on device memory `device` (driver, ordinal) in `bands` through a
     /// page-locked buffer of `len` bytes on the caller's `stream` (`Staging::start_banded`)
-    /// and queues `job`, which runs its collective on the buffer in the comm's turn. The
+    /// and queues `job`, which runs its collective on the buffer in the comm's turn and
+    /// `coded` compressed calls (`Queue::submit_holding`). The
     /// request is not kept: the stream and `async_error` report the outcome; the Banded
     /// releases the stream when dropped, after a failure is recorded.
     ///
@@ -192,6 +254,7 @@ impl Comm {
         (driver, ordinal): (Arc<dyn Driver>, usize),
         (len, bands): (usize, &[Band]),
         stream: *mut c_void,
+        coded: Option<u64>,
         job: impl FnOnce(&mut Engine, &mut Banded) -> Result<()> + Send + 'static,
     ) -> Result<()> {
         let banded = {
@@ -200,7 +263,7 @@ impl Comm {
             // SAFETY: the caller's promise.
             unsafe { st.start_banded(len, bands, stream)? }
         };
-        self.queue.submit_holding(banded, Some(0), job).map(drop)
+        self.queue.submit_holding(banded, coded, job).map(drop)
     }
 
     /// How many dense all-reduces on device buffers across hosts ran staged piece by piece
@@ -212,9 +275,15 @@ impl Comm {
 }
 
 impl Bands {
+    /// How many compressed calls it runs (`Queue::submit_holding`).
+    pub(super) fn coded_calls(&self) -> u64 {
+        u64::from(matches!(self.schedule, Schedule::Coded(_)))
+    }
+
     /// Starts the call (its copies after `raw`'s earlier work, null: the legacy default
     /// stream) on `st` and runs it on `e`, the comm's engine in its turn; returns once the
-    /// result is in the device buffer. For calls that return once done.
+    /// result is in the device buffer, with a compressed call's report. For calls that
+    /// return once done.
     ///
     /// # Safety
     /// The call's buffers must be valid, and touched by nothing else, until this returns;
@@ -224,15 +293,17 @@ impl Bands {
         e: &mut Engine,
         st: &mut Staging,
         raw: *mut c_void,
-    ) -> Result<()> {
+    ) -> Result<Option<Report>> {
         // SAFETY: the caller's promise.
         let banded = unsafe { st.start_banded_waiting(self.len, &self.bands, raw)? };
-        self.run(e, &banded)?;
-        banded.finish()
+        let report = self.run(e, &banded)?;
+        banded.finish()?;
+        Ok(report)
     }
 
-    /// The collective on the page-locked copy, piece by piece as the bands land.
-    fn run(&self, e: &mut Engine, banded: &Banded) -> Result<()> {
+    /// The collective on the page-locked copy, piece by piece as the bands land; a
+    /// compressed call's report.
+    fn run(&self, e: &mut Engine, banded: &Banded) -> Result<Option<Report>> {
         // SAFETY: the page-locked buffer holds the call's `len` bytes and is this call's
         // alone while the Banded lives; a band's bytes are read once landed and written
         // before it is released.
@@ -242,13 +313,24 @@ impl Bands {
             per_band: self.per_band,
             pieces: self.pieces,
         };
-        match &self.schedule {
-            Schedule::Hier(h) => hier::all_reduce_in_pieces(h, None, buf, self.shape, &io)?,
-            Schedule::Sra => e.all_reduce_sra_in_slices(buf, self.shape, &io)?,
-        }
+        let report = match &self.schedule {
+            Schedule::Hier(h) => {
+                hier::all_reduce_in_pieces(h, None, buf, self.shape, &io).map(|()| None)?
+            }
+            Schedule::Sra => e
+                .all_reduce_sra_in_slices(buf, self.shape, &io)
+                .map(|()| None)?,
+            Schedule::Coded(c) => Some(c.run_in_pieces(e, buf, &io)?),
+        };
         self.calls.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(report)
     }
+}
+
+/// Pieces of elements of `es` bytes as pieces of one byte range each.
+fn byte_ranges(pieces: Vec<Range<usize>>, es: usize) -> Vec<Vec<Range<usize>>> {
+    let bytes = pieces.into_iter().map(|r| r.start * es..r.end * es);
+    bytes.map(|r| std::iter::once(r).collect()).collect()
 }
 
 /// The pieces of a call in bands of `per_band` pieces.

@@ -2,10 +2,9 @@
 //! conversion of f16/bf16/f64 data to the f32 the codecs work on, layouts (CGX's layer-wise
 //! compression), and error feedback with the residual kept in the comm per tensor key.
 
-use super::hier::Hier;
+use super::hier::{CodedEdges, Hier};
 use super::{Comm, Request};
-use crate::algo::Algo;
-use crate::algo::Wire;
+use crate::algo::{split_parts, Algo, AtOnce, PieceIo, Wire};
 use crate::codec::ef::{self, TensorKey};
 use crate::codec::layout::{CodecMap, Layout};
 use crate::codec::{CodecSpec, Site};
@@ -17,7 +16,7 @@ use crate::reduce;
 use crate::tuning::{Flat, Resolved, Workload};
 use crate::types::{DType, Element, ReduceOp};
 use half::{bf16, f16};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How one call compresses: the codec, the tensor key (needed for error feedback and
 /// layouts), and optionally the schedule.
@@ -379,18 +378,44 @@ impl Comm {
     }
 }
 
-/// The part every compressed call does on the engine, around its schedule `f`: takes the
-/// call's step number (the random streams' `step`), lends it the tensor's error-feedback
-/// residual (taken out of the engine for the call, put back after) and adds that residual to
-/// the input first. Out of place (`input`), that addition is also the copy into `work`, and
-/// `f` then runs in place; without a residual `f` gets the input.
+/// The part every compressed call does on the engine, around its schedule `f`
+/// (`lend_residual`), with the residual added to the input first. Out of place (`input`),
+/// that addition is also the copy into `work`, and `f` then runs in place; without a
+/// residual `f` gets the input.
 fn coded_turn<R>(
     e: &mut Engine,
     key: Option<&TensorKey>,
     plan: &CodecMap,
     (input, work): (Option<&[f32]>, &mut [f32]),
-    (seed, rank): (u64, usize),
+    who: (u64, usize),
     f: impl FnOnce(&mut Engine, Option<&[f32]>, &mut [f32], Site, Option<&mut [f32]>) -> Result<R>,
+) -> Result<R> {
+    let len = work.len();
+    lend_residual(e, key, plan, len, who, |e, site, mut residual| {
+        let input = match residual {
+            Some(ref mut r) => {
+                match input {
+                    Some(i) => ef::compensate_from(i, work, r),
+                    None => ef::compensate(work, r),
+                }
+                None
+            }
+            None => input,
+        };
+        f(e, input, work, site, residual)
+    })
+}
+
+/// Takes the call's step number (the random streams' `step`) and lends `f` the tensor's
+/// error-feedback residual of `len` elements (taken out of the engine for the call, put
+/// back after), not yet added to the input.
+fn lend_residual<R>(
+    e: &mut Engine,
+    key: Option<&TensorKey>,
+    plan: &CodecMap,
+    len: usize,
+    (seed, rank): (u64, usize),
+    f: impl FnOnce(&mut Engine, Site, Option<&mut [f32]>) -> Result<R>,
 ) -> Result<R> {
     let step = e.coded_calls;
     e.coded_calls += 1;
@@ -399,24 +424,14 @@ fn coded_turn<R>(
         // A key used on device buffers before starts again from zero on the host.
         e.gpu.forget_later(k);
     }
-    let mut residual = key.map(|k| std::mem::take(e.residuals.get(k, work.len())));
-    let input = match residual.as_deref_mut() {
-        Some(r) => {
-            match input {
-                Some(i) => ef::compensate_from(i, work, r),
-                None => ef::compensate(work, r),
-            }
-            None
-        }
-        None => input,
-    };
+    let mut residual = key.map(|k| std::mem::take(e.residuals.get(k, len)));
     let site = Site {
         seed,
         step,
         chunk: 0,
         rank: rank as u64,
     };
-    let out = f(e, input, work, site, residual.as_deref_mut());
+    let out = f(e, site, residual.as_deref_mut());
     if let (Some(k), Some(r)) = (key, residual) {
         e.residuals.put(k, r);
     }
@@ -508,7 +523,70 @@ impl PreparedAllReduce {
 
     /// True when the call runs the hierarchical schedule.
     pub(super) fn is_hier(&self) -> bool {
-        matches!(self.schedule, Schedule::Hier(_))
+        self.hier().is_some()
+    }
+
+    /// The hierarchy the call runs on, when it runs the hierarchical schedule.
+    pub(super) fn hier(&self) -> Option<&Arc<Hier>> {
+        match &self.schedule {
+            Schedule::Hier(h) => Some(h),
+            Schedule::Flat(_) => None,
+        }
+    }
+
+    /// As `run` on the hierarchy, in place in `buf` (the call's page-locked copy, staged
+    /// piece by piece: `comm/bands.rs`): each of the hierarchy's pieces (`Hier::pieces` of
+    /// f32 elements) starts once `io` says it landed and is reported done after its last
+    /// level. The residual is added and other float types converted to f32 per piece before
+    /// its first level, Avg's division and the conversion back per piece after its last:
+    /// steps element by element, so the bits are `run`'s.
+    pub(super) fn run_in_pieces(
+        &self,
+        e: &mut Engine,
+        buf: &mut [u8],
+        io: &dyn PieceIo,
+    ) -> Result<Report> {
+        let Schedule::Hier(h) = &self.schedule else {
+            return Err(Error::Internal(
+                "a compressed call staged piece by piece is not on the hierarchy".into(),
+            ));
+        };
+        let (count, dtype, es) = (self.count, self.dtype, self.dtype.size());
+        if buf.len() != count * es {
+            return Err(Error::Internal(format!(
+                "a compressed call of {count} elements of {dtype} staged in {} bytes",
+                buf.len()
+            )));
+        }
+        let f32s = dtype == DType::Float32 && buf.as_ptr().align_offset(4) == 0;
+        let mut copy: Vec<f32>;
+        let (work, bytes) = if f32s {
+            (bytemuck::cast_slice_mut::<u8, f32>(buf), Vec::new())
+        } else {
+            copy = vec![0f32; count];
+            let at: Vec<_> = (h.pieces(count, 4).iter())
+                .map(|r| r.start * es..r.end * es)
+                .collect();
+            (&mut copy[..], split_parts(buf, &at))
+        };
+        let edges = StagedEdges {
+            io,
+            bytes: bytes.into_iter().map(Mutex::new).collect(),
+            dtype,
+            op: self.op,
+            size: self.size,
+        };
+        let (plan, levels) = (&self.plan, (self.intra_host, dtype));
+        let who = (self.seed, self.rank);
+        let (wire, inter) =
+            lend_residual(e, self.key.as_ref(), plan, count, who, |_, site, res| {
+                h.all_reduce_coded(None, work, plan, site, res, levels, &edges)
+            })?;
+        Ok(Report {
+            algo: Algo::Hier,
+            wire,
+            inter: Some(inter),
+        })
     }
 
     /// Runs the call on `e` (the engine of the comm that prepared it, inside its turn):
@@ -535,8 +613,9 @@ impl PreparedAllReduce {
                 who,
                 |e, input, work, site, res| match &self.schedule {
                     Schedule::Hier(h) => {
+                        let levels = (self.intra_host, dtype);
                         let report = h
-                            .all_reduce_coded(input, work, plan, site, res, self.intra_host, dtype)
+                            .all_reduce_coded(input, work, plan, site, res, levels, &AtOnce)
                             .map(|(wire, inter)| Report {
                                 algo: Algo::Hier,
                                 wire,
@@ -562,6 +641,54 @@ impl PreparedAllReduce {
     }
 }
 
+/// The edges of a compressed call on the hierarchy staged piece by piece (`run_in_pieces`).
+struct StagedEdges<'a> {
+    io: &'a dyn PieceIo,
+    /// Each piece's bytes in the staged buffer when it holds another type than float32
+    /// (converted into and out of the f32 work); empty for float32 (the work is the buffer).
+    bytes: Vec<Mutex<&'a mut [u8]>>,
+    dtype: DType,
+    op: ReduceOp,
+    /// Ranks of the calling comm (Avg).
+    size: usize,
+}
+
+impl CodedEdges for StagedEdges<'_> {
+    fn start(&self, i: usize, work: &mut [f32], residual: Option<&mut [f32]>) -> Result<()> {
+        self.io.landed(i)?;
+        if let Some(b) = self.bytes.get(i) {
+            to_f32(
+                &b.lock().unwrap_or_else(|p| p.into_inner()),
+                self.dtype,
+                work,
+            );
+        }
+        if let Some(r) = residual {
+            ef::compensate(work, r);
+        }
+        Ok(())
+    }
+
+    fn end(&self, i: usize, work: &mut [f32]) -> Result<()> {
+        let size = self.size;
+        reduce::finish(
+            DType::Float32,
+            self.op,
+            bytemuck::cast_slice_mut(work),
+            size,
+        );
+        if let Some(b) = self.bytes.get(i) {
+            from_f32(
+                work,
+                &mut b.lock().unwrap_or_else(|p| p.into_inner()),
+                self.dtype,
+            );
+        }
+        self.io.done(i);
+        Ok(())
+    }
+}
+
 /// Runs `f` on the data as f32: in place for aligned f32, else through a converted copy that
 /// is written back after. Out of place (`send`), `f` gets the input beside the work buffer
 /// when both are aligned f32 (the schedule reads it where it first needs it: no pass copies
@@ -581,22 +708,24 @@ pub(super) fn with_f32<R>(
         }
     }
     let input: &[u8] = send.unwrap_or(recv);
-    let mut work = to_f32(input, dtype);
+    let mut work = vec![0f32; input.len() / dtype.size()];
+    to_f32(input, dtype, &mut work);
     let out = f(None, &mut work)?;
     from_f32(&work, recv, dtype);
     Ok(out)
 }
 
-fn to_f32(b: &[u8], dtype: DType) -> Vec<f32> {
+/// The elements `b` of `dtype` as f32 into `out`.
+fn to_f32(b: &[u8], dtype: DType, out: &mut [f32]) {
     let es = dtype.size();
-    b.chunks_exact(es)
-        .map(|e| match dtype {
+    for (o, e) in out.iter_mut().zip(b.chunks_exact(es)) {
+        *o = match dtype {
             DType::Float32 => f32::from_ne_bytes([e[0], e[1], e[2], e[3]]),
             DType::Float64 => f64::from_ne_bytes(e.try_into().expect("8 bytes")) as f32,
             DType::Float16 => f16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
             _ => bf16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
-        })
-        .collect()
+        };
+    }
 }
 
 fn from_f32(work: &[f32], b: &mut [u8], dtype: DType) {

@@ -205,7 +205,7 @@ impl Comm {
                 let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
                 return self.submit_with_staging(driver, ordinal, Some(0), move |e, st| {
                     // SAFETY: the caller's promise, passed on; the legacy default stream.
-                    unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }
+                    unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }.map(drop)
                 });
             }
         }

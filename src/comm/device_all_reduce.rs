@@ -2,15 +2,17 @@
 //! ABI's, Python's and cudarc's way in): the codecs run on the GPU where the call has that
 //! path (`gpu_sra.rs`: a flat SRA, all-gather, ring or tree schedule on device buffers of a
 //! float type; `gpu_hier.rs`: the hierarchical one, for calls that return once
-//! done), otherwise the call is staged
-//! through page-locked memory (`device.rs`) as any other. Callers say only how the call is
-//! ordered: on a stream (`all_reduce_compressed_at`) or queued (`submit_..._at`).
+//! done), otherwise the call is staged through page-locked memory: piece by piece on the
+//! hierarchical route (`bands.rs`), whole (`device.rs`) as any other call elsewhere.
+//! Callers say only how the call is ordered: on a stream (`all_reduce_compressed_at`) or
+//! queued (`submit_..._at`).
 
 use super::{Comm, PreparedAllReduce, Report};
 use crate::coll::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::staging::CallBuf;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 impl Comm {
     /// Compressed all-reduce `call` on `send` (None: in place) and `recv`, raw addresses of
@@ -36,6 +38,18 @@ impl Comm {
         if let Some(g) = self.gpu_compressed_all_reduce(&call, send, recv, stream.is_null())? {
             // SAFETY: the caller's promise, passed on.
             return unsafe { self.run_gpu_all_reduce(g, stream) };
+        }
+        let call = Arc::new(call);
+        if let Some(plan) = self.coded_bands_of(&call, send, recv)? {
+            if !stream.is_null() {
+                // SAFETY: the caller's promise, passed on.
+                return unsafe { self.enqueue_plan(plan, stream) }.map(|()| None);
+            }
+            let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
+            // SAFETY: the caller's promise, passed on.
+            let report = self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })?;
+            return coded_report(report).map(Some);
         }
         let bufs = call_bufs(&call, send, recv);
         if stream.is_null() {
@@ -76,6 +90,16 @@ impl Comm {
             // SAFETY: the caller's promise, passed on.
             return unsafe { self.submit_gpu_all_reduce(g) };
         }
+        let call = Arc::new(call);
+        if let Some(plan) = self.coded_bands_of(&call, send, recv)? {
+            let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
+            let coded = Some(plan.coded_calls());
+            return self.submit_with_staging(driver, ordinal, coded, move |e, st| {
+                // SAFETY: the caller's promise, passed on; the legacy default stream.
+                let report = unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }?;
+                coded_report(report).map(drop)
+            });
+        }
         let bufs = call_bufs(&call, send, recv);
         // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.
         unsafe {
@@ -84,6 +108,11 @@ impl Comm {
             })
         }
     }
+}
+
+/// A compressed call's report from its run in bands (`Bands::run_waiting`).
+fn coded_report(report: Option<Report>) -> Result<Report> {
+    report.ok_or_else(|| Error::Internal("a compressed call in bands made no report".into()))
 }
 
 /// The call's buffers as the device path sees them (`device::send_recv`).

@@ -19,10 +19,10 @@
 //!
 //! Taken by calls that return once done (a null stream, queued calls) on float buffers
 //! when the intra-host levels are dense (the default) and the ranks of each host share the
-//! arena (or a host has one rank); staged through page-locked memory, the CPU codecs
-//! encoding, otherwise. A call on a caller's stream must return once enqueued, with every
-//! device operation of it enqueued by then (`staging.rs` says why), and these levels
-//! enqueue theirs as they go: such calls are staged.
+//! arena (or a host has one rank); staged through page-locked memory piece by piece, the
+//! CPU codecs encoding, otherwise (`bands.rs`). A call on a caller's stream must return once
+//! enqueued, with every device operation of it enqueued by then (`staging.rs` says why),
+//! and these levels enqueue theirs as they go: such calls are staged.
 
 use super::arena_turn::ArenaTurn;
 use super::hier::Hier;

@@ -174,6 +174,8 @@ pub(super) fn all_reduce_in_pieces(
 /// One piece of a compressed hierarchical all-reduce: its elements, their plan position, their
 /// error-feedback residual, and the bytes its intra-host and inter-host phases moved.
 struct CodedPiece<'a> {
+    /// Its index among the call's pieces.
+    index: usize,
     base: usize,
     /// Out of place: the piece's input (`work` then holds nothing until the first phase).
     input: Option<&'a [f32]>,
@@ -183,12 +185,32 @@ struct CodedPiece<'a> {
     inter: Wire,
 }
 
+/// What a compressed call on the hierarchy does at the edges of each piece: nothing when its
+/// buffer was whole and its residual folded in before it started ([`AtOnce`]); a call
+/// staged piece by piece (`PreparedAllReduce::run_in_pieces`) makes a piece ready before
+/// its first level and finishes it after its last.
+pub(super) trait CodedEdges {
+    /// Before piece `i`'s first level: its elements `work` (and its `residual`) made ready.
+    fn start(&self, i: usize, work: &mut [f32], residual: Option<&mut [f32]>) -> Result<()>;
+    /// After piece `i`'s last level: its result `work` finished (pieces end in order).
+    fn end(&self, i: usize, work: &mut [f32]) -> Result<()>;
+}
+
+impl CodedEdges for AtOnce {
+    fn start(&self, _: usize, _: &mut [f32], _: Option<&mut [f32]>) -> Result<()> {
+        Ok(())
+    }
+    fn end(&self, _: usize, _: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+}
+
 impl Hier {
     /// The compressed hierarchical all-reduce (sum) of `work`: intra-host reduce-scatter,
     /// compressed all-reduce of this rank's part among the ranks with the same local rank,
     /// intra-host all-gather, pipelined over pieces as the dense one. The intra-host phases
-    /// are compressed too when `intra_host`. Returns the bytes this rank moved over all three
-    /// phases, and of those the inter-host phase's.
+    /// are compressed too when `intra_host`. `edges` starts and ends each piece. Returns the
+    /// bytes this rank moved over all three phases, and of those the inter-host phase's.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_coded(
         &self,
@@ -197,8 +219,8 @@ impl Hier {
         plan: &CodecMap,
         site: Site,
         residual: Option<&mut [f32]>,
-        intra_host: bool,
-        dtype: DType,
+        (intra_host, dtype): (bool, DType),
+        edges: &dyn CodedEdges,
     ) -> Result<(Wire, Wire)> {
         if work.is_empty() {
             return Ok((Wire::default(), Wire::default()));
@@ -212,7 +234,9 @@ impl Hier {
             .iter()
             .zip(split_parts(work, &ranges))
             .zip(residuals.iter_mut())
-            .map(|((r, work), res)| CodedPiece {
+            .enumerate()
+            .map(|(index, ((r, work), res))| CodedPiece {
+                index,
                 base: r.start,
                 input: input.map(|i| &i[r.clone()]),
                 work,
@@ -237,6 +261,7 @@ impl Hier {
         self.aborting(pipeline::run(
             pieces.iter_mut().collect(),
             |p| {
+                edges.start(p.index, p.work, p.residual.as_deref_mut())?;
                 let wire = self.intra.execute(|e| {
                     let w0 = e.wire;
                     // Out of place, the reduce-scatter reads the input: only this rank's part
@@ -289,7 +314,7 @@ impl Hier {
                     Ok(e.wire - w0)
                 })?;
                 p.intra += wire;
-                Ok(())
+                edges.end(p.index, p.work)
             },
         ))?;
         let (mut total, mut inter) = (Wire::default(), Wire::default());
