@@ -35,18 +35,13 @@ use crate::algo::{sra, PieceIo};
 use crate::coll::Engine;
 use crate::error::Result;
 use crate::gpu::driver::Driver;
-use crate::gpu::staging::{Band, Banded, Staging};
+use crate::gpu::staging::{self, Band, Banded, Staging};
 use crate::tuning::{Flat, Links};
 use crate::types::{DType, ReduceOp};
 use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Most operations a call puts on each of its two streams: a band adds an event or a wait
-/// and a copy per range (CUDA holds some 1000 pending operations per stream before an
-/// enqueue blocks). Larger calls put several pieces in a band.
-const MAX_STREAM_OPS: usize = 256;
 
 /// Whose schedule the pieces are.
 enum Schedule {
@@ -151,8 +146,8 @@ impl Comm {
             return Ok(None);
         };
         let ranges = pieces[0].len();
-        let most = (MAX_STREAM_OPS / (ranges + 1)).max(1);
-        let per_band = pieces.len().div_ceil(most);
+        // Larger calls put several pieces in a band.
+        let per_band = pieces.len().div_ceil(staging::most_bands(ranges));
         let src = send.unwrap_or(recv);
         let bands: Vec<Band> = pieces
             .chunks(per_band)

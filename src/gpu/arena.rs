@@ -230,11 +230,6 @@ pub fn run_banded(
     Ok(true)
 }
 
-/// Most bands a call on a caller's stream is cut into: each adds an event and copies to
-/// qccl's stream and a wait and copies to the caller's, which CUDA holds at some 1000
-/// pending operations before an enqueue blocks.
-const MAX_STREAM_OPS: usize = 448;
-
 /// The bands of a call of `count` elements of `es` bytes whose device buffers `io` names,
 /// on `n` ranks of which this is `me`, through arena rounds of at most `chunk` bytes per
 /// owner: each band's copies (`Staging::start_banded`, offsets into a buffer laid out as
@@ -255,7 +250,8 @@ pub fn bands(
     };
     let ends = DeviceEnds::addresses(io, shape, call.plan.chunks[me].start);
     let rounds = call.plan.rounds;
-    let per_band = rounds.div_ceil((MAX_STREAM_OPS / (n + 2)).max(1));
+    // A band copies at most one range per owner each way.
+    let per_band = rounds.div_ceil(crate::gpu::staging::most_bands(n));
     let span = |q: usize, first: usize, last: usize| {
         let (a, b) = (call.plan.slice(q, first), call.plan.slice(q, last));
         a.start..b.end

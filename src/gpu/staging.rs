@@ -252,6 +252,16 @@ fn settle<'a>(
     }
 }
 
+/// Most operations one call started in bands puts on each of its two streams: per band an
+/// event or a wait, and a copy per range each way. CUDA holds some 1000 pending operations
+/// per stream before an enqueue blocks, and the caller's stream may hold work of its own.
+const BAND_STREAM_OPS: usize = 448;
+
+/// Most bands of a call whose bands copy `ranges` ranges each way (`BAND_STREAM_OPS`).
+pub fn most_bands(ranges: usize) -> usize {
+    (BAND_STREAM_OPS / (ranges + 1)).max(1)
+}
+
 /// One band of a call started with `Staging::start_banded`: its copies in (device address,
 /// offset in the page-locked buffer, bytes), made before the call, and out, made once the
 /// worker released the band.
