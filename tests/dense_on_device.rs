@@ -96,8 +96,9 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         }
         // Rank 1's buffers are host memory: the others still go through the arena.
         "arena-mixed" => (arena_cases(), rank_1_on_host, false),
-        // Several emulated hosts: the hierarchical route (or SRA), staged in bands.
-        "hosts" | "hosts-sra" => (hosts_cases(), Place::Device, false),
+        // Several emulated hosts: the hierarchical route (or SRA, or the ring), staged in
+        // bands.
+        "hosts" | "hosts-sra" | "hosts-ring" => (hosts_cases(), Place::Device, false),
         // Rank 1's buffers are host memory: the others still stage in bands.
         "hosts-mixed" => (few_cases(), rank_1_on_host, false),
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
@@ -156,10 +157,10 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
     }
     if hosts {
         // The entry names the schedule that ran (every rank calls; device ranks check).
-        let want = if scenario == "hosts-sra" {
-            Algo::Sra
-        } else {
-            Algo::Hier
+        let want = match scenario {
+            "hosts-sra" => Algo::Sra,
+            "hosts-ring" => Algo::Ring,
+            _ => Algo::Hier,
         };
         let e = |e: qccl::Error| e.to_string();
         let call = comm
@@ -685,6 +686,20 @@ fn across_emulated_hosts_sra_calls_stage_in_bands() {
         env.extend([("QCCL_ALGO", "sra"), ("QCCL_BUFFSIZE", "4096")]);
         env
     });
+}
+
+/// One rank on each of 2 and of 3 emulated hosts, the ring at every size (QCCL_ALGO=ring;
+/// the default for 2 hosts of one rank from 64 KiB) in 4 KiB slices: staged in bands of
+/// slices.
+#[test]
+fn across_emulated_hosts_ring_calls_stage_in_bands() {
+    for n in [2, 3] {
+        job(n, "hosts-ring", move |r| {
+            let mut env = on_hosts(n)(r);
+            env.extend([("QCCL_ALGO", "ring"), ("QCCL_BUFFSIZE", "4096")]);
+            env
+        });
+    }
 }
 
 #[test]

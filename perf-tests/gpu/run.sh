@@ -157,6 +157,22 @@ for dev in cuda host; do
     sed -n "/^== qccl-perf -np 4 --hosts 4 --device $dev\$/,/rc=/p" "$log" >>"$fig"
 done
 
+# Two hosts of one rank: the ring over the sockets, staged in bands of slices (since
+# 2026-11-28; before, staged whole).
+for dev in cuda host; do
+    step "qccl-perf -np 2 --hosts 2 --device $dev" 45 "$kit/bin/qccl-perf" -np 2 --hosts 2 \
+        -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
+        -J "$json/perf_hosts2_dense_${dev}_np2.json"
+    sed -n "/^== qccl-perf -np 2 --hosts 2 --device $dev\$/,/rc=/p" "$log" >>"$fig"
+done
+
+# On qccl-perf's stream, the compressed all-reduce on the hierarchical route has no GPU path:
+# staged piece by piece, the CPU codecs encoding (since 2026-11-28; before, staged whole).
+step "qccl-perf -np 4 --hosts 2 --device cuda -Z $z" 45 "$kit/bin/qccl-perf" -np 4 --hosts 2 \
+    -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device cuda -Z "$z" \
+    -J "$json/perf_hosts_zstream_cuda_np4.json"
+sed -n "/^== qccl-perf -np 4 --hosts 2 --device cuda -Z $z\$/,/rc=/p" "$log" >>"$fig"
+
 # NULL stream: the compressed all-reduce takes the hierarchical route with the codecs on the
 # GPU and the intra-host levels through the arena; HiTopKComm runs its top-k and
 # scatter-add on the GPU.

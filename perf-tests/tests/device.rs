@@ -170,21 +170,26 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
 /// Across emulated hosts (`--hosts 2`: two hosts of two ranks), calls on device buffers
 /// take their device paths (the log says so) and every checked value is right: a dense
 /// all-reduce on qccl-perf's stream and on the NULL one, staged piece by piece on the
-/// hierarchical route (and on SRA with `--hosts 4`, a rank per host); a compressed
+/// hierarchical route (on SRA with `--hosts 4`, a rank per host; on the ring with
+/// `--hosts 2` on 2 ranks); a compressed
 /// all-reduce and HiTopKComm with the NULL stream, the hierarchical levels through each
 /// host's arena, the codecs and the top-k on the emulated GPU.
 #[test]
 fn calls_across_emulated_hosts_take_their_device_paths() {
     let staged = "hierarchical, staged in";
-    let runs: [(&[&str], &str); 5] = [
-        (&["--hosts", "2"], staged),
-        (&["--hosts", "2", "-y", "1"], staged),
-        (&["--hosts", "4"], "SRA, staged in"),
+    let runs: [(usize, &[&str], &str); 6] = [
+        (4, &["--hosts", "2"], staged),
+        (4, &["--hosts", "2", "-y", "1"], staged),
+        (4, &["--hosts", "4"], "SRA, staged in"),
+        // The ring from 64 KiB.
+        (2, &["--hosts", "2"], "ring, staged in"),
         (
+            4,
             &["--hosts", "2", "-y", "1", "-Z", "fp16"],
             "hierarchical, the codecs on the GPU",
         ),
         (
+            4,
             &[
                 "--hosts",
                 "2",
@@ -198,10 +203,10 @@ fn calls_across_emulated_hosts_take_their_device_paths() {
             "the top-k on the GPU",
         ),
     ];
-    for (what, says) in runs {
+    for (np, what, says) in runs {
         let mut args = vec!["--device", "cuda"];
         args.extend_from_slice(what);
-        let (code, out, err) = perf_with(Some("1"), 4, &args, &[("QCCL_DEBUG", "TRACE")]);
+        let (code, out, err) = perf_with(Some("1"), np, &args, &[("QCCL_DEBUG", "TRACE")]);
         assert_eq!(code, Some(0), "{what:?}\n{out}\n{err}");
         assert!(
             out.contains("# Out of bounds values : 0 OK"),

@@ -185,6 +185,19 @@ pub fn sub(r: &Range<usize>, nsl: usize, j: usize, es: usize) -> Range<usize> {
     r.start + s.start..r.start + s.end
 }
 
+/// The byte ranges slice j of an all-reduce of `count` elements of `es` bytes on `n` ranks
+/// in chunks of `slice`-byte slices reads and writes (slice j of every rank's chunk, the
+/// longest chunk cut as `Ctx::nslices` cuts it), by j: what the SRA's and the ring's
+/// `all_reduce_in_slices` wait for before their first step on slice j and report after
+/// their last.
+pub fn chunk_slices(count: usize, n: usize, es: usize, slice: usize) -> Vec<Vec<Range<usize>>> {
+    let chunks: Vec<_> = (0..n).map(|c| part(count, n, c, es)).collect();
+    let nsl = chunks[n - 1].len().div_ceil(slice.max(1)).max(1);
+    (0..nsl)
+        .map(|j| chunks.iter().map(|c| sub(c, nsl, j, es)).collect())
+        .collect()
+}
+
 /// Borrows `a` immutably and `b` mutably from one buffer; the ranges must not overlap.
 pub fn split_ref_mut(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
     if a.end <= b.start {

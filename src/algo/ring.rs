@@ -2,7 +2,7 @@
 //! each rank sends 2(n−1)/n of the buffer. The chunk of rank r is reduced once, by rank r,
 //! and then copied around the ring, so every rank ends with the same bits.
 
-use super::{part, split_ref_mut, sub, Ctx};
+use super::{part, split_ref_mut, sub, AtOnce, Ctx, PieceIo};
 use crate::reduce;
 use crate::transport::{RecvReduce, RecvReq, SendReq};
 use crate::Result;
@@ -31,7 +31,19 @@ impl Io<'_> {
 
 /// Reduces `count` elements (split in n near-equal chunks) across ranks and leaves chunk
 /// `rank`'s reduction where `io` says. Avg is finished here.
-pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result<()> {
+pub fn reduce_scatter(ctx: &mut Ctx<'_>, io: Io<'_>, count: usize) -> Result<()> {
+    reduce_scatter_in_slices(ctx, io, count, &AtOnce)
+}
+
+/// [`reduce_scatter`], its first step's slice j started once `pieces` says slice j of every
+/// chunk landed ([`super::chunk_slices`] with the ring's slice; later steps read the same
+/// slices).
+fn reduce_scatter_in_slices(
+    ctx: &mut Ctx<'_>,
+    mut io: Io<'_>,
+    count: usize,
+    pieces: &dyn PieceIo,
+) -> Result<()> {
     let (n, r, es) = (ctx.size, ctx.rank, ctx.dtype.size());
     let chunk = |c: usize| part(count, n, c, es);
     if n == 1 {
@@ -64,6 +76,9 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result
                 }
             };
             for j in 0..nsl {
+                if s == 0 {
+                    pieces.landed(j)?;
+                }
                 let sa = sub(&ra, nsl, j, es);
                 let sb = sub(&rb, nsl, j, es);
                 let local = sb.start - rb.start..sb.end - rb.start;
@@ -147,6 +162,16 @@ pub fn reduce_scatter(ctx: &mut Ctx<'_>, mut io: Io<'_>, count: usize) -> Result
 /// In place on `buf` (n near-equal chunks of `count` elements in all): every rank's chunk
 /// `rank` is copied to every other rank.
 pub fn all_gather(ctx: &mut Ctx<'_>, buf: &mut [u8], count: usize) -> Result<()> {
+    all_gather_in_slices(ctx, buf, count, &AtOnce)
+}
+
+/// [`all_gather`], slice j of every chunk reported done to `pieces` after its last step.
+fn all_gather_in_slices(
+    ctx: &mut Ctx<'_>,
+    buf: &mut [u8],
+    count: usize,
+    pieces: &dyn PieceIo,
+) -> Result<()> {
     let (n, es) = (ctx.size, ctx.dtype.size());
     if n == 1 {
         return Ok(());
@@ -165,6 +190,9 @@ pub fn all_gather(ctx: &mut Ctx<'_>, buf: &mut [u8], count: usize) -> Result<()>
                 }],
                 &mut [RecvReq::new(ctx.peer(-1), dst)],
             )?;
+            if s == n - 2 {
+                pieces.done(j);
+            }
         }
     }
     Ok(())
@@ -178,6 +206,19 @@ pub fn all_reduce(
     buf: &mut [u8],
     count: usize,
 ) -> Result<()> {
+    all_reduce_in_slices(ctx, send, buf, count, &AtOnce)
+}
+
+/// [`all_reduce`], its reduce-scatter's slice j started once `pieces` says slice j of every
+/// chunk landed ([`super::chunk_slices`] with the ring's slice) and reported done after its
+/// all-gather's last step. More than one rank (one rank reports nothing).
+pub fn all_reduce_in_slices(
+    ctx: &mut Ctx<'_>,
+    send: Option<&[u8]>,
+    buf: &mut [u8],
+    count: usize,
+    pieces: &dyn PieceIo,
+) -> Result<()> {
     let (n, es) = (ctx.size, ctx.dtype.size());
     let io = match send {
         Some(input) => Io::OutOfPlace {
@@ -186,6 +227,6 @@ pub fn all_reduce(
         },
         None => Io::InPlace(buf),
     };
-    reduce_scatter(ctx, io, count)?;
-    all_gather(ctx, buf, count)
+    reduce_scatter_in_slices(ctx, io, count, pieces)?;
+    all_gather_in_slices(ctx, buf, count, pieces)
 }

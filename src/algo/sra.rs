@@ -7,7 +7,6 @@ use super::{part, split_parts, sub, AtOnce, Ctx, PieceIo};
 use crate::reduce;
 use crate::transport::{RecvReduce, RecvReq, SendReq};
 use crate::Result;
-use std::ops::Range;
 
 /// SRA all-reduce of `count` elements; out-of-place when `send` is given.
 pub fn all_reduce(
@@ -19,22 +18,9 @@ pub fn all_reduce(
     all_reduce_in_slices(ctx, send, buf, count, &AtOnce)
 }
 
-/// The byte ranges step j of the SRA all-reduce of `count` elements of `es` bytes on `n`
-/// ranks with `slice`-byte slices reads and writes (slice j of every rank's chunk), by j:
-/// what [`all_reduce_in_slices`] waits for before its scatter-reduce step j and reports
-/// after its all-gather step j.
-pub fn slices(count: usize, n: usize, es: usize, slice: usize) -> Vec<Vec<Range<usize>>> {
-    let chunks: Vec<_> = (0..n).map(|c| part(count, n, c, es)).collect();
-    // As `Ctx::nslices` of the last (longest) chunk.
-    let nsl = chunks[n - 1].len().div_ceil(slice.max(1)).max(1);
-    (0..nsl)
-        .map(|j| chunks.iter().map(|c| sub(c, nsl, j, es)).collect())
-        .collect()
-}
-
-/// [`all_reduce`], its scatter-reduce step j started once `io` says slice j landed
-/// ([`slices`]) and its all-gather step j reported done to it. Without the arena only: its
-/// rounds take the call whole (the caller checks).
+/// [`all_reduce`], its scatter-reduce step j started once `io` says slice j of every chunk
+/// landed ([`super::chunk_slices`] with the SRA's slice) and its all-gather step j reported
+/// done to it. Without the arena only: its rounds take the call whole (the caller checks).
 pub fn all_reduce_in_slices(
     ctx: &mut Ctx<'_>,
     send: Option<&[u8]>,

@@ -118,29 +118,38 @@ impl Engine {
         }
     }
 
-    /// The SRA all-reduce of `count` elements in place in `buf`, a staged copy whose slices
-    /// (`algo::sra::slices` with this comm's SRA slice) `io` says landed, reporting each
-    /// done: the host path's call, frame for frame. An error on a comm with a shared-memory
-    /// arena, whose rounds take a call whole.
-    pub(crate) fn all_reduce_sra_in_slices(
+    /// The SRA or ring (`algo`) all-reduce of `count` elements in place in `buf`, a staged
+    /// copy whose slices (`algo::chunk_slices` with the schedule's slice) `io` says landed,
+    /// reporting each done: the host path's call, frame for frame. An error for another
+    /// schedule, or on a comm with a shared-memory arena, whose rounds take a call whole.
+    pub(crate) fn all_reduce_in_slices(
         &mut self,
         buf: &mut [u8],
         (count, dtype, op): (usize, DType, ReduceOp),
+        algo: Flat,
         io: &dyn algo::PieceIo,
     ) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
         let sra_slice = self.sra_slice;
-        let algo = Flat::Sra.algo() as u8;
-        let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo);
-        ctx.slice = sra_slice;
+        let mut ctx = self.ctx(CollKind::AllReduce, count, dtype, op, 0, algo.algo() as u8);
         if ctx.t.arena()?.is_some() {
             return Err(Error::Internal(
                 "an all-reduce in slices on a comm with a shared-memory arena".into(),
             ));
         }
-        algo::sra::all_reduce_in_slices(&mut ctx, None, buf, count, io)
+        match algo {
+            Flat::Sra => {
+                ctx.slice = sra_slice;
+                algo::sra::all_reduce_in_slices(&mut ctx, None, buf, count, io)
+            }
+            Flat::Ring => algo::ring::all_reduce_in_slices(&mut ctx, None, buf, count, io),
+            _ => Err(Error::Internal(format!(
+                "an all-reduce in slices on the {} schedule",
+                algo.algo().name()
+            ))),
+        }
     }
 
     /// Reduce-scatter: `recvcount` elements per rank; in place (result at `buf[rank]`) when

@@ -6,9 +6,11 @@
 //! - The hierarchical route (the multi-host default, `hier.rs`): a piece is one of its
 //!   pipelined pieces (QCCL_CHUNKSIZE); it starts its intra-host reduce-scatter once landed
 //!   and is done after its intra-host all-gather.
-//! - The flat SRA over sockets (3 to 8 hosts of one rank each, or QCCL_ALGO=sra): a piece is
-//!   slice j of every rank's chunk (`algo::sra::slices`); its scatter-reduce step waits for
-//!   it, its all-gather step ends it.
+//! - The flat SRA over sockets (3 to 8 hosts of one rank each, or QCCL_ALGO=sra) and the
+//!   ring (2 hosts of one rank from 64 KiB, or QCCL_ALGO=ring): a piece is slice j of every
+//!   rank's chunk (`algo::chunk_slices`); the first step on slice j (the SRA's
+//!   scatter-reduce, the ring's first reduce-scatter step) waits for it, the last (the
+//!   all-gather's) ends it.
 //! - A compressed all-reduce on the hierarchical route with no GPU path (`gpu_hier.rs`: on
 //!   a caller's stream, or where its levels cannot run on device memory), the CPU codecs
 //!   encoding: a piece is one of the hierarchy's pieces of f32s
@@ -24,14 +26,14 @@
 //!
 //! Not taken (staged whole) on comms with another rank in this process (see
 //! `Comm::on_stream`), using CUDA IPC or on one host's arena (`arena_turn.rs` has that
-//! path), on other schedules (the ring, whose every step touches whole chunks; the tree and
-//! the all-gather scheme, for small calls), and where a buffer is host memory.
+//! path), on other schedules (the tree and the all-gather scheme, for small calls), and
+//! where a buffer is host memory.
 
 use super::device_all_reduce::staged;
 use super::hier::{self, Hier};
 use super::route::AllReduceCall;
 use super::{Comm, PreparedAllReduce, Report};
-use crate::algo::{sra, PieceIo};
+use crate::algo::{chunk_slices, PieceIo};
 use crate::coll::Engine;
 use crate::error::Result;
 use crate::gpu::driver::Driver;
@@ -46,7 +48,8 @@ use std::sync::Arc;
 /// Whose schedule the pieces are.
 enum Schedule {
     Hier(Arc<Hier>),
-    Sra,
+    /// The flat SRA or ring over sockets.
+    Flat(Flat),
     /// A compressed all-reduce on the hierarchy, the CPU codecs encoding.
     Coded(Arc<PreparedAllReduce>),
 }
@@ -88,12 +91,13 @@ impl Comm {
                 Schedule::Hier(h.clone()),
                 byte_ranges(h.pieces(count, es), es),
             ),
-            None if call.flat() == Some(Flat::Sra)
-                && self.size > 1
-                && self.links != Links::Arena =>
-            {
-                let slice = self.config.sra_slice_bytes(self.size);
-                (Schedule::Sra, sra::slices(count, self.size, es, slice))
+            None if self.size > 1 && self.links != Links::Arena => {
+                let (f, slice) = match call.flat() {
+                    Some(Flat::Sra) => (Flat::Sra, self.config.sra_slice_bytes(self.size)),
+                    Some(Flat::Ring) => (Flat::Ring, self.config.slice_bytes()),
+                    _ => return Ok(None),
+                };
+                (Schedule::Flat(f), chunk_slices(count, self.size, es, slice))
             }
             None => return Ok(None),
         };
@@ -173,7 +177,8 @@ impl Comm {
             self.comm_id,
             match schedule {
                 Schedule::Hier(_) => "hierarchical",
-                Schedule::Sra => "SRA",
+                Schedule::Flat(Flat::Ring) => "ring",
+                Schedule::Flat(_) => "SRA",
                 Schedule::Coded(_) => "compressed hierarchical",
             },
             pieces.len(),
@@ -312,8 +317,8 @@ impl Bands {
             Schedule::Hier(h) => {
                 hier::all_reduce_in_pieces(h, None, buf, self.shape, &io).map(|()| None)?
             }
-            Schedule::Sra => e
-                .all_reduce_sra_in_slices(buf, self.shape, &io)
+            Schedule::Flat(f) => e
+                .all_reduce_in_slices(buf, self.shape, *f, &io)
                 .map(|()| None)?,
             Schedule::Coded(c) => Some(c.run_in_pieces(e, buf, &io)?),
         };
