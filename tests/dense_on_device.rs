@@ -21,7 +21,7 @@ use common::suite::same_on_all_ranks;
 use common::{check_reduce, input, ops_for};
 use qccl::internal::gpu_driver::{DeviceMem, Driver, Stream};
 use qccl::internal::{Buf, Coll, CollCall};
-use qccl::{Algo, Comm, DType, ReduceOp};
+use qccl::{Algo, Comm, Compression, DType, ReduceOp};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -104,6 +104,7 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
         "arena-fault" => return arena_fault(comm, gpu),
         "hosts-fault" => return hosts_fault(comm, gpu),
+        "hosts-coded-fault" => return hosts_coded_fault(comm, gpu),
         "arena-slow" => return arena_slow_copy(comm, gpu),
         other => return Err(format!("unknown scenario {other}")),
     };
@@ -365,6 +366,66 @@ fn hosts_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
         ""
     };
     fails_soon(comm, gpu, &*user, &mine, want)
+}
+
+/// Across hosts, a compressed call on the hierarchy enqueued on a caller's stream (no GPU
+/// path there: staged in bands, the CPU codecs encoding) whose first copy in fails on rank
+/// 1: the call returns once enqueued, every rank's stream passes and its comm fails soon
+/// (the comm's timeout is 60 s), rank 1's error naming the fault; the failed comm refuses
+/// the next call. Every process stays 6 s: a peer's exit would end the waits too.
+fn hosts_coded_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
+    let e = |e: qccl::Error| e.to_string();
+    let user = gpu.create_stream(0).map_err(e)?;
+    let mine = input(DType::Float32, ReduceOp::Sum, comm.rank(), 100_003, 1);
+    let count = mine.len() / 4;
+    let c = Compression::parse("fp16").map_err(e)?.algo(Algo::Hier);
+    let prepare = || comm.prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c);
+    let buf = gpu.alloc_device(0, mine.len()).map_err(e)?;
+    // SAFETY: `mine` outlives the synchronize; `buf` holds its bytes.
+    unsafe { user.copy_to_device(buf.addr(), mine.as_ptr(), mine.len()) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    if comm.rank() == 1 {
+        let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
+        emu.fail_next_copy(0).map_err(e)?;
+    }
+    let t0 = std::time::Instant::now();
+    let p = prepare().map_err(e)?;
+    // SAFETY: `buf` lives until the stream passed the call (synchronized below).
+    let r = unsafe { comm.all_reduce_compressed_at(p, None, buf.addr(), user.raw()) };
+    if !matches!(r, Ok(None)) {
+        return Err(format!("the call did not return once enqueued: {r:?}"));
+    }
+    // The stream passes (rank 1's fails on its own copy's sticky error).
+    let passed = user.synchronize(WAIT);
+    let msg = loop {
+        if let Some(err) = comm.async_error() {
+            break err.to_string();
+        }
+        if t0.elapsed() > WAIT {
+            return Err("no async error after rank 1's copy failed".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = t0.elapsed();
+    let refused = {
+        let p = prepare().map_err(e)?;
+        // SAFETY: as above.
+        unsafe { comm.all_reduce_compressed_at(p, None, buf.addr(), user.raw()) }.is_err()
+    };
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(took));
+    if comm.rank() != 1 {
+        passed.map_err(e)?;
+    }
+    if comm.rank() == 1 && !msg.contains("injected fault") {
+        return Err(format!("the comm failed without naming the fault: {msg}"));
+    }
+    if took > Duration::from_secs(4) {
+        return Err(format!("the failure took {took:?} to surface: {msg}"));
+    }
+    if !refused {
+        return Err("a call on the failed comm was accepted".into());
+    }
+    Ok(())
 }
 
 /// A float sum of `mine` on a device buffer with the NULL stream, rank 1's next copy made to
@@ -705,6 +766,11 @@ fn across_emulated_hosts_ring_calls_stage_in_bands() {
 #[test]
 fn across_emulated_hosts_a_failed_copy_fails_every_rank() {
     job(4, "hosts-fault", on_hosts(2));
+}
+
+#[test]
+fn across_emulated_hosts_a_failed_copy_of_a_compressed_call_on_a_stream_fails_every_rank() {
+    job(4, "hosts-coded-fault", on_hosts(2));
 }
 
 #[test]

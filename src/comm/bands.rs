@@ -257,6 +257,7 @@ impl Comm {
         coded: Option<u64>,
         job: impl FnOnce(&mut Engine, &mut Banded) -> Result<()> + Send + 'static,
     ) -> Result<()> {
+        self.refuse_if_failed()?;
         let banded = {
             let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
             let st = self.staging_on(&mut guard, driver, ordinal)?;

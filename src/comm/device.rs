@@ -12,7 +12,8 @@ impl Comm {
     /// As `on_buffers` on a caller's stream (not null), returning once the work is enqueued
     /// (NCCL's semantics): `run` runs later on the comm's worker with the engine and the
     /// staged addresses; the caller's stream waits for it. Its failure fails the comm
-    /// (`async_error`) and still releases the stream. A call with host buffers waits as
+    /// (`async_error`) and still releases the stream; on a failed comm the call is refused
+    /// with the comm's error before anything is enqueued. A call with host buffers waits as
     /// `on_buffers` does (the caller may change them once it returns), and so does every
     /// call of a comm with another rank in this process. `coded`: how many compressed
     /// calls `run` makes, when the caller knows (a compressed all-reduce with the codecs on
@@ -61,6 +62,7 @@ impl Comm {
                 self.on_buffers(bufs, stream, |hosts| self.execute(|e| run(e, hosts)))
             };
         }
+        self.refuse_if_failed()?;
         let finish = {
             let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
             let st = self.staging_on(&mut guard, driver, ordinal)?;

@@ -225,9 +225,7 @@ impl Comm {
         stream: *mut c_void,
     ) -> Result<bool> {
         self.check_device(g.ordinal())?;
-        if let Some(e) = self.queue.failed() {
-            return Err(e);
-        }
+        self.refuse_if_failed()?;
         // SAFETY: the caller's promise about the stream.
         let caller = unsafe { g.driver().borrow_stream(g.ordinal(), stream)? };
         let mover = g.clone();

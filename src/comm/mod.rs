@@ -547,6 +547,12 @@ impl Comm {
         self.queue.failed()
     }
 
+    /// The comm's error if it failed: a call on a caller's stream is refused before it
+    /// enqueues anything (it would only fail in its turn, the stream released).
+    pub(super) fn refuse_if_failed(&self) -> Result<()> {
+        self.queue.failed().map_or(Ok(()), Err)
+    }
+
     /// Aborts the comm: the running operation and all later ones fail, peers are told and
     /// connections closed. Returns within about a second; the process stays usable.
     pub fn abort(&self) {
