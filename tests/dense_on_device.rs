@@ -102,6 +102,7 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         // Rank 1's buffers are host memory: the others still stage in bands.
         "hosts-mixed" => (few_cases(), rank_1_on_host, false),
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
+        "hosts-colls" => return colls(comm, gpu, Counted::Bands),
         "arena-fault" => return arena_fault(comm, gpu),
         "hosts-fault" => return hosts_fault(comm, gpu),
         "hosts-coded-fault" => return hosts_coded_fault(comm, gpu),
@@ -211,10 +212,13 @@ fn takes_arena_rounds(n: usize, bytes: usize) -> bool {
 enum Counted {
     Ipc,
     Arena,
+    /// Across hosts: staged in bands of slices (`Comm::piecewise_calls`).
+    Bands,
 }
 
 /// Reduce-scatter (every op) and all-gather of every dtype at counts 0, 1 and primes, in
-/// place (NCCL's layouts) and out of place, over CUDA IPC or through the arena (counted).
+/// place (NCCL's layouts) and out of place, over CUDA IPC, through the arena or across
+/// hosts in bands (counted).
 fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> {
     let (rank, n) = (comm.rank(), comm.size());
     let e = |e: qccl::Error| e.to_string();
@@ -230,15 +234,15 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
         for (coll, op) in colls {
             let counts: &[usize] = match counted {
                 Counted::Ipc => &[0, 1, 7, 4099],
-                // And a call of many rounds (slots reused).
-                Counted::Arena => &[0, 1, 7, 4099, 300_007],
+                // And a call of many rounds (slots reused), or of more slices than bands.
+                Counted::Arena | Counted::Bands => &[0, 1, 7, 4099, 300_007],
             };
             for &count in counts {
                 for in_place in [false, true] {
                     salt += 1;
                     // In turn: blocking on NULL, queued (`submit_coll_dense_at`,
                     // qcclIReduceScatter / qcclIAllGather), on a stream (enqueued in bands
-                    // through the arena, else blocking).
+                    // through the arena or across hosts, else blocking).
                     let how = [How::Default, How::Queued, How::Stream][(salt % 3) as usize];
                     let what =
                         format!("{coll:?} {dtype} {op} count {count} in place {in_place} {how:?}");
@@ -325,6 +329,7 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
     let (got, path) = match counted {
         Counted::Ipc => (comm.cuda_ipc_calls(), "over CUDA IPC"),
         Counted::Arena => (comm.arena_device_calls(), "through the arena"),
+        Counted::Bands => (comm.piecewise_calls(), "staged in bands"),
     };
     if got != calls {
         return Err(format!("{got} calls {path}, expected {calls}"));
@@ -758,6 +763,19 @@ fn across_emulated_hosts_ring_calls_stage_in_bands() {
         job(n, "hosts-ring", move |r| {
             let mut env = on_hosts(n)(r);
             env.extend([("QCCL_ALGO", "ring"), ("QCCL_BUFFSIZE", "4096")]);
+            env
+        });
+    }
+}
+
+/// Reduce-scatter and all-gather across hosts (2 hosts × 2 ranks, 3 × 1) run the ring:
+/// staged in bands of its 4 KiB slices on a stream, NULL and queued.
+#[test]
+fn across_emulated_hosts_reduce_scatter_and_all_gather_stage_in_bands() {
+    for (n, hosts) in [(4, 2), (3, 3)] {
+        job(n, "hosts-colls", move |r| {
+            let mut env = on_hosts(hosts)(r);
+            env.push(("QCCL_BUFFSIZE", "4096"));
             env
         });
     }

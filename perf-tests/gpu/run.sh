@@ -166,6 +166,17 @@ for dev in cuda host; do
     sed -n "/^== qccl-perf -np 2 --hosts 2 --device $dev\$/,/rc=/p" "$log" >>"$fig"
 done
 
+# Reduce-scatter and all-gather across two hosts of two ranks: the ring, staged in bands of
+# slices (since 2026-11-28; before, staged whole).
+for coll in reduce_scatter all_gather; do
+    for dev in cuda host; do
+        step "qccl-perf -np 4 --hosts 2 --device $dev --coll $coll" 45 "$kit/bin/qccl-perf" \
+            -np 4 --hosts 2 -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
+            --coll "$coll" -J "$json/perf_hosts_${coll}_${dev}_np4.json"
+        sed -n "/^== qccl-perf -np 4 --hosts 2 --device $dev --coll $coll\$/,/rc=/p" "$log" >>"$fig"
+    done
+done
+
 # On qccl-perf's stream, the compressed all-reduce on the hierarchical route has no GPU path:
 # staged piece by piece, the CPU codecs encoding (since 2026-11-28; before, staged whole).
 step "qccl-perf -np 4 --hosts 2 --device cuda -Z $z" 45 "$kit/bin/qccl-perf" -np 4 --hosts 2 \

@@ -171,18 +171,29 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
 /// take their device paths (the log says so) and every checked value is right: a dense
 /// all-reduce on qccl-perf's stream and on the NULL one, staged piece by piece on the
 /// hierarchical route (on SRA with `--hosts 4`, a rank per host; on the ring with
-/// `--hosts 2` on 2 ranks); a compressed
+/// `--hosts 2` on 2 ranks), a reduce-scatter and an all-gather on the ring; a compressed
 /// all-reduce and HiTopKComm with the NULL stream, the hierarchical levels through each
 /// host's arena, the codecs and the top-k on the emulated GPU.
 #[test]
 fn calls_across_emulated_hosts_take_their_device_paths() {
     let staged = "hierarchical, staged in";
-    let runs: [(usize, &[&str], &str); 6] = [
+    let runs: [(usize, &[&str], &str); 8] = [
         (4, &["--hosts", "2"], staged),
         (4, &["--hosts", "2", "-y", "1"], staged),
         (4, &["--hosts", "4"], "SRA, staged in"),
         // The ring from 64 KiB.
         (2, &["--hosts", "2"], "ring, staged in"),
+        // Reduce-scatter and all-gather run the ring across hosts.
+        (
+            4,
+            &["--hosts", "2", "--coll", "reduce_scatter"],
+            ": ring, staged in",
+        ),
+        (
+            4,
+            &["--hosts", "2", "--coll", "all_gather"],
+            ": ring, staged in",
+        ),
         (
             4,
             &["--hosts", "2", "-y", "1", "-Z", "fp16"],

@@ -32,17 +32,19 @@ impl Io<'_> {
 /// Reduces `count` elements (split in n near-equal chunks) across ranks and leaves chunk
 /// `rank`'s reduction where `io` says. Avg is finished here.
 pub fn reduce_scatter(ctx: &mut Ctx<'_>, io: Io<'_>, count: usize) -> Result<()> {
-    reduce_scatter_in_slices(ctx, io, count, &AtOnce)
+    reduce_scatter_in_slices(ctx, io, count, &AtOnce, false)
 }
 
 /// [`reduce_scatter`], its first step's slice j started once `pieces` says slice j of every
 /// chunk landed ([`super::chunk_slices`] with the ring's slice; later steps read the same
-/// slices).
-fn reduce_scatter_in_slices(
+/// slices); with `ends_here`, every slice reported done at the end (the result, this rank's
+/// chunk, is a 1/n of the input: it is not worth releasing slice by slice).
+pub fn reduce_scatter_in_slices(
     ctx: &mut Ctx<'_>,
     mut io: Io<'_>,
     count: usize,
     pieces: &dyn PieceIo,
+    ends_here: bool,
 ) -> Result<()> {
     let (n, r, es) = (ctx.size, ctx.rank, ctx.dtype.size());
     let chunk = |c: usize| part(count, n, c, es);
@@ -156,6 +158,9 @@ fn reduce_scatter_in_slices(
         Io::InPlace(buf) => &mut buf[chunk(r)],
     };
     reduce::finish(ctx.dtype, ctx.op, mine, n);
+    if ends_here {
+        (0..nsl).for_each(|j| pieces.done(j));
+    }
     Ok(())
 }
 
@@ -165,8 +170,10 @@ pub fn all_gather(ctx: &mut Ctx<'_>, buf: &mut [u8], count: usize) -> Result<()>
     all_gather_in_slices(ctx, buf, count, &AtOnce)
 }
 
-/// [`all_gather`], slice j of every chunk reported done to `pieces` after its last step.
-fn all_gather_in_slices(
+/// [`all_gather`], its first step's slice j started once `pieces` says slice j of this
+/// rank's chunk landed (it may have been said before) and slice j of every chunk reported
+/// done after its last step ([`super::chunk_slices`] with the ring's slice).
+pub fn all_gather_in_slices(
     ctx: &mut Ctx<'_>,
     buf: &mut [u8],
     count: usize,
@@ -182,6 +189,9 @@ fn all_gather_in_slices(
         let ra = chunk(ctx.peer(-(s as isize)));
         let rb = chunk(ctx.peer(-(s as isize) - 1));
         for j in 0..nsl {
+            if s == 0 {
+                pieces.landed(j)?;
+            }
             let (src, dst) = split_ref_mut(buf, sub(&ra, nsl, j, es), sub(&rb, nsl, j, es));
             ctx.exchange(
                 &[SendReq {
@@ -227,6 +237,6 @@ pub fn all_reduce_in_slices(
         },
         None => Io::InPlace(buf),
     };
-    reduce_scatter_in_slices(ctx, io, count, pieces)?;
+    reduce_scatter_in_slices(ctx, io, count, pieces, false)?;
     all_gather_in_slices(ctx, buf, count, pieces)
 }

@@ -152,6 +152,42 @@ impl Engine {
         }
     }
 
+    /// The reduce-scatter (every rank's part of `count` elements, the whole input) or the
+    /// all-gather (this rank's part of `count` elements) `coll` over the ring in place in
+    /// `buf`, a staged copy of the whole n-part buffer whose slices (`algo::chunk_slices` of
+    /// the n parts with the ring's slice) `io` says landed, reporting each done: the host
+    /// path's call, frame for frame. An error for another collective, or on a comm with a
+    /// shared-memory arena, whose rounds take a call whole.
+    pub(crate) fn coll_in_slices(
+        &mut self,
+        buf: &mut [u8],
+        coll: Coll,
+        (count, dtype, op): (usize, DType, ReduceOp),
+        io: &dyn algo::PieceIo,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let total = count * self.size;
+        let (kind, op) = match coll {
+            Coll::ReduceScatter => (CollKind::ReduceScatter, op),
+            Coll::AllGather => (CollKind::AllGather, ReduceOp::Sum),
+            _ => return Err(Error::Internal(format!("a {} in slices", coll.name()))),
+        };
+        let mut ctx = self.ctx(kind, count, dtype, op, 0, 0);
+        if ctx.t.arena()?.is_some() {
+            return Err(Error::Internal(
+                "a collective in slices on a comm with a shared-memory arena".into(),
+            ));
+        }
+        match coll {
+            Coll::ReduceScatter => {
+                algo::ring::reduce_scatter_in_slices(&mut ctx, Io::InPlace(buf), total, io, true)
+            }
+            _ => algo::ring::all_gather_in_slices(&mut ctx, buf, total, io),
+        }
+    }
+
     /// Reduce-scatter: `recvcount` elements per rank; in place (result at `buf[rank]`) when
     /// `send` is None and `recv` is the whole buffer.
     pub fn reduce_scatter(

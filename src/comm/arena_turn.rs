@@ -305,11 +305,9 @@ impl Comm {
         if stream.is_null() || self.place.cuda_ipc || self.place.process_peers {
             return Ok(false);
         }
-        if let DenseCall::AllReduce(c) = call {
-            // SAFETY: the caller's promise, passed on.
-            if unsafe { self.enqueue_in_bands(c, send, recv, stream) }? {
-                return Ok(true);
-            }
+        // SAFETY: the caller's promise, passed on.
+        if unsafe { self.enqueue_in_bands(call, send, recv, stream) }? {
+            return Ok(true);
         }
         if self.links != crate::tuning::Links::Arena {
             return Ok(false);

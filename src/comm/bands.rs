@@ -1,4 +1,4 @@
-//! Dense all-reduces on device buffers across hosts, staged through page-locked memory piece
+//! Dense collectives on device buffers across hosts, staged through page-locked memory piece
 //! by piece instead of whole (`device.rs` copied everything in before the collective and out
 //! after it): the pieces of the host path's own schedule are the call's bands
 //! (`Staging::start_banded`), so the copies in of one piece and the copies out of another
@@ -11,6 +11,11 @@
 //!   rank's chunk (`algo::chunk_slices`); the first step on slice j (the SRA's
 //!   scatter-reduce, the ring's first reduce-scatter step) waits for it, the last (the
 //!   all-gather's) ends it.
+//! - Reduce-scatter and all-gather over the ring (their only schedule across hosts): a piece
+//!   is slice j of every rank's part of the n-part buffer; a reduce-scatter's first step on
+//!   slice j waits for it and its result (this rank's part) goes out at the end, an
+//!   all-gather's first step waits for slice j of its own part and its last step on slice j
+//!   ends it (`Comm::coll_bands_of`).
 //! - A compressed all-reduce on the hierarchical route with no GPU path (`gpu_hier.rs`: on
 //!   a caller's stream, or where its levels cannot run on device memory), the CPU codecs
 //!   encoding: a piece is one of the hierarchy's pieces of f32s
@@ -29,14 +34,17 @@
 //! path), on other schedules (the tree and the all-gather scheme, for small calls), and
 //! where a buffer is host memory.
 
+use super::dense_call::DenseCall;
 use super::device_all_reduce::staged;
 use super::hier::{self, Hier};
 use super::route::AllReduceCall;
 use super::{Comm, PreparedAllReduce, Report};
 use crate::algo::{chunk_slices, PieceIo};
+use crate::coll::call::{Coll, CollCall};
 use crate::coll::Engine;
 use crate::error::Result;
 use crate::gpu::driver::Driver;
+use crate::gpu::staging::CallBuf;
 use crate::gpu::staging::{self, Band, Banded, Staging};
 use crate::tuning::{Flat, Links};
 use crate::types::{DType, ReduceOp};
@@ -52,7 +60,26 @@ enum Schedule {
     Flat(Flat),
     /// A compressed all-reduce on the hierarchy, the CPU codecs encoding.
     Coded(Arc<PreparedAllReduce>),
+    /// A reduce-scatter or all-gather over the ring.
+    Coll(Coll),
 }
+
+impl Schedule {
+    /// The call and its schedule, for logs.
+    fn names(&self) -> (&'static str, &'static str) {
+        match self {
+            Schedule::Hier(_) => ("all_reduce", "hierarchical"),
+            Schedule::Flat(Flat::Ring) => ("all_reduce", "ring"),
+            Schedule::Flat(_) => ("all_reduce", "SRA"),
+            Schedule::Coded(_) => ("all_reduce", "compressed hierarchical"),
+            Schedule::Coll(c) => (c.name(), "ring"),
+        }
+    }
+}
+
+/// The device addresses range k of a piece at offset `at` of a call's page-locked copy is
+/// copied in from and out to (None: not copied that way).
+type Ends<'a> = &'a dyn Fn(usize, usize) -> (Option<u64>, Option<u64>);
 
 /// A dense all-reduce across hosts cut in bands, ready to start.
 pub(super) struct Bands {
@@ -101,7 +128,70 @@ impl Comm {
             }
             None => return Ok(None),
         };
-        self.cut_in_bands(schedule, (count, dtype, op), pieces, send, recv)
+        let len = count * es;
+        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
+        let src = send.unwrap_or(recv);
+        let ends = |_: usize, at: usize| (Some(src + at as u64), Some(recv + at as u64));
+        self.cut_in_bands(schedule, (count, dtype, op), pieces, (len, bufs), &ends)
+    }
+
+    /// The dense reduce-scatter or all-gather `call` on `send` (None: in place, NCCL's
+    /// layouts) and `recv` over the ring cut in bands of slices (`algo::chunk_slices` of
+    /// the n parts with the ring's slice: slice j of every part), when it has at least one
+    /// element per rank on a comm of more than one rank without a shared-memory arena that
+    /// may band (`may_band`), its buffers all device memory; None otherwise. The
+    /// page-locked copy is the whole n-part buffer: a reduce-scatter's input comes in whole
+    /// and this rank's part goes out; an all-gather's own part comes in and every part goes
+    /// out (in place, every other part).
+    pub(super) fn coll_bands_of(
+        &self,
+        call: &CollCall<'static>,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<Bands>> {
+        let (n, r, coll) = (self.size, self.rank, call.coll);
+        let collective = matches!(coll, Coll::ReduceScatter | Coll::AllGather);
+        let arena = self.links == Links::Arena;
+        if call.count == 0 || n < 2 || !collective || arena || !self.may_band() {
+            return Ok(None);
+        }
+        let (es, part) = (call.dtype.size(), call.count * call.dtype.size());
+        let in_place = send.is_none();
+        let dense = DenseCall::Coll(call);
+        let (send_len, recv_len) = dense.lens(n, in_place);
+        let bufs = super::device::send_recv(send.map(|s| (s, send_len)), (recv, recv_len));
+        let pieces = chunk_slices(call.count * n, n, es, self.config.slice_bytes());
+        let (src, mine) = (dense.src(r, send, recv), (r * part) as u64);
+        let ends = |k: usize, at: usize| {
+            let at = at as u64;
+            if coll == Coll::ReduceScatter {
+                let out = if in_place {
+                    recv + at
+                } else {
+                    recv + at - mine
+                };
+                (Some(src + at), (k == r).then_some(out))
+            } else {
+                let out = (!in_place || k != r).then_some(recv + at);
+                ((k == r).then(|| src + at - mine), out)
+            }
+        };
+        let shape = (call.count, call.dtype, call.op);
+        self.cut_in_bands(Schedule::Coll(coll), shape, pieces, (part * n, bufs), &ends)
+    }
+
+    /// The dense call `call` cut in bands (`bands_of`, `coll_bands_of`), when it takes that
+    /// path.
+    pub(super) fn dense_bands_of(
+        &self,
+        call: DenseCall<'_>,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<Bands>> {
+        match call {
+            DenseCall::AllReduce(c) => self.bands_of(c, send, recv),
+            DenseCall::Coll(c) => self.coll_bands_of(c, send, recv),
+        }
     }
 
     /// The compressed all-reduce `call` on the hierarchy cut in bands, its pieces the
@@ -125,7 +215,12 @@ impl Comm {
         }
         let es = dtype.size();
         let pieces = byte_ranges(h.pieces(count, 4), es);
-        self.cut_in_bands(Schedule::Coded(call.clone()), shape, pieces, send, recv)
+        let len = count * es;
+        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
+        let src = send.unwrap_or(recv);
+        let ends = |_: usize, at: usize| (Some(src + at as u64), Some(recv + at as u64));
+        let schedule = Schedule::Coded(call.clone());
+        self.cut_in_bands(schedule, shape, pieces, (len, bufs), &ends)
     }
 
     /// True when this comm may stage calls in bands: no other rank in this process (see
@@ -134,53 +229,47 @@ impl Comm {
         !self.place.process_peers && !self.place.cuda_ipc
     }
 
-    /// A call of `shape` on `send` (None: in place) and `recv` cut in bands of its
-    /// `pieces`' byte ranges, when all its buffers are device memory.
+    /// A call of `shape` on `bufs` through a page-locked copy of `len` bytes cut in bands of
+    /// its `pieces`' byte ranges (offsets into the copy), each range's copies to and from
+    /// the device where `ends` says, when all its buffers are device memory.
     fn cut_in_bands(
         &self,
         schedule: Schedule,
         (count, dtype, op): (usize, DType, ReduceOp),
         pieces: Vec<Vec<Range<usize>>>,
-        send: Option<u64>,
-        recv: u64,
+        (len, bufs): (usize, Vec<CallBuf>),
+        ends: Ends<'_>,
     ) -> Result<Option<Bands>> {
-        let len = count * dtype.size();
-        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
         let Some((driver, _, ordinal)) = self.all_on_device(&bufs)? else {
             return Ok(None);
         };
         let ranges = pieces[0].len();
         // Larger calls put several pieces in a band.
         let per_band = pieces.len().div_ceil(staging::most_bands(ranges));
-        let src = send.unwrap_or(recv);
         let bands: Vec<Band> = pieces
             .chunks(per_band)
             .map(|g| {
                 // Range k of every piece of the band is contiguous (one chunk, or the
-                // buffer): one copy each way.
+                // buffer): one copy each way at most.
                 let (mut ins, mut outs) = (Vec::new(), Vec::new());
-                for (first, last) in g[0].iter().zip(&g[g.len() - 1]) {
+                for (k, (first, last)) in g[0].iter().zip(&g[g.len() - 1]).enumerate() {
                     let (a, b) = (first.start, last.end);
                     if b > a {
-                        ins.push((src + a as u64, a, b - a));
-                        outs.push((recv + a as u64, a, b - a));
+                        let (from, to) = ends(k, a);
+                        ins.extend(from.map(|d| (d, a, b - a)));
+                        outs.extend(to.map(|d| (d, a, b - a)));
                     }
                 }
                 Band { ins, outs }
             })
             .collect();
+        let (what, how) = schedule.names();
         crate::qlog!(
             Trace,
-            "rank {}: comm {:#018x}: all_reduce(count={count}, {dtype}, {op}) on device \
-             {ordinal}: {}, staged in {} pieces, {} bands",
+            "rank {}: comm {:#018x}: {what}(count={count}, {dtype}, {op}) on device \
+             {ordinal}: {how}, staged in {} pieces, {} bands",
             self.rank,
             self.comm_id,
-            match schedule {
-                Schedule::Hier(_) => "hierarchical",
-                Schedule::Flat(Flat::Ring) => "ring",
-                Schedule::Flat(_) => "SRA",
-                Schedule::Coded(_) => "compressed hierarchical",
-            },
             pieces.len(),
             bands.len()
         );
@@ -205,12 +294,12 @@ impl Comm {
     /// As [`Comm::enqueue_all_reduce_dense_at`].
     pub(super) unsafe fn enqueue_in_bands(
         &self,
-        call: &AllReduceCall,
+        call: DenseCall<'_>,
         send: Option<u64>,
         recv: u64,
         stream: *mut c_void,
     ) -> Result<bool> {
-        let Some(plan) = self.bands_of(call, send, recv)? else {
+        let Some(plan) = self.dense_bands_of(call, send, recv)? else {
             return Ok(false);
         };
         // SAFETY: the caller's promise, passed on.
@@ -322,6 +411,7 @@ impl Bands {
                 .all_reduce_in_slices(buf, self.shape, *f, &io)
                 .map(|()| None)?,
             Schedule::Coded(c) => Some(c.run_in_pieces(e, buf, &io)?),
+            Schedule::Coll(c) => e.coll_in_slices(buf, *c, self.shape, &io).map(|()| None)?,
         };
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(report)

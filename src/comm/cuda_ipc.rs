@@ -122,14 +122,15 @@ impl Comm {
         recv: u64,
         stream: *mut c_void,
     ) -> Result<Option<Algo>> {
-        if let DenseCall::AllReduce(c) = call {
-            if let Some(plan) = self.bands_of(c, send, recv)? {
-                let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-                let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
-                // SAFETY: the caller's promise, passed on.
-                self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })?;
-                return Ok(c.algo());
-            }
+        if let Some(plan) = self.dense_bands_of(call, send, recv)? {
+            let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
+            // SAFETY: the caller's promise, passed on.
+            self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })?;
+            return Ok(match call {
+                DenseCall::AllReduce(c) => c.algo(),
+                DenseCall::Coll(_) => None,
+            });
         }
         let on = match self.place_call(call, send, recv, stream as usize)? {
             Ok(on) => on,
@@ -200,14 +201,12 @@ impl Comm {
         send: Option<u64>,
         recv: u64,
     ) -> Result<crate::Request<()>> {
-        if let OwnedDense::AllReduce(c) = &call {
-            if let Some(plan) = self.bands_of(c, send, recv)? {
-                let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
-                return self.submit_with_staging(driver, ordinal, Some(0), move |e, st| {
-                    // SAFETY: the caller's promise, passed on; the legacy default stream.
-                    unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }.map(drop)
-                });
-            }
+        if let Some(plan) = self.dense_bands_of(call.call(), send, recv)? {
+            let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
+            return self.submit_with_staging(driver, ordinal, Some(0), move |e, st| {
+                // SAFETY: the caller's promise, passed on; the legacy default stream.
+                unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }.map(drop)
+            });
         }
         let on = match self.place_call(call.call(), send, recv, 0)? {
             Ok(on) => on,
