@@ -340,6 +340,16 @@ def _across_hosts(rank, size, uid):
     d.copy_in(_data(rank, 50_001, np.float32).tobytes(), s.handle)
     assert c.all_reduce_compressed(d, "fp16", key="coded", stream=s.handle) is None
     out["coded"] = _host(d, np.float32, s.handle)
+    # Reduce-scatter and all-gather across hosts (the ring), on the stream: in bands too.
+    m = 20_011
+    x = _dev(_data(rank, m * size, np.float32))
+    y = _dev(np.zeros(m, np.float32))
+    c.reduce_scatter(x, y, stream=s.handle)
+    out["rs"] = _host(y, np.float32, s.handle)
+    g = _dev(np.zeros(m * size, np.float32))
+    mine = _dev(_data(rank, m, np.float32))  # alive until the stream passed the call
+    c.all_gather(mine, g, stream=s.handle)
+    out["ag"] = _host(g, np.float32, s.handle)
     s.synchronize()
     out["bands"] = c.device_stats()["piecewise"]
     assert c.async_error() is None
@@ -365,8 +375,15 @@ def test_dense_calls_across_hosts_stage_in_bands():
     for out in res:
         assert out["coded"].tobytes() == res[0]["coded"].tobytes()
         np.testing.assert_allclose(out["coded"], want, rtol=1 / 256, atol=np.abs(want).max() / 256)
-    # Every call took the path: 3 dtypes x 3 counts x (no stream, stream), and the compressed one.
-    assert [out["bands"] for out in res] == [19] * size
+    m = 20_011
+    total = np.sum([_data(r, m * size, np.float64) for r in range(size)], axis=0)
+    gathered = np.concatenate([_data(r, m, np.float32) for r in range(size)])
+    for rank, out in enumerate(res):
+        np.testing.assert_array_equal(out["rs"], total[rank * m : (rank + 1) * m].astype(np.float32))
+        np.testing.assert_array_equal(out["ag"], gathered)
+    # Every call took the path: 3 dtypes x 3 counts x (no stream, stream), the compressed one,
+    # the reduce-scatter and the all-gather.
+    assert [out["bands"] for out in res] == [21] * size
 
 
 def _coded(rank, size, uid):
