@@ -373,6 +373,25 @@ fn hosts_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
     fails_soon(comm, gpu, &*user, &mine, want)
 }
 
+/// A device buffer holding `mine`, rank 1's next copy made to fail (an injected fault).
+fn armed(
+    comm: &Comm,
+    gpu: &dyn Driver,
+    user: &dyn Stream,
+    mine: &[u8],
+) -> Result<Box<dyn DeviceMem>, String> {
+    let e = |e: qccl::Error| e.to_string();
+    let buf = gpu.alloc_device(0, mine.len()).map_err(e)?;
+    // SAFETY: `mine` outlives the synchronize; `buf` holds its bytes.
+    unsafe { user.copy_to_device(buf.addr(), mine.as_ptr(), mine.len()) }.map_err(e)?;
+    user.synchronize(WAIT).map_err(e)?;
+    if comm.rank() == 1 {
+        let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
+        emu.fail_next_copy(0).map_err(e)?;
+    }
+    Ok(buf)
+}
+
 /// Across hosts, a compressed call on the hierarchy enqueued on a caller's stream (no GPU
 /// path there: staged in bands, the CPU codecs encoding) whose first copy in fails on rank
 /// 1: the call returns once enqueued, every rank's stream passes and its comm fails soon
@@ -385,14 +404,7 @@ fn hosts_coded_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
     let count = mine.len() / 4;
     let c = Compression::parse("fp16").map_err(e)?.algo(Algo::Hier);
     let prepare = || comm.prepare_all_reduce_compressed(count, DType::Float32, ReduceOp::Sum, &c);
-    let buf = gpu.alloc_device(0, mine.len()).map_err(e)?;
-    // SAFETY: `mine` outlives the synchronize; `buf` holds its bytes.
-    unsafe { user.copy_to_device(buf.addr(), mine.as_ptr(), mine.len()) }.map_err(e)?;
-    user.synchronize(WAIT).map_err(e)?;
-    if comm.rank() == 1 {
-        let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
-        emu.fail_next_copy(0).map_err(e)?;
-    }
+    let buf = armed(comm, gpu, &*user, &mine)?;
     let t0 = std::time::Instant::now();
     let p = prepare().map_err(e)?;
     // SAFETY: `buf` lives until the stream passed the call (synchronized below).
@@ -447,14 +459,7 @@ fn fails_soon(
     let (dtype, op) = (DType::Float32, ReduceOp::Sum);
     let count = mine.len() / dtype.size();
     let call = comm.prepare_all_reduce(count, dtype, op, None).map_err(e)?;
-    let buf = gpu.alloc_device(0, mine.len()).map_err(e)?;
-    // SAFETY: `mine` outlives the synchronize; `buf` holds its bytes.
-    unsafe { user.copy_to_device(buf.addr(), mine.as_ptr(), mine.len()) }.map_err(e)?;
-    user.synchronize(WAIT).map_err(e)?;
-    if comm.rank() == 1 {
-        let emu = qccl::internal::emulated_driver().ok_or("not on the emulated driver")?;
-        emu.fail_next_copy(0).map_err(e)?;
-    }
+    let buf = armed(comm, gpu, user, mine)?;
     let t0 = std::time::Instant::now();
     // SAFETY: device memory of the call's bytes, alive until it returned.
     let r = unsafe { comm.all_reduce_dense_at(&call, None, buf.addr(), std::ptr::null_mut()) };

@@ -44,8 +44,7 @@ use crate::coll::call::{Coll, CollCall};
 use crate::coll::Engine;
 use crate::error::Result;
 use crate::gpu::driver::Driver;
-use crate::gpu::staging::CallBuf;
-use crate::gpu::staging::{self, Band, Banded, Staging};
+use crate::gpu::staging::{self, Band, Banded, CallBuf, Staging};
 use crate::tuning::{Flat, Links};
 use crate::types::{DType, ReduceOp};
 use std::ffi::c_void;
@@ -81,7 +80,7 @@ impl Schedule {
 /// copied in from and out to (None: not copied that way).
 type Ends<'a> = &'a dyn Fn(usize, usize) -> (Option<u64>, Option<u64>);
 
-/// A dense all-reduce across hosts cut in bands, ready to start.
+/// A call across hosts cut in bands, ready to start.
 pub(super) struct Bands {
     schedule: Schedule,
     shape: (usize, DType, ReduceOp),
@@ -128,11 +127,25 @@ impl Comm {
             }
             None => return Ok(None),
         };
-        let len = count * es;
+        self.cut_all_reduce(schedule, (count, dtype, op), pieces, send, recv)
+    }
+
+    /// An all-reduce of `shape` on `send` (None: in place) and `recv` cut in bands of its
+    /// `pieces` (`cut_in_bands`): the page-locked copy laid out as the buffers, every byte
+    /// copied in from the input and out to `recv`.
+    fn cut_all_reduce(
+        &self,
+        schedule: Schedule,
+        shape: (usize, DType, ReduceOp),
+        pieces: Vec<Vec<Range<usize>>>,
+        send: Option<u64>,
+        recv: u64,
+    ) -> Result<Option<Bands>> {
+        let len = shape.0 * shape.1.size();
         let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
         let src = send.unwrap_or(recv);
         let ends = |_: usize, at: usize| (Some(src + at as u64), Some(recv + at as u64));
-        self.cut_in_bands(schedule, (count, dtype, op), pieces, (len, bufs), &ends)
+        self.cut_in_bands(schedule, shape, pieces, (len, bufs), &ends)
     }
 
     /// The dense reduce-scatter or all-gather `call` on `send` (None: in place, NCCL's
@@ -215,12 +228,7 @@ impl Comm {
         }
         let es = dtype.size();
         let pieces = byte_ranges(h.pieces(count, 4), es);
-        let len = count * es;
-        let bufs = super::device::send_recv(send.map(|s| (s, len)), (recv, len));
-        let src = send.unwrap_or(recv);
-        let ends = |_: usize, at: usize| (Some(src + at as u64), Some(recv + at as u64));
-        let schedule = Schedule::Coded(call.clone());
-        self.cut_in_bands(schedule, shape, pieces, (len, bufs), &ends)
+        self.cut_all_reduce(Schedule::Coded(call.clone()), shape, pieces, send, recv)
     }
 
     /// True when this comm may stage calls in bands: no other rank in this process (see
