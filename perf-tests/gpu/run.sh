@@ -133,56 +133,50 @@ done
 hz=64M
 [ "$quick" = smoke ] && hz=4M
 
+# One row across emulated hosts: qccl-perf with the arguments after the JSON file's name,
+# 1 MiB to $hz, as step "qccl-perf <arguments>", its log appended to the figures.
+hosts_row() {
+    local name=$1
+    shift
+    step "qccl-perf $*" 45 "$kit/bin/qccl-perf" "$@" -b 1M -e "$hz" -f 4 -n "$iters" \
+        -w "$iters" -c 1 -J "$json/$name.json"
+    sed -n "/^== qccl-perf $*\$/,/rc=/p" "$log" >>"$fig"
+}
+
 # The dense all-reduce takes the hierarchical route: device buffers staged piece by piece,
 # the copies of one piece overlapping the levels of another (before, staged whole), on
 # qccl-perf's stream and on the NULL one.
 for how in "" "-y 1"; do
     for dev in cuda host; do
         [ "$dev" = host ] && [ -n "$how" ] && continue
-        tag=${how:+_null}
         # shellcheck disable=SC2086 # $how holds the flags
-        step "qccl-perf -np 4 --hosts 2 --device $dev${how:+ $how}" 45 "$kit/bin/qccl-perf" \
-            -np 4 --hosts 2 -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
-            $how -J "$json/perf_hosts_dense${tag}_${dev}_np4.json"
-        sed -n "/^== qccl-perf -np 4 --hosts 2 --device $dev${how:+ $how}\$/,/rc=/p" "$log" >>"$fig"
+        hosts_row "perf_hosts_dense${how:+_null}_${dev}_np4" -np 4 --hosts 2 --device "$dev" $how
     done
 done
 
 # Four hosts of one rank: the dense all-reduce runs SRA over the sockets, on device buffers
 # staged in bands of slices (since 2026-11-28; before, staged whole).
 for dev in cuda host; do
-    step "qccl-perf -np 4 --hosts 4 --device $dev" 45 "$kit/bin/qccl-perf" -np 4 --hosts 4 \
-        -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
-        -J "$json/perf_hosts4_dense_${dev}_np4.json"
-    sed -n "/^== qccl-perf -np 4 --hosts 4 --device $dev\$/,/rc=/p" "$log" >>"$fig"
+    hosts_row "perf_hosts4_dense_${dev}_np4" -np 4 --hosts 4 --device "$dev"
 done
 
 # Two hosts of one rank: the ring over the sockets, staged in bands of slices (since
 # 2026-11-28; before, staged whole).
 for dev in cuda host; do
-    step "qccl-perf -np 2 --hosts 2 --device $dev" 45 "$kit/bin/qccl-perf" -np 2 --hosts 2 \
-        -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
-        -J "$json/perf_hosts2_dense_${dev}_np2.json"
-    sed -n "/^== qccl-perf -np 2 --hosts 2 --device $dev\$/,/rc=/p" "$log" >>"$fig"
+    hosts_row "perf_hosts2_dense_${dev}_np2" -np 2 --hosts 2 --device "$dev"
 done
 
 # Reduce-scatter and all-gather across two hosts of two ranks: the ring, staged in bands of
 # slices (since 2026-11-28; before, staged whole).
 for coll in reduce_scatter all_gather; do
     for dev in cuda host; do
-        step "qccl-perf -np 4 --hosts 2 --device $dev --coll $coll" 45 "$kit/bin/qccl-perf" \
-            -np 4 --hosts 2 -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" \
-            --coll "$coll" -J "$json/perf_hosts_${coll}_${dev}_np4.json"
-        sed -n "/^== qccl-perf -np 4 --hosts 2 --device $dev --coll $coll\$/,/rc=/p" "$log" >>"$fig"
+        hosts_row "perf_hosts_${coll}_${dev}_np4" -np 4 --hosts 2 --device "$dev" --coll "$coll"
     done
 done
 
 # On qccl-perf's stream, the compressed all-reduce on the hierarchical route has no GPU path:
 # staged piece by piece, the CPU codecs encoding (since 2026-11-28; before, staged whole).
-step "qccl-perf -np 4 --hosts 2 --device cuda -Z $z" 45 "$kit/bin/qccl-perf" -np 4 --hosts 2 \
-    -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device cuda -Z "$z" \
-    -J "$json/perf_hosts_zstream_cuda_np4.json"
-sed -n "/^== qccl-perf -np 4 --hosts 2 --device cuda -Z $z\$/,/rc=/p" "$log" >>"$fig"
+hosts_row perf_hosts_zstream_cuda_np4 -np 4 --hosts 2 --device cuda -Z "$z"
 
 # NULL stream: the compressed all-reduce takes the hierarchical route with the codecs on the
 # GPU and the intra-host levels through the arena; HiTopKComm runs its top-k and
@@ -191,10 +185,7 @@ for what in "-Z $z" "--coll hitopk --density 0.01"; do
     tag=$(echo "$what" | tr -c 'a-z0-9\n' '_' | tr -s '_' | sed 's/^_//')
     for dev in cuda host; do
         # shellcheck disable=SC2086 # $what holds the flags
-        step "qccl-perf -np 4 --hosts 2 --device $dev -y 1 $what" 45 "$kit/bin/qccl-perf" -np 4 \
-            --hosts 2 -b 1M -e "$hz" -f 4 -n "$iters" -w "$iters" -c 1 --device "$dev" -y 1 $what \
-            -J "$json/perf_hosts_${tag}_${dev}_np4.json"
-        sed -n "/^== qccl-perf -np 4 --hosts 2 --device $dev -y 1 $what\$/,/rc=/p" "$log" >>"$fig"
+        hosts_row "perf_hosts_${tag}_${dev}_np4" -np 4 --hosts 2 --device "$dev" -y 1 $what
     done
 done
 

@@ -294,9 +294,10 @@ impl Comm {
         }))
     }
 
-    /// As [`Comm::enqueue_all_reduce_dense_at`] for a dense all-reduce across hosts:
-    /// enqueued on the caller's `stream` (not null) in bands and returning at once. False
-    /// (nothing done) when the call does not take that path.
+    /// As [`Comm::enqueue_all_reduce_dense_at`] for a dense call across hosts (an
+    /// all-reduce, reduce-scatter or all-gather: `dense_bands_of`): enqueued on the caller's
+    /// `stream` (not null) in bands and returning at once. False (nothing done) when the
+    /// call does not take that path.
     ///
     /// # Safety
     /// As [`Comm::enqueue_all_reduce_dense_at`].

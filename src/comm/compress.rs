@@ -708,8 +708,7 @@ pub(super) fn with_f32<R>(
         }
     }
     let input: &[u8] = send.unwrap_or(recv);
-    let mut work = vec![0f32; input.len() / dtype.size()];
-    to_f32(input, dtype, &mut work);
+    let mut work: Vec<f32> = f32s_of(input, dtype).collect();
     let out = f(None, &mut work)?;
     from_f32(&work, recv, dtype);
     Ok(out)
@@ -717,15 +716,19 @@ pub(super) fn with_f32<R>(
 
 /// The elements `b` of `dtype` as f32 into `out`.
 fn to_f32(b: &[u8], dtype: DType, out: &mut [f32]) {
-    let es = dtype.size();
-    for (o, e) in out.iter_mut().zip(b.chunks_exact(es)) {
-        *o = match dtype {
-            DType::Float32 => f32::from_ne_bytes([e[0], e[1], e[2], e[3]]),
-            DType::Float64 => f64::from_ne_bytes(e.try_into().expect("8 bytes")) as f32,
-            DType::Float16 => f16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
-            _ => bf16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
-        };
+    for (o, x) in out.iter_mut().zip(f32s_of(b, dtype)) {
+        *o = x;
     }
+}
+
+/// The elements `b` of `dtype` as f32s.
+fn f32s_of(b: &[u8], dtype: DType) -> impl Iterator<Item = f32> + '_ {
+    b.chunks_exact(dtype.size()).map(move |e| match dtype {
+        DType::Float32 => f32::from_ne_bytes([e[0], e[1], e[2], e[3]]),
+        DType::Float64 => f64::from_ne_bytes(e.try_into().expect("8 bytes")) as f32,
+        DType::Float16 => f16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
+        _ => bf16::from_bits(u16::from_ne_bytes([e[0], e[1]])).to_f32(),
+    })
 }
 
 fn from_f32(work: &[f32], b: &mut [u8], dtype: DType) {
