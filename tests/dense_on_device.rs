@@ -103,6 +103,8 @@ fn run_cases(comm: &Comm, gpu: &dyn Driver, scenario: &str) -> Result<(), String
         "hosts-mixed" => (few_cases(), rank_1_on_host, false),
         "arena-colls" => return colls(comm, gpu, Counted::Arena),
         "hosts-colls" => return colls(comm, gpu, Counted::Bands),
+        // Broadcast and reduce, on one host or across hosts: in bands of the chain's slices.
+        "rooted" => return rooted(comm, gpu),
         "arena-fault" => return arena_fault(comm, gpu),
         "hosts-fault" => return hosts_fault(comm, gpu),
         "hosts-coded-fault" => return hosts_coded_fault(comm, gpu),
@@ -333,6 +335,110 @@ fn colls(comm: &Comm, gpu: &dyn Driver, counted: Counted) -> Result<(), String> 
     };
     if got != calls {
         return Err(format!("{got} calls {path}, expected {calls}"));
+    }
+    Ok(())
+}
+
+/// Broadcast and reduce (every op) of every dtype at counts 0, 1 and primes, from the first,
+/// the last and a middle root, in place and out of place, blocking on NULL, queued and on a
+/// stream: staged in bands of the chain's slices (counted; any links), against the root's
+/// input (a broadcast's bits, on every rank) or the float64 reference (a reduce's, on the
+/// root). Off the root a reduce reads its input only: its buffers keep their bytes.
+fn rooted(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let e = |e: qccl::Error| e.to_string();
+    let user = gpu.create_stream(0).map_err(e)?;
+    let up = |b: &[u8]| -> Result<Box<dyn DeviceMem>, String> {
+        let m = gpu.alloc_device(0, b.len().max(1)).map_err(e)?;
+        // SAFETY: `b` outlives the synchronize below; `m` holds it.
+        unsafe { user.copy_to_device(m.addr(), b.as_ptr(), b.len()) }.map_err(e)?;
+        user.synchronize(WAIT).map_err(e)?;
+        Ok(m)
+    };
+    let (mut calls, mut salt) = (0, 0u64);
+    for dtype in DType::ALL {
+        let mut colls = vec![(Coll::Broadcast, ReduceOp::Sum)];
+        colls.extend(ops_for(dtype).into_iter().map(|op| (Coll::Reduce, op)));
+        for (coll, op) in colls {
+            for count in [0, 1, 7, 4099, 300_007] {
+                for in_place in [false, true] {
+                    salt += 1;
+                    let root = [0, n - 1, n / 2][(salt % 3) as usize];
+                    let how = [How::Default, How::Queued, How::Stream][(salt / 3 % 3) as usize];
+                    let what = format!(
+                        "{coll:?} {dtype} {op} count {count} root {root} in place {in_place} \
+                         {how:?}"
+                    );
+                    let inputs: Vec<Vec<u8>> =
+                        (0..n).map(|q| input(dtype, op, q, count, salt)).collect();
+                    let (mine, len) = (&inputs[rank], count * dtype.size());
+                    let blank = vec![0xa5u8; len];
+                    // In place the one buffer holds the input (a broadcast's on the root);
+                    // out of place every rank passes both, as NCCL callers may.
+                    let holds_input = coll == Coll::Reduce || rank == root;
+                    let send = if in_place { None } else { Some(up(mine)?) };
+                    let recv = up(if in_place && holds_input {
+                        mine
+                    } else {
+                        &blank
+                    })?;
+                    let sbuf = send.as_ref().map_or(Buf::None, |_| Buf::Bytes(len));
+                    let call = CollCall::new(coll, count, dtype)
+                        .op(op)
+                        .root(root)
+                        .bufs(sbuf, Buf::Bytes(len));
+                    let (from, to, raw) =
+                        (send.as_ref().map(|s| s.addr()), recv.addr(), user.raw());
+                    // SAFETY (all): device buffers of the call's sizes, alive until it
+                    // returned, its request ended or the stream synchronized below.
+                    let banded = match how {
+                        How::Default => unsafe {
+                            comm.rooted_in_bands_at(&call, from, to, std::ptr::null_mut())
+                        },
+                        How::Queued => {
+                            match unsafe { comm.submit_rooted_in_bands(&call, from, to) } {
+                                Ok(Some(req)) => req.wait().map(|()| true),
+                                Ok(None) => Ok(false),
+                                Err(e) => Err(e),
+                            }
+                        }
+                        _ => unsafe { comm.enqueue_coll_dense_at(&call, from, to, raw) },
+                    }
+                    .map_err(|e| format!("{what}: {e}"))?;
+                    if banded != (count > 0) {
+                        return Err(format!("{what}: staged in bands: {banded}"));
+                    }
+                    calls += u64::from(banded);
+                    let mut got = vec![0u8; len];
+                    // SAFETY: `got` outlives the synchronize below.
+                    unsafe { user.copy_to_host(got.as_mut_ptr(), recv.addr(), len) }.map_err(e)?;
+                    user.synchronize(WAIT).map_err(e)?;
+                    match coll {
+                        Coll::Broadcast => {
+                            if got != inputs[root] {
+                                return Err(format!("{what}: not the root's bytes"));
+                            }
+                        }
+                        _ if rank == root => check_reduce(dtype, op, &inputs, 0..count, &got)
+                            .map_err(|e| format!("{what}: {e}"))?,
+                        _ => {
+                            let kept = if in_place { mine } else { &blank };
+                            if &got != kept {
+                                return Err(format!(
+                                    "{what}: a rank off the root wrote its buffer"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if comm.piecewise_calls() != calls {
+        return Err(format!(
+            "{} calls staged in bands, expected {calls}",
+            comm.piecewise_calls()
+        ));
     }
     Ok(())
 }
@@ -784,6 +890,20 @@ fn across_emulated_hosts_reduce_scatter_and_all_gather_stage_in_bands() {
             env
         });
     }
+}
+
+/// Broadcast and reduce run the chain in 4 KiB slices on any links: staged in bands of
+/// them on one host's shared memory (2 and 5 ranks) and across hosts (2 hosts × 2 ranks).
+#[test]
+fn broadcast_and_reduce_stage_in_bands_of_the_chains_slices() {
+    let small = |_: usize| vec![("QCCL_BUFFSIZE", "4096")];
+    job(2, "rooted", small);
+    job(5, "rooted", small);
+    job(4, "rooted", |r| {
+        let mut env = on_hosts(2)(r);
+        env.push(("QCCL_BUFFSIZE", "4096"));
+        env
+    });
 }
 
 #[test]

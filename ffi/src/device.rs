@@ -12,7 +12,9 @@
 //! and `Comm::submit_coll_dense_at`): over CUDA IPC when every rank's buffers are on one
 //! device, else through the shared-memory arena with the GPU copying into and out of its
 //! segments when the host path would take the arena's rounds; a blocking one returns once
-//! done.
+//! done. A broadcast or reduce on device buffers is staged in bands of the chain's slices
+//! where it takes that path (`Comm::rooted_in_bands_at`, `Comm::submit_rooted_in_bands`;
+//! on a stream `Comm::enqueue_coll_dense_at`), whole otherwise.
 //!
 //! A compressed all-reduce goes through the core's one entry for them
 //! (`Comm::all_reduce_compressed_at`, `Comm::submit_all_reduce_compressed_at`): a flat SRA or
@@ -76,6 +78,13 @@ pub(crate) fn launch_on(
                 return unsafe { h.comm.all_reduce_dense_at(call, s, r, stream) }.map(drop);
             }
             _ => {}
+        }
+    }
+    if let (Op::Coll { send, recv, call }, true) = (&op, stream.is_null()) {
+        let (s, r) = addrs(send, recv);
+        // SAFETY: as above; a broadcast or reduce in bands returns once done.
+        if unsafe { h.comm.rooted_in_bands_at(call, s, r, stream) }? {
+            return Ok(());
         }
     }
     let comm = h.clone();
@@ -145,6 +154,16 @@ pub(crate) unsafe fn submit_on_device(h: &CommHandle, op: Op) -> Result<Request<
             let (send, recv) = addrs(&send, &recv);
             // SAFETY: as above.
             return unsafe { h.comm.submit_coll_dense_at(call, send, recv) };
+        }
+        // A broadcast or reduce staged in bands of the chain's slices, where it takes that
+        // path.
+        Op::Coll { send, recv, call } if matches!(call.coll, Coll::Broadcast | Coll::Reduce) => {
+            let (s, r) = addrs(&send, &recv);
+            // SAFETY: as above.
+            match unsafe { h.comm.submit_rooted_in_bands(&call, s, r) }? {
+                Some(req) => return Ok(req),
+                None => Op::Coll { send, recv, call },
+            }
         }
         op => op,
     };

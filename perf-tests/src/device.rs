@@ -201,8 +201,9 @@ impl Gpu {
             (r, sh.recv * es),
         )?;
         let call_bufs: Vec<CallBuf> = bufs.clone();
-        // On qccl-perf's stream, ranks sharing one host: a dense all-reduce, reduce-scatter
-        // or all-gather pipelined through their arena, enqueued, where that applies.
+        // On qccl-perf's stream: a dense all-reduce, reduce-scatter or all-gather pipelined
+        // through the arena of ranks sharing one host or in bands across hosts, a broadcast
+        // or reduce in bands of the chain's slices, enqueued, where that applies.
         let work = match work {
             Work::AllReduce(call) if !self.stream_null => {
                 let (send, recv) = send_recv_of(&call_bufs)?;
@@ -218,7 +219,10 @@ impl Gpu {
             }
             Work::Call(call)
                 if !self.stream_null
-                    && matches!(call.coll, Call::ReduceScatter | Call::AllGather) =>
+                    && matches!(
+                        call.coll,
+                        Call::ReduceScatter | Call::AllGather | Call::Broadcast | Call::Reduce
+                    ) =>
             {
                 let (send, recv) = send_recv_of(&call_bufs)?;
                 // SAFETY: as in `enqueue_compressed`.
@@ -291,6 +295,21 @@ impl Gpu {
                 }?;
                 let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
                 done.push(Ran::default());
+            }
+            // A broadcast or reduce on the NULL stream in bands of the chain's slices, where
+            // it takes that path, returning once done.
+            Work::Call(call)
+                if self.stream_null && matches!(call.coll, Call::Broadcast | Call::Reduce) =>
+            {
+                let (send, recv) = send_recv_of(&call_bufs)?;
+                // SAFETY: as above.
+                let null = std::ptr::null_mut();
+                if unsafe { ctx.comm.rooted_in_bands_at(&call, send, recv, null) }? {
+                    let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+                    done.push(Ran::default());
+                } else {
+                    self.enqueue_staged(ctx.comm, Work::Call(call), bufs)?;
+                }
             }
             work => self.enqueue_staged(ctx.comm, work, bufs)?,
         }

@@ -158,7 +158,8 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
             out.contains("# Out of bounds values : 0 OK"),
             "{coll}\n{out}\n{err}"
         );
-        // Broadcast is staged (no arena rounds); the others reach sizes past one shot.
+        // Broadcast runs no arena rounds (it is staged in bands of the chain's slices); the
+        // others reach sizes past one shot.
         assert_eq!(
             err.contains("page-locked on the emulated driver"),
             coll != "broadcast",
@@ -171,13 +172,14 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
 /// take their device paths (the log says so) and every checked value is right: a dense
 /// all-reduce on qccl-perf's stream and on the NULL one, staged piece by piece on the
 /// hierarchical route (on SRA with `--hosts 4`, a rank per host; on the ring with
-/// `--hosts 2` on 2 ranks), a reduce-scatter and an all-gather on the ring; a compressed
+/// `--hosts 2` on 2 ranks), a reduce-scatter and an all-gather on the ring, a broadcast
+/// (stream) and a reduce (NULL) in bands of the chain's slices; a compressed
 /// all-reduce and HiTopKComm with the NULL stream, the hierarchical levels through each
 /// host's arena, the codecs and the top-k on the emulated GPU.
 #[test]
 fn calls_across_emulated_hosts_take_their_device_paths() {
     let staged = "hierarchical, staged in";
-    let runs: [(usize, &[&str], &str); 8] = [
+    let runs: [(usize, &[&str], &str); 10] = [
         (4, &["--hosts", "2"], staged),
         (4, &["--hosts", "2", "-y", "1"], staged),
         (4, &["--hosts", "4"], "SRA, staged in"),
@@ -193,6 +195,17 @@ fn calls_across_emulated_hosts_take_their_device_paths() {
             4,
             &["--hosts", "2", "--coll", "all_gather"],
             ": ring, staged in",
+        ),
+        // Broadcast and reduce run the chain, in bands of its slices (any links).
+        (
+            4,
+            &["--hosts", "2", "--coll", "broadcast", "-r", "1"],
+            ": chain, staged in",
+        ),
+        (
+            4,
+            &["--hosts", "2", "--coll", "reduce", "-y", "1"],
+            ": chain, staged in",
         ),
         (
             4,

@@ -157,9 +157,10 @@ class Comm:
         exchanges, "overlapped": those that began with encodes still queued on the GPU,
         "late_sends": sends started once their encode finished, "through_arena": dense calls
         on device buffers that went through the shared-memory arena, the GPU copying into and
-        out of it, "piecewise": calls on device buffers across hosts staged piece by piece,
-        the copies overlapping the collective (dense all-reduces, reduce-scatters and
-        all-gathers; compressed all-reduces on the hierarchical route without a GPU path)}
+        out of it, "piecewise": calls on device buffers staged piece by piece, the copies
+        overlapping the collective (across hosts: dense all-reduces, reduce-scatters and
+        all-gathers, compressed all-reduces on the hierarchical route without a GPU path;
+        anywhere: broadcasts and reduces)}
         (the rest are staged
         whole through page-locked memory, compressed by the CPU)."""
     def async_error(self) -> Optional[str]:

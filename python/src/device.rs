@@ -225,6 +225,18 @@ pub(crate) fn run(
                 .map_err(crate::py_err)?;
             return Ok(Some(Outcome::Done));
         }
+        if let Target::Wait = target {
+            let (sp, rp) = (send.map(|b| b.ptr as u64), recv.ptr as u64);
+            // SAFETY: as below; a broadcast or reduce staged in bands returns once done.
+            let banded = py
+                .allow_threads(|| unsafe {
+                    c.rooted_in_bands_at(call, sp, rp, std::ptr::null_mut())
+                })
+                .map_err(crate::py_err)?;
+            if banded {
+                return Ok(Some(Outcome::Done));
+            }
+        }
     }
     let call_buf = |b: &Buf, reads, writes| CallBuf {
         addr: b.ptr as u64,

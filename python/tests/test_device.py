@@ -350,6 +350,14 @@ def _across_hosts(rank, size, uid):
     mine = _dev(_data(rank, m, np.float32))  # alive until the stream passed the call
     c.all_gather(mine, g, stream=s.handle)
     out["ag"] = _host(g, np.float32, s.handle)
+    # Broadcast and reduce (the chain, on any links): in bands of its slices too, on the
+    # stream and with none.
+    z = _dev(_data(rank, m, np.float32))
+    c.broadcast(z, 1, stream=s.handle)
+    out["bcast"] = _host(z, np.float32, s.handle)
+    r_in, r_out = _dev(_data(rank, m, np.float32)), _dev(np.zeros(m, np.float32))
+    c.reduce(r_in, r_out, op="sum", root=2)
+    out["reduce"] = _host(r_out, np.float32)
     s.synchronize()
     out["bands"] = c.device_stats()["piecewise"]
     assert c.async_error() is None
@@ -381,9 +389,13 @@ def test_dense_calls_across_hosts_stage_in_bands():
     for rank, out in enumerate(res):
         np.testing.assert_array_equal(out["rs"], total[rank * m : (rank + 1) * m].astype(np.float32))
         np.testing.assert_array_equal(out["ag"], gathered)
+        np.testing.assert_array_equal(out["bcast"], _data(1, m, np.float32))
+        summed = np.sum([_data(r, m, np.float64) for r in range(size)], axis=0)
+        reduced = summed.astype(np.float32) if rank == 2 else np.zeros(m, np.float32)
+        np.testing.assert_array_equal(out["reduce"], reduced)
     # Every call took the path: 3 dtypes x 3 counts x (no stream, stream), the compressed one,
-    # the reduce-scatter and the all-gather.
-    assert [out["bands"] for out in res] == [21] * size
+    # the reduce-scatter, the all-gather, the broadcast and the reduce.
+    assert [out["bands"] for out in res] == [23] * size
 
 
 def _coded(rank, size, uid):

@@ -156,17 +156,30 @@ impl Engine {
     /// all-gather (this rank's part of `count` elements) `coll` over the ring in place in
     /// `buf`, a staged copy of the whole n-part buffer whose slices (`algo::chunk_slices` of
     /// the n parts with the ring's slice) `io` says landed, reporting each done: the host
-    /// path's call, frame for frame. An error for another collective, or on a comm with a
-    /// shared-memory arena, whose rounds take a call whole.
+    /// path's call, frame for frame. A broadcast or reduce from `root` (on more than one
+    /// rank) runs its chain in place the same way, its slices the chain's (`chunk_slices`
+    /// on one part). An error for another collective, or a reduce-scatter or all-gather
+    /// on a comm with a shared-memory arena, whose rounds take a call whole.
     pub(crate) fn coll_in_slices(
         &mut self,
         buf: &mut [u8],
-        coll: Coll,
+        (coll, root): (Coll, usize),
         (count, dtype, op): (usize, DType, ReduceOp),
         io: &dyn algo::PieceIo,
     ) -> Result<()> {
         if count == 0 {
             return Ok(());
+        }
+        match coll {
+            Coll::Broadcast => {
+                let mut ctx = self.ctx(CollKind::Broadcast, count, dtype, ReduceOp::Sum, root, 0);
+                return algo::chain::broadcast_in_slices(&mut ctx, buf, root, io);
+            }
+            Coll::Reduce => {
+                let mut ctx = self.ctx(CollKind::Reduce, count, dtype, op, root, 0);
+                return algo::chain::reduce_in_slices(&mut ctx, None, buf, root, io);
+            }
+            _ => {}
         }
         let total = count * self.size;
         let (kind, op) = match coll {

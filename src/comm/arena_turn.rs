@@ -278,7 +278,9 @@ impl Comm {
     }
 
     /// As [`Comm::enqueue_all_reduce_dense_at`] for a reduce-scatter or all-gather `call`
-    /// (checked here; NCCL's layouts, `send` None in place).
+    /// (checked here; NCCL's layouts, `send` None in place), or a broadcast or reduce, which
+    /// is enqueued in bands of the chain's slices where it takes that path (on any links:
+    /// `Comm::rooted_in_bands_at` says when).
     ///
     /// # Safety
     /// As [`Comm::enqueue_all_reduce_dense_at`], with the call's buffer sizes.

@@ -1,5 +1,5 @@
-//! Dense collectives on device buffers across hosts, staged through page-locked memory piece
-//! by piece instead of whole (`device.rs` copied everything in before the collective and out
+//! Dense collectives on device buffers across hosts (and broadcasts and reduces anywhere),
+//! staged through page-locked memory piece by piece instead of whole (`device.rs` copied everything in before the collective and out
 //! after it): the pieces of the host path's own schedule are the call's bands
 //! (`Staging::start_banded`), so the copies in of one piece and the copies out of another
 //! overlap the collective's work on a third.
@@ -16,6 +16,9 @@
 //!   slice j waits for it and its result (this rank's part) goes out at the end, an
 //!   all-gather's first step waits for slice j of its own part and its last step on slice j
 //!   ends it (`Comm::coll_bands_of`).
+//! - Broadcast and reduce over the chain, on any links (one host's too): a piece is one of
+//!   the chain's slices, started once this rank's input of it landed and done once passed
+//!   on (`rooted_bands.rs`).
 //! - A compressed all-reduce on the hierarchical route with no GPU path (`gpu_hier.rs`: on
 //!   a caller's stream, or where its levels cannot run on device memory), the CPU codecs
 //!   encoding: a piece is one of the hierarchy's pieces of f32s
@@ -30,9 +33,9 @@
 //! bit-identical.
 //!
 //! Not taken (staged whole) on comms with another rank in this process (see
-//! `Comm::on_stream`), using CUDA IPC or on one host's arena (`arena_turn.rs` has that
-//! path), on other schedules (the tree and the all-gather scheme, for small calls), and
-//! where a buffer is host memory.
+//! `Comm::on_stream`) or using CUDA IPC, for all-reduces, reduce-scatters and all-gathers
+//! on one host's arena (`arena_turn.rs` has that path), on other schedules (the tree and
+//! the all-gather scheme, for small calls), and where a buffer is host memory.
 
 use super::dense_call::DenseCall;
 use super::device_all_reduce::staged;
@@ -53,14 +56,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Whose schedule the pieces are.
-enum Schedule {
+pub(super) enum Schedule {
     Hier(Arc<Hier>),
     /// The flat SRA or ring over sockets.
     Flat(Flat),
     /// A compressed all-reduce on the hierarchy, the CPU codecs encoding.
     Coded(Arc<PreparedAllReduce>),
-    /// A reduce-scatter or all-gather over the ring.
-    Coll(Coll),
+    /// A reduce-scatter or all-gather over the ring, or a broadcast or reduce over the
+    /// chain from its root.
+    Coll(Coll, usize),
 }
 
 impl Schedule {
@@ -71,14 +75,15 @@ impl Schedule {
             Schedule::Flat(Flat::Ring) => ("all_reduce", "ring"),
             Schedule::Flat(_) => ("all_reduce", "SRA"),
             Schedule::Coded(_) => ("all_reduce", "compressed hierarchical"),
-            Schedule::Coll(c) => (c.name(), "ring"),
+            Schedule::Coll(c @ (Coll::Broadcast | Coll::Reduce), _) => (c.name(), "chain"),
+            Schedule::Coll(c, _) => (c.name(), "ring"),
         }
     }
 }
 
 /// The device addresses range k of a piece at offset `at` of a call's page-locked copy is
 /// copied in from and out to (None: not copied that way).
-type Ends<'a> = &'a dyn Fn(usize, usize) -> (Option<u64>, Option<u64>);
+pub(super) type Ends<'a> = &'a dyn Fn(usize, usize) -> (Option<u64>, Option<u64>);
 
 /// A call across hosts cut in bands, ready to start.
 pub(super) struct Bands {
@@ -163,6 +168,9 @@ impl Comm {
         recv: u64,
     ) -> Result<Option<Bands>> {
         let (n, r, coll) = (self.size, self.rank, call.coll);
+        if matches!(coll, Coll::Broadcast | Coll::Reduce) {
+            return self.rooted_bands_of(call, send, recv);
+        }
         let collective = matches!(coll, Coll::ReduceScatter | Coll::AllGather);
         let arena = self.links == Links::Arena;
         if call.count == 0 || n < 2 || !collective || arena || !self.may_band() {
@@ -190,7 +198,8 @@ impl Comm {
             }
         };
         let shape = (call.count, call.dtype, call.op);
-        self.cut_in_bands(Schedule::Coll(coll), shape, pieces, (part * n, bufs), &ends)
+        let schedule = Schedule::Coll(coll, 0);
+        self.cut_in_bands(schedule, shape, pieces, (part * n, bufs), &ends)
     }
 
     /// The dense call `call` cut in bands (`bands_of`, `coll_bands_of`), when it takes that
@@ -233,14 +242,14 @@ impl Comm {
 
     /// True when this comm may stage calls in bands: no other rank in this process (see
     /// `Comm::on_stream`), no CUDA IPC.
-    fn may_band(&self) -> bool {
+    pub(super) fn may_band(&self) -> bool {
         !self.place.process_peers && !self.place.cuda_ipc
     }
 
     /// A call of `shape` on `bufs` through a page-locked copy of `len` bytes cut in bands of
     /// its `pieces`' byte ranges (offsets into the copy), each range's copies to and from
     /// the device where `ends` says, when all its buffers are device memory.
-    fn cut_in_bands(
+    pub(super) fn cut_in_bands(
         &self,
         schedule: Schedule,
         (count, dtype, op): (usize, DType, ReduceOp),
@@ -337,6 +346,39 @@ impl Comm {
         }
     }
 
+    /// Runs `plan` ordered on the caller's `stream` (null: the legacy default stream) in
+    /// the comm's turn and returns once the result is on the device (blocking calls);
+    /// a compressed call's report.
+    ///
+    /// # Safety
+    /// The call's buffers must be valid, and touched by nothing else, until this returns;
+    /// `stream` null or a live stream of their device.
+    pub(super) unsafe fn run_bands_waiting(
+        &self,
+        plan: Bands,
+        stream: *mut c_void,
+    ) -> Result<Option<Report>> {
+        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
+        // SAFETY: the caller's promise, passed on.
+        self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })
+    }
+
+    /// Queues `plan` behind the comm's earlier operations and returns at once (the C
+    /// ABI's non-blocking calls): in the comm's turn it waits for the work on the legacy
+    /// default stream, and the request ends once the result is on the device.
+    ///
+    /// # Safety
+    /// The call's buffers must stay valid until the request has ended.
+    pub(super) unsafe fn submit_bands(&self, plan: Bands) -> Result<crate::Request<()>> {
+        let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
+        let coded = Some(plan.coded_calls());
+        self.submit_with_staging(driver, ordinal, coded, move |e, st| {
+            // SAFETY: the caller's promise, passed on; the legacy default stream.
+            unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }.map(drop)
+        })
+    }
+
     /// Starts a call on device memory `device` (driver, ordinal) in `bands` through a
     /// page-locked buffer of `len` bytes on the caller's `stream` (`Staging::start_banded`)
     /// and queues `job`, which runs its collective on the buffer in the comm's turn and
@@ -420,7 +462,9 @@ impl Bands {
                 .all_reduce_in_slices(buf, self.shape, *f, &io)
                 .map(|()| None)?,
             Schedule::Coded(c) => Some(c.run_in_pieces(e, buf, &io)?),
-            Schedule::Coll(c) => e.coll_in_slices(buf, *c, self.shape, &io).map(|()| None)?,
+            Schedule::Coll(c, root) => e
+                .coll_in_slices(buf, (*c, *root), self.shape, &io)
+                .map(|()| None)?,
         };
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(report)

@@ -123,10 +123,8 @@ impl Comm {
         stream: *mut c_void,
     ) -> Result<Option<Algo>> {
         if let Some(plan) = self.dense_bands_of(call, send, recv)? {
-            let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-            let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
             // SAFETY: the caller's promise, passed on.
-            self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })?;
+            unsafe { self.run_bands_waiting(plan, stream) }?;
             return Ok(match call {
                 DenseCall::AllReduce(c) => c.algo(),
                 DenseCall::Coll(_) => None,
@@ -202,11 +200,8 @@ impl Comm {
         recv: u64,
     ) -> Result<crate::Request<()>> {
         if let Some(plan) = self.dense_bands_of(call.call(), send, recv)? {
-            let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
-            return self.submit_with_staging(driver, ordinal, Some(0), move |e, st| {
-                // SAFETY: the caller's promise, passed on; the legacy default stream.
-                unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }.map(drop)
-            });
+            // SAFETY: the caller's promise, passed on.
+            return unsafe { self.submit_bands(plan) };
         }
         let on = match self.place_call(call.call(), send, recv, 0)? {
             Ok(on) => on,

@@ -45,10 +45,8 @@ impl Comm {
                 // SAFETY: the caller's promise, passed on.
                 return unsafe { self.enqueue_plan(plan, stream) }.map(|()| None);
             }
-            let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-            let st = self.staging_on(&mut guard, plan.driver.clone(), plan.ordinal)?;
             // SAFETY: the caller's promise, passed on.
-            let report = self.execute(|e| unsafe { plan.run_waiting(e, st, stream) })?;
+            let report = unsafe { self.run_bands_waiting(plan, stream) }?;
             return coded_report(report).map(Some);
         }
         let bufs = call_bufs(&call, send, recv);
@@ -92,13 +90,8 @@ impl Comm {
         }
         let call = Arc::new(call);
         if let Some(plan) = self.coded_bands_of(&call, send, recv)? {
-            let (driver, ordinal) = (plan.driver.clone(), plan.ordinal);
-            let coded = Some(plan.coded_calls());
-            return self.submit_with_staging(driver, ordinal, coded, move |e, st| {
-                // SAFETY: the caller's promise, passed on; the legacy default stream.
-                let report = unsafe { plan.run_waiting(e, st, std::ptr::null_mut()) }?;
-                coded_report(report).map(drop)
-            });
+            // SAFETY: the caller's promise, passed on.
+            return unsafe { self.submit_bands(plan) };
         }
         let bufs = call_bufs(&call, send, recv);
         // SAFETY: the caller's promise, passed on; `hosts` stand for the buffers.

@@ -19,6 +19,7 @@ mod ipc_turn;
 mod pipeline;
 mod queue;
 mod register;
+mod rooted_bands;
 mod route;
 mod shrink;
 mod split;

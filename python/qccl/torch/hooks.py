@@ -12,8 +12,10 @@ one broadcast on that group), so the hooks work whatever backend the group uses 
 its buckets after the first iteration, so compression starts at `start_iter` (default 2: once
 buckets are final); before, buckets are averaged uncompressed. Error feedback is keyed per
 bucket (its index), and a bucket whose length changes starts a fresh residual. CUDA buckets go
-through qccl's device path (staged through page-locked memory); the future completes once the
-result is on the device.
+through qccl's device path, as calls that complete before returning (on the state's thread):
+the codecs run on the GPU where the route has that path (docs/PYTHON.md), the buffers are
+staged through page-locked memory otherwise; the future completes once the result is on the
+device.
 """
 
 import weakref
