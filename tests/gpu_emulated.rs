@@ -438,9 +438,11 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
         }
     }
     // Behind a staged call on the same held stream, which declared how many compressed calls
-    // it runs (a dense all-reduce none, a hierarchical compressed one, staged through the CPU
-    // codecs, one): the compressed call's step is known, so it does not wait for the staged
-    // call to end (it cannot: the stream is held) and both return at once.
+    // it runs (a dense all-reduce none): the compressed call's step is known, so it does not
+    // wait for the staged call to end (it cannot: the stream is held) and both return at
+    // once. Behind a hierarchical compressed call (the codecs on the GPU, its host levels
+    // tied to its device work by words: `gpu_hier_stream.rs`), which returns once enqueued
+    // too, every device operation of it enqueued before the allocation.
     for hier in [false, true] {
         let mut made = 0;
         gated_twice(comm, dev, count, |d, user| {
@@ -468,8 +470,12 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
         })?;
     }
     let end = comm.device_stats().map_err(e)?;
-    if end.enqueued - last.enqueued != 2 {
-        return Err("a compressed call behind a staged one did not return once enqueued".into());
+    if end.enqueued - last.enqueued != 3 {
+        return Err(format!(
+            "{} of 3 compressed calls behind a staged or a hierarchical one returned once \
+             enqueued",
+            end.enqueued - last.enqueued
+        ));
     }
     Ok(())
 }
@@ -1262,18 +1268,22 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                 let in_place = call % 2 == 1;
                 let got = if on_device {
                     // Odd calls on a stream of the caller's, even ones on NULL. On the
-                    // hierarchical route a call on a stream is staged (in bands), its
-                    // residual the host's: a tensor key stays off streams there.
-                    let stream = if on_streams || call % 2 == 1 && !(hier && case.key.is_some()) {
+                    // hierarchical route a call on a stream of another type than float32 is
+                    // staged (in bands), its residual the host's: such a tensor key stays
+                    // off streams there.
+                    let hosted = hier && case.key.is_some() && dt != DType::Float32;
+                    let stream = if on_streams || call % 2 == 1 && !hosted {
                         user.raw()
                     } else {
                         std::ptr::null_mut()
                     };
                     // Every third call queued, as the C ABI's non-blocking calls.
                     let queued = call % 3 == 2 && !on_streams;
-                    // The hierarchical route's GPU path: calls that return once done.
+                    // The hierarchical route's GPU path: calls that return once done, and
+                    // calls on float32 on a stream.
                     let waits = stream.is_null() || queued;
-                    let must_gpu = case.must_gpu && (!hier || waits && !intra);
+                    let on_gpu = waits || dt == DType::Float32;
+                    let must_gpu = case.must_gpu && (!hier || on_gpu && !intra);
                     let before = comm.device_stats().map_err(e)?;
                     let banded = comm.piecewise_calls();
                     let how = (case.op, dt, in_place, stream, queued);
@@ -1290,9 +1300,9 @@ fn coded(comm: &Comm, dev: &Dev) -> Result<(), String> {
                     if count > 0 && must_gpu && !gpu_ran {
                         return Err(format!("{what}: the GPU path did not run ({ran} calls)"));
                     }
-                    // A hierarchical call returns once done.
+                    // A call on a stream returns once enqueued, on the hierarchy too.
                     let early = after.enqueued - before.enqueued;
-                    if gpu_ran && early != u64::from(!stream.is_null() && !queued && !hier) {
+                    if gpu_ran && early != u64::from(!stream.is_null() && !queued) {
                         return Err(format!(
                             "{what}: {early} calls returned once enqueued (stream {stream:?})"
                         ));

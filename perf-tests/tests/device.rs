@@ -174,12 +174,12 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
 /// hierarchical route (on SRA with `--hosts 4`, a rank per host; on the ring with
 /// `--hosts 2` on 2 ranks), a reduce-scatter and an all-gather on the ring, a broadcast
 /// (stream) and a reduce (NULL) in bands of the chain's slices; a compressed
-/// all-reduce and HiTopKComm with the NULL stream, the hierarchical levels through each
-/// host's arena, the codecs and the top-k on the emulated GPU.
+/// all-reduce (NULL and qccl-perf's stream) and HiTopKComm (NULL), the hierarchical levels
+/// through each host's arena, the codecs and the top-k on the emulated GPU.
 #[test]
 fn calls_across_emulated_hosts_take_their_device_paths() {
     let staged = "hierarchical, staged in";
-    let runs: [(usize, &[&str], &str); 10] = [
+    let runs: [(usize, &[&str], &str); 11] = [
         (4, &["--hosts", "2"], staged),
         (4, &["--hosts", "2", "-y", "1"], staged),
         (4, &["--hosts", "4"], "SRA, staged in"),
@@ -210,6 +210,12 @@ fn calls_across_emulated_hosts_take_their_device_paths() {
         (
             4,
             &["--hosts", "2", "-y", "1", "-Z", "fp16"],
+            "hierarchical, the codecs on the GPU",
+        ),
+        // On qccl-perf's stream too (float32), enqueued.
+        (
+            4,
+            &["--hosts", "2", "-Z", "fp16"],
             "hierarchical, the codecs on the GPU",
         ),
         (

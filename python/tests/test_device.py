@@ -334,12 +334,14 @@ def _across_hosts(rank, size, uid):
             b.copy_in(_data(rank, n, dt).tobytes(), s.handle)
             assert c.all_reduce(b, op="max", stream=s.handle) is None
             out[("stream", np.dtype(dt).name, n)] = _host(b, dt, s.handle)
-    # A compressed one on a stream: the hierarchical route has no GPU path there, so it is
-    # staged in bands too, the CPU codecs encoding.
+    # A compressed one on a stream: float32 on the hierarchical route runs its codecs on the
+    # GPU, enqueued (not staged in bands).
+    coded = c.device_stats()["calls"]
     d = _dev(np.zeros(50_001, np.float32))
     d.copy_in(_data(rank, 50_001, np.float32).tobytes(), s.handle)
     assert c.all_reduce_compressed(d, "fp16", key="coded", stream=s.handle) is None
     out["coded"] = _host(d, np.float32, s.handle)
+    out["coded_on_gpu"] = c.device_stats()["calls"] - coded
     # Reduce-scatter and all-gather across hosts (the ring), on the stream: in bands too.
     m = 20_011
     x = _dev(_data(rank, m * size, np.float32))
@@ -393,9 +395,11 @@ def test_dense_calls_across_hosts_stage_in_bands():
         summed = np.sum([_data(r, m, np.float64) for r in range(size)], axis=0)
         reduced = summed.astype(np.float32) if rank == 2 else np.zeros(m, np.float32)
         np.testing.assert_array_equal(out["reduce"], reduced)
-    # Every call took the path: 3 dtypes x 3 counts x (no stream, stream), the compressed one,
-    # the reduce-scatter, the all-gather, the broadcast and the reduce.
-    assert [out["bands"] for out in res] == [23] * size
+    # Every dense call took the path: 3 dtypes x 3 counts x (no stream, stream), the
+    # reduce-scatter, the all-gather, the broadcast and the reduce; the compressed one ran
+    # its codecs on the GPU.
+    assert [out["bands"] for out in res] == [22] * size
+    assert [out["coded_on_gpu"] for out in res] == [1] * size
 
 
 def _coded(rank, size, uid):

@@ -19,8 +19,9 @@
 //! - Broadcast and reduce over the chain, on any links (one host's too): a piece is one of
 //!   the chain's slices, started once this rank's input of it landed and done once passed
 //!   on (`rooted_bands.rs`).
-//! - A compressed all-reduce on the hierarchical route with no GPU path (`gpu_hier.rs`: on
-//!   a caller's stream, or where its levels cannot run on device memory), the CPU codecs
+//! - A compressed all-reduce on the hierarchical route with no GPU path (`gpu_hier.rs`:
+//!   another type than float32 on a caller's stream, or where its levels cannot run on
+//!   device memory), the CPU codecs
 //!   encoding: a piece is one of the hierarchy's pieces of f32s
 //!   (`PreparedAllReduce::run_in_pieces`).
 //!
@@ -219,8 +220,8 @@ impl Comm {
     /// The compressed all-reduce `call` on the hierarchy cut in bands, its pieces the
     /// hierarchy's (QCCL_CHUNKSIZE of f32s each), when its buffers are all device memory and
     /// it has at least one element; None otherwise (as `bands_of`). For calls without a GPU
-    /// path (`gpu_hier.rs`): on a caller's stream, or where its levels cannot run on
-    /// device memory.
+    /// path (`gpu_hier.rs`): another type than float32 on a caller's stream, or where its
+    /// levels cannot run on device memory.
     pub(super) fn coded_bands_of(
         &self,
         call: &Arc<PreparedAllReduce>,
@@ -260,26 +261,7 @@ impl Comm {
         let Some((driver, _, ordinal)) = self.all_on_device(&bufs)? else {
             return Ok(None);
         };
-        let ranges = pieces[0].len();
-        // Larger calls put several pieces in a band.
-        let per_band = pieces.len().div_ceil(staging::most_bands(ranges));
-        let bands: Vec<Band> = pieces
-            .chunks(per_band)
-            .map(|g| {
-                // Range k of every piece of the band is contiguous (one chunk, or the
-                // buffer): one copy each way at most.
-                let (mut ins, mut outs) = (Vec::new(), Vec::new());
-                for (k, (first, last)) in g[0].iter().zip(&g[g.len() - 1]).enumerate() {
-                    let (a, b) = (first.start, last.end);
-                    if b > a {
-                        let (from, to) = ends(k, a);
-                        ins.extend(from.map(|d| (d, a, b - a)));
-                        outs.extend(to.map(|d| (d, a, b - a)));
-                    }
-                }
-                Band { ins, outs }
-            })
-            .collect();
+        let (bands, per_band) = group_in_bands(&pieces, ends);
         let (what, how) = schedule.names();
         crate::qlog!(
             Trace,
@@ -471,17 +453,42 @@ impl Bands {
     }
 }
 
+/// `pieces` (each its byte ranges, offsets into the page-locked copy) grouped into bands,
+/// each range's copies to and from the device where `ends` says: the bands and how many
+/// pieces each holds (larger calls put several pieces in a band: `staging::most_bands`).
+pub(super) fn group_in_bands(pieces: &[Vec<Range<usize>>], ends: Ends<'_>) -> (Vec<Band>, usize) {
+    let per_band = pieces.len().div_ceil(staging::most_bands(pieces[0].len()));
+    let bands = pieces
+        .chunks(per_band)
+        .map(|g| {
+            // Range k of every piece of the band is contiguous (one chunk, or the buffer):
+            // one copy each way at most.
+            let (mut ins, mut outs) = (Vec::new(), Vec::new());
+            for (k, (first, last)) in g[0].iter().zip(&g[g.len() - 1]).enumerate() {
+                let (a, b) = (first.start, last.end);
+                if b > a {
+                    let (from, to) = ends(k, a);
+                    ins.extend(from.map(|d| (d, a, b - a)));
+                    outs.extend(to.map(|d| (d, a, b - a)));
+                }
+            }
+            Band { ins, outs }
+        })
+        .collect();
+    (bands, per_band)
+}
+
 /// Pieces of elements of `es` bytes as pieces of one byte range each.
-fn byte_ranges(pieces: Vec<Range<usize>>, es: usize) -> Vec<Vec<Range<usize>>> {
+pub(super) fn byte_ranges(pieces: Vec<Range<usize>>, es: usize) -> Vec<Vec<Range<usize>>> {
     let bytes = pieces.into_iter().map(|r| r.start * es..r.end * es);
     bytes.map(|r| std::iter::once(r).collect()).collect()
 }
 
 /// The pieces of a call in bands of `per_band` pieces.
-struct BandIo<'a> {
-    banded: &'a Banded,
-    per_band: usize,
-    pieces: usize,
+pub(super) struct BandIo<'a> {
+    pub(super) banded: &'a Banded,
+    pub(super) per_band: usize,
+    pub(super) pieces: usize,
 }
 
 impl PieceIo for BandIo<'_> {

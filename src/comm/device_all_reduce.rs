@@ -2,7 +2,7 @@
 //! ABI's, Python's and cudarc's way in): the codecs run on the GPU where the call has that
 //! path (`gpu_sra.rs`: a flat SRA, all-gather, ring or tree schedule on device buffers of a
 //! float type; `gpu_hier.rs`: the hierarchical one, for calls that return once
-//! done), otherwise the call is staged through page-locked memory: piece by piece on the
+//! done, and `gpu_hier_stream.rs` on a stream for float32), otherwise the call is staged through page-locked memory: piece by piece on the
 //! hierarchical route (`bands.rs`), whole (`device.rs`) as any other call elsewhere.
 //! Callers say only how the call is ordered: on a stream (`all_reduce_compressed_at`) or
 //! queued (`submit_..._at`).

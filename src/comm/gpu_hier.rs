@@ -22,7 +22,8 @@
 //! arena (or a host has one rank); staged through page-locked memory piece by piece, the
 //! CPU codecs encoding, otherwise (`bands.rs`). A call on a caller's stream must return once
 //! enqueued, with every device operation of it enqueued by then (`staging.rs` says why),
-//! and these levels enqueue theirs as they go: such calls are staged.
+//! and these levels enqueue theirs as they go: such a call on float32 runs the same levels
+//! from a plan enqueued whole (`gpu_hier_stream.rs`), on another float type it is staged.
 
 use super::arena_turn::ArenaTurn;
 use super::hier::Hier;
@@ -42,21 +43,21 @@ use std::sync::{Arc, Mutex};
 /// loaded.
 pub(super) struct GpuHier {
     /// The whole call on the calling comm: its residual, Avg, and the parts' template.
-    whole: GpuAllReduce,
-    hier: Arc<Hier>,
+    pub(super) whole: GpuAllReduce,
+    pub(super) hier: Arc<Hier>,
     /// The intra-host comm's way through its arena.
     intra: ArenaTurn,
-    pieces: Vec<Piece>,
+    pub(super) pieces: Vec<Piece>,
     /// The inter-host comm's (ranks, rank, slice bytes, timeout).
-    inter: CommShape,
+    pub(super) inter: CommShape,
 }
 
 /// One pipelined piece: its elements, this rank's part of them (both as elements of the
 /// call) and the inter-host level's schedule for that part.
-struct Piece {
-    at: Range<usize>,
-    mine: Range<usize>,
-    scheme: Scheme,
+pub(super) struct Piece {
+    pub(super) at: Range<usize>,
+    pub(super) mine: Range<usize>,
+    pub(super) scheme: Scheme,
 }
 
 impl Comm {
@@ -66,14 +67,16 @@ impl Comm {
         &self,
         driver: &Arc<dyn Driver>,
         call: &PreparedAllReduce,
-        send: Option<u64>,
-        recv: u64,
+        (send, recv): (Option<u64>, u64),
+        waits: bool,
     ) -> Result<Option<GpuHier>> {
         let Some((shape, hier)) = call.on_device_hier() else {
             return Ok(None);
         };
         let count = shape.3;
-        if count == 0 || !levels_on_device(hier) {
+        // On a stream, float32 only (`gpu_hier_stream.rs` says why).
+        let typed = waits || shape.5 == crate::types::DType::Float32;
+        if count == 0 || !levels_on_device(hier) || !typed {
             return Ok(None);
         }
         let es = shape.5.size();

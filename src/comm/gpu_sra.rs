@@ -10,14 +10,14 @@ use crate::error::Result;
 use crate::gpu::driver::Driver;
 use crate::gpu::sra::{DeviceStats, GpuAllReduce};
 use crate::gpu::staging::{self, Placement};
-use crossbeam_channel::SendError;
+use crossbeam_channel::{SendError, Sender};
 use std::ffi::c_void;
 use std::sync::Arc;
 
 /// A compressed all-reduce with its codecs on the GPU: flat, or on the hierarchy.
 pub(super) enum OnGpu {
     Flat(Arc<GpuAllReduce>),
-    Hier(Box<GpuHier>),
+    Hier(Arc<GpuHier>),
 }
 
 impl OnGpu {
@@ -52,9 +52,8 @@ impl Comm {
     /// 0 elements, every buffer aligned to its element in device memory of the comm's
     /// device, a launch plan for each of its codecs. None: stage the call as any other.
     /// Buffers on another device than the comm's are an error, as for staged calls.
-    /// `waits`: the call returns once done (a null stream, a queued call); the hierarchical
-    /// path is taken only then (a call on a stream must return once enqueued, and its
-    /// levels enqueue device work as they go: `gpu_hier.rs`).
+    /// `waits`: the call returns once done (a null stream, a queued call); made on a
+    /// stream, the hierarchical path is taken on float32 only (`gpu_hier_stream.rs`).
     pub(super) fn gpu_compressed_all_reduce(
         &self,
         call: &PreparedAllReduce,
@@ -66,10 +65,8 @@ impl Comm {
             return Ok(None);
         };
         let Some(shape) = call.on_device() else {
-            if waits {
-                if let Some(h) = self.gpu_hier_all_reduce(&driver, call, send, recv)? {
-                    return Ok(Some(OnGpu::Hier(Box::new(h))));
-                }
+            if let Some(h) = self.gpu_hier_all_reduce(&driver, call, (send, recv), waits)? {
+                return Ok(Some(OnGpu::Hier(Arc::new(h))));
             }
             self.tell_staged(&*driver, call, send, recv);
             return Ok(None);
@@ -153,9 +150,9 @@ impl Comm {
                 Info,
                 "rank {}: compressed all-reduce on device buffers with the {} route: staged \
                  through page-locked memory, the CPU codecs encode (the codecs run on the GPU \
-                 in the flat schedules, and in the hierarchical one without a stream, with \
-                 dense intra-host levels and the host's ranks on shared memory); said once \
-                 per comm",
+                 in the flat schedules, and in the hierarchical one with dense intra-host \
+                 levels and the host's ranks on shared memory, on float32 when on a \
+                 stream); said once per comm",
                 self.rank,
                 call.algo().name()
             );
@@ -180,12 +177,14 @@ impl Comm {
         g: OnGpu,
         stream: *mut c_void,
     ) -> Result<Option<Report>> {
-        if let OnGpu::Flat(f) = &g {
-            if !stream.is_null() && !self.place.process_peers {
-                // SAFETY: the caller's promise, passed on.
-                if unsafe { self.start_gpu_all_reduce(f, stream) }? {
-                    return Ok(None);
-                }
+        if !stream.is_null() && !self.place.process_peers {
+            // SAFETY (both): the caller's promise, passed on.
+            let started = match &g {
+                OnGpu::Flat(f) => unsafe { self.start_gpu_all_reduce(f, stream) }?,
+                OnGpu::Hier(h) => unsafe { self.start_gpu_hier(h, stream) }?,
+            };
+            if started {
+                return Ok(None);
             }
         }
         let device = (g.driver(), g.ordinal());
@@ -241,23 +240,34 @@ impl Comm {
         // exchange's bytes as it is posted (`gpu::sra`): a stream holds only so many pending
         // operations, so it must not wait for the whole call. A send fails only when the comm
         // failed meanwhile (its job dropped): the script comes back, nothing is enqueued.
-        let mut handed = false;
-        let enqueued = g.enqueue(&self.gpu_lane, step, &*caller, |script| {
-            handed = true;
-            match tx.send(Ok(script)) {
+        self.enqueue_handing(&tx, |hand| g.enqueue(&self.gpu_lane, step, &*caller, hand))
+    }
+
+    /// Runs `enqueue`, a call's enqueueing on the caller's thread, which gives the worker
+    /// what it needs through `hand` (once; `hand` gives it back when the worker will not
+    /// take it: the comm failed), and counts the call enqueued: true. An error before
+    /// anything was handed is sent to the worker instead, which fails the call at once.
+    pub(super) fn enqueue_handing<H>(
+        &self,
+        tx: &Sender<Result<H>>,
+        enqueue: impl FnOnce(&dyn Fn(H) -> std::result::Result<(), H>) -> Result<()>,
+    ) -> Result<bool> {
+        let handed = std::cell::Cell::new(false);
+        let hand = |h: H| {
+            handed.set(true);
+            match tx.send(Ok(h)) {
                 Ok(()) => Ok(()),
-                Err(SendError(Ok(script))) => Err(script),
+                Err(SendError(Ok(h))) => Err(h),
                 Err(SendError(Err(_))) => Ok(()),
             }
-        });
-        match enqueued {
+        };
+        match enqueue(&hand) {
             Ok(()) => {
                 self.gpu_lane.count_enqueued();
                 Ok(true)
             }
             Err(e) => {
-                if !handed {
-                    // Failed before the worker got anything: it fails the call at once.
+                if !handed.get() {
                     let _ = tx.send(Err(e.clone()));
                 }
                 Err(e)

@@ -11,6 +11,7 @@ mod dense_call;
 mod device;
 mod device_all_reduce;
 mod gpu_hier;
+mod gpu_hier_stream;
 mod gpu_sra;
 mod gpu_topk;
 mod hier;

@@ -519,6 +519,25 @@ impl Staging {
         unsafe { self.start_bands(len, bands, &*caller, &*caller) }
     }
 
+    /// As [`Staging::start_banded`] with the copies in behind the work on `after` (a
+    /// stream of this device that the call's own work before them is on: a hierarchical
+    /// call's residual folded in, `comm/gpu_hier_stream.rs`) instead of the caller's.
+    ///
+    /// # Safety
+    /// As [`Staging::start_banded`].
+    pub unsafe fn start_banded_after(
+        &mut self,
+        len: usize,
+        bands: &[Band],
+        after: &dyn Stream,
+        raw: *mut c_void,
+    ) -> Result<Banded> {
+        // SAFETY: the caller's promise about `raw`.
+        let caller = unsafe { self.driver.borrow_stream(self.ordinal, raw)? };
+        // SAFETY: the caller's promise about the ranges.
+        unsafe { self.start_bands(len, bands, after, &*caller) }
+    }
+
     /// As [`Staging::start_banded`] for a call that returns once done (`raw` null: the
     /// legacy default stream; queued calls in the comm's turn): the copies in wait for
     /// `raw`'s earlier work, the copies out go on a stream of qccl's own, which no work of

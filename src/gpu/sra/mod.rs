@@ -73,6 +73,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod moves;
+mod pieces;
 mod script;
 mod sends;
 mod side;
@@ -82,10 +83,11 @@ mod topk;
 pub(crate) mod state;
 
 use moves::{Lockstep, MoveSide, Mover};
+pub(crate) use pieces::{PieceBoard, StreamPiece};
 use script::{Board, Script};
 use side::DeviceSide;
-use state::{lock, GpuLane, Sizes};
 pub use state::{DeviceState, DeviceStats};
+use state::{GpuLane, Sizes};
 pub use topk::DeviceTopK;
 
 /// A compressed all-reduce on device buffers, checked and with its kernels loaded.
@@ -294,6 +296,16 @@ impl GpuAllReduce {
 
     /// Enqueues Avg's division of the call's `count` f32s at `work` by its comm's ranks.
     fn divide(&self, st: &mut DeviceState, work: u64) -> Result<()> {
+        self.divide_on(&*st.stream, &*st.avg, work)
+    }
+
+    /// `divide` on `stream` with `avg` (the lane's `qccl_finish_avg_f32`).
+    fn divide_on(
+        &self,
+        stream: &dyn Stream,
+        avg: &dyn super::driver::Function,
+        work: u64,
+    ) -> Result<()> {
         let count = self.count;
         let args = [
             Arg::Ptr(work),
@@ -301,11 +313,9 @@ impl GpuAllReduce {
             Arg::U64(self.n as u64),
         ];
         // SAFETY: reduce.cu's qccl_finish_avg_f32(float* x, uint64_t count, uint64_t n)
-        // over the call's `count` f32s, valid until the call's `done` event.
-        unsafe {
-            st.stream
-                .launch(&*st.avg, grid_for(count.div_ceil(4)), BLOCK, &args)
-        }
+        // over the call's `count` f32s, valid until the call's `done` event (or until the
+        // caller's stream passed it).
+        unsafe { stream.launch(avg, grid_for(count.div_ceil(4)), BLOCK, &args) }
     }
 
     /// The pieces of the call's elements `r`, each one codec's: (elements within the call,
@@ -422,11 +432,28 @@ impl GpuAllReduce {
         caller: &dyn Stream,
         hand: impl FnOnce(Script) -> std::result::Result<(), Script>,
     ) -> Result<()> {
+        let mut guard = lane.locked((&*self.driver, self.ordinal))?;
+        let st = guard.as_mut().expect("made by locked");
+        self.enqueue_on(st, lane, step, Some(caller), hand)
+    }
+
+    /// `enqueue`'s body on the comm's device state `st` (locked by the caller), behind
+    /// `caller`'s work when given (a hierarchical call's parts are ordered on the lane's
+    /// stream alone: `pieces.rs`).
+    pub(super) fn enqueue_on(
+        &self,
+        st: &mut DeviceState,
+        lane: &GpuLane,
+        step: u64,
+        caller: Option<&dyn Stream>,
+        hand: impl FnOnce(Script) -> std::result::Result<(), Script>,
+    ) -> Result<()> {
         let hand = |script| hand(script).map(|()| None);
-        self.on_lane(
+        self.on_state(
+            st,
             lane,
             step,
-            Some(caller),
+            caller,
             hand,
             |st, board, res, site, view| {
                 let Some(shape) = self.shape() else {
@@ -530,6 +557,21 @@ impl GpuAllReduce {
         hand: impl FnOnce(Script) -> std::result::Result<Option<Script>, Script>,
         work: impl FnOnce(&mut DeviceState, &Board, Option<u64>, Site, View) -> Result<()>,
     ) -> Result<Option<Script>> {
+        let mut guard = lane.locked((&*self.driver, self.ordinal))?;
+        let st = guard.as_mut().expect("made by locked");
+        self.on_state(st, lane, step, caller, hand, work)
+    }
+
+    /// `on_lane`'s body on the comm's device state `st`, locked by the caller.
+    fn on_state(
+        &self,
+        st: &mut DeviceState,
+        lane: &GpuLane,
+        step: u64,
+        caller: Option<&dyn Stream>,
+        hand: impl FnOnce(Script) -> std::result::Result<Option<Script>, Script>,
+        work: impl FnOnce(&mut DeviceState, &Board, Option<u64>, Site, View) -> Result<()>,
+    ) -> Result<Option<Script>> {
         crate::qlog!(
             Trace,
             "rank {}: all_reduce(count={}, {}, {}): compressed, codecs on device {}",
@@ -539,11 +581,6 @@ impl GpuAllReduce {
             self.op,
             self.ordinal
         );
-        let mut guard = lock(&lane.state);
-        if guard.is_none() {
-            *guard = Some(DeviceState::new(&*self.driver, self.ordinal)?);
-        }
-        let st = guard.as_mut().expect("made above");
         let wait = (&*lane.moved, self.timeout);
         let key = self.key.as_ref().filter(|_| self.plan.error_feedback());
         let res = st

@@ -116,13 +116,22 @@ impl GpuLane {
         timeout: Duration,
         f: impl FnOnce(&mut DeviceState) -> Result<()>,
     ) -> Result<()> {
+        let mut guard = self.locked((driver, ordinal))?;
+        let st = guard.as_mut().expect("made by locked");
+        f(st)?;
+        st.stream.synchronize(timeout)
+    }
+
+    /// The device state, locked (made on first use, on `driver`'s device `ordinal`).
+    pub(super) fn locked(
+        &self,
+        (driver, ordinal): (&dyn Driver, usize),
+    ) -> Result<std::sync::MutexGuard<'_, Option<DeviceState>>> {
         let mut guard = lock(&self.state);
         if guard.is_none() {
             *guard = Some(DeviceState::new(driver, ordinal)?);
         }
-        let st = guard.as_mut().expect("made above");
-        f(st)?;
-        st.stream.synchronize(timeout)
+        Ok(guard)
     }
 
     /// The keys to forget before a call enqueues.
@@ -135,9 +144,10 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Two page-locked words of a comm's device side: the progress word the stream waits on
-/// (the comm's worker stores it as exchanges end) and the word a decode that fails the
-/// codec's checks sets (sticky: such a failure fails the comm).
+/// Three page-locked words of a comm's device side: the progress word the stream waits on
+/// (the comm's worker stores it as exchanges end), the word a decode that fails the
+/// codec's checks sets (sticky: such a failure fails the comm), and the word a
+/// hierarchical call on a stream stores as its pieces' intra-host sums are ready.
 pub(super) struct Words {
     mem: Box<dyn Pinned>,
 }
@@ -154,6 +164,7 @@ impl Words {
         let w = Words { mem };
         w.progress().store(0, Ordering::Release);
         w.bad_atomic().store(0, Ordering::Release);
+        w.summed().store(0, Ordering::Release);
         Ok(w)
     }
 
@@ -181,6 +192,18 @@ impl Words {
     pub(super) fn bad(&self) -> bool {
         self.bad_atomic().load(Ordering::Acquire) != 0
     }
+
+    /// The word a hierarchical call on a stream stores as each piece's intra-host sums
+    /// reach its page-locked copy (`pieces.rs`); the lane's stream waits on it before
+    /// copying a part in. Its own counter: pieces end out of step with exchanges.
+    pub(super) fn summed(&self) -> &AtomicU32 {
+        // SAFETY: as `progress`, the 4 bytes at offset 8.
+        unsafe { AtomicU32::from_ptr(self.summed_ptr().cast_mut()) }
+    }
+
+    pub(super) fn summed_ptr(&self) -> *const u32 {
+        self.mem.ptr().wrapping_add(8).cast()
+    }
 }
 
 /// A comm's device side of these calls: a stream, the page-locked wire slots and words,
@@ -199,6 +222,8 @@ pub struct DeviceState {
     pub(super) words: Arc<Words>,
     /// The last progress value handed out (a call's exchanges wait for the next ones).
     pub(super) seq: u32,
+    /// The last value of the `summed` word handed out (a hierarchical call's pieces).
+    pub(super) summed_seq: u32,
     /// Calls enqueued so far (`GpuLane::moved` counts those whose bytes are moved).
     pub(super) issued: u64,
     /// One piece's payload (aligned, whatever its offset in the wire bytes).
@@ -244,6 +269,7 @@ impl DeviceState {
             wire: None,
             words: Arc::new(Words::new(driver)?),
             seq: 0,
+            summed_seq: 0,
             issued: 0,
             payload: None,
             scratch: None,
