@@ -1505,14 +1505,16 @@ fn device_rank(r: usize) -> bool {
 }
 
 /// HiTopKComm on float32, the ranks in QCCL_TEST_DEVICE_RANKS on device buffers with the
-/// top-k on the GPU (`Comm::hitopk_on_device`, every call: it must take the path), the others
-/// on host buffers; error feedback carried over calls, in place and out of place, float32,
-/// bfloat16 and float16 (an f32 copy on the device, as the host's). Prints a
+/// top-k on the GPU (`Comm::hitopk_on_device`, every call: it must take the path; every
+/// third float32 call enqueued on a stream instead, `Comm::enqueue_hitopk_on_device`), the
+/// others on host buffers; error feedback carried over calls, in place and out of place,
+/// float32, bfloat16 and float16 (an f32 copy on the device, as the host's). Prints a
 /// hash of every result (the job compares them across ranks and against a host-only job).
 fn hitopk(comm: &Comm, dev: &Dev) -> Result<(), String> {
     let (n, r) = (comm.size(), comm.rank());
     let on_device = device_rank(r);
     let e = |e: qccl::Error| e.to_string();
+    let user = dev.gpu.create_stream(0).map_err(e)?;
     let bound = CodedCase {
         spec: "hitopk",
         key: None,
@@ -1569,18 +1571,36 @@ fn hitopk(comm: &Comm, dev: &Dev) -> Result<(), String> {
                         Some(m) => (Some(send.addr()), m.addr()),
                         None => (None, send.addr()),
                     };
-                    // SAFETY: both buffers live until the call returns (it returns once done).
-                    let rep = unsafe { comm.hitopk_on_device(&p, s, rv) }
-                        .map_err(e)?
-                        .ok_or_else(|| format!("{what}: the GPU path did not run"))?;
+                    let on_stream = call == 2 && dt == DType::Float32;
+                    // SAFETY (both): both buffers live until the call returns (NULL: it
+                    // returns once done) or the stream passed it (synchronized below).
+                    let k = if on_stream {
+                        let k = unsafe { comm.enqueue_hitopk_on_device(&p, s, rv, user.raw()) }
+                            .map_err(e)?
+                            .ok_or_else(|| format!("{what}: not enqueued on the stream"))?;
+                        user.synchronize(WAIT).map_err(e)?;
+                        k
+                    } else {
+                        unsafe { comm.hitopk_on_device(&p, s, rv) }
+                            .map_err(e)?
+                            .ok_or_else(|| format!("{what}: the GPU path did not run"))?
+                            .k
+                    };
+                    if let Some(err) = comm.async_error() {
+                        return Err(format!("{what}: async error: {err}"));
+                    }
                     let after = comm.device_stats().map_err(e)?;
                     // Only the pairs left the device: k of them, 8 bytes each.
                     let moved = after.to_host - before.to_host;
-                    if after.calls - before.calls != 1 || moved != 8 * rep.k as u64 {
+                    let early = after.enqueued - before.enqueued;
+                    if after.calls - before.calls != 1
+                        || moved != 8 * k as u64
+                        || early != u64::from(on_stream)
+                    {
                         return Err(format!(
-                            "{what}: {} calls counted, {moved} bytes to the host for k = {}",
+                            "{what}: {} calls counted ({early} enqueued), {moved} bytes to \
+                             the host for k = {k}",
                             after.calls - before.calls,
-                            rep.k
                         ));
                     }
                     dev.download(&*recv.unwrap_or(send), dt.size() * count)?

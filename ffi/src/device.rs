@@ -47,11 +47,17 @@ pub(crate) fn launch_on(
         // Staged at qcclGroupEnd, with the group's other calls on this comm.
         return queue(token, h, op, stream);
     }
-    if let (Op::HiTopK { send, recv, call }, true) = (&op, stream.is_null()) {
+    if let Op::HiTopK { send, recv, call } = &op {
         let (s, r) = addrs(send, recv);
-        // SAFETY: the C caller's contract (qccl.h): the buffers (distinct: in place is
-        // `send: None`) stay valid until the call returns.
-        if unsafe { h.comm.hitopk_on_device(call, s, r) }?.is_some() {
+        // SAFETY (both): the C caller's contract (qccl.h): the buffers (distinct: in place
+        // is `send: None`) stay valid until the call returns (NULL) or the stream passes it,
+        // and `stream` is NULL or a live stream of their device.
+        let done = if stream.is_null() {
+            unsafe { h.comm.hitopk_on_device(call, s, r) }?.is_some()
+        } else {
+            unsafe { h.comm.enqueue_hitopk_on_device(call, s, r, stream) }?.is_some()
+        };
+        if done {
             return Ok(());
         }
     }

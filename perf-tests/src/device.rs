@@ -262,7 +262,23 @@ impl Gpu {
                         None => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
                     }
                 }
-                Err(call) => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
+                // On qccl-perf's stream (float32): enqueued with the top-k on the GPU
+                // (`Comm::enqueue_hitopk_on_device`), else staged.
+                // It reports nothing: its bytes come from the comm's count at `sync`, as a
+                // compressed call's on the stream.
+                Err(call) => {
+                    let (send, recv) = send_recv_of(&call_bufs)?;
+                    let raw = self.stream.raw();
+                    if self.wire_base.is_none() {
+                        self.wire_base = Some(ctx.comm.wire()?);
+                    }
+                    // SAFETY: as in `enqueue_compressed`: this section's device memory,
+                    // distinct buffers, valid until the stream passed the call.
+                    match unsafe { ctx.comm.enqueue_hitopk_on_device(&call, send, recv, raw) }? {
+                        Some(k) => self.unreported.push((Algo::Hier, Some(k))),
+                        None => self.enqueue_staged(ctx.comm, Work::TopK(call), bufs)?,
+                    }
+                }
             },
             // As the C API where `Comm::dense_path` says so: a dense all-reduce through the
             // core's entry, over CUDA IPC when every rank's buffers are on one device (a comm

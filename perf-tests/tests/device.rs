@@ -174,12 +174,12 @@ fn dense_calls_on_the_null_stream_go_through_the_arena() {
 /// hierarchical route (on SRA with `--hosts 4`, a rank per host; on the ring with
 /// `--hosts 2` on 2 ranks), a reduce-scatter and an all-gather on the ring, a broadcast
 /// (stream) and a reduce (NULL) in bands of the chain's slices; a compressed
-/// all-reduce (NULL and qccl-perf's stream) and HiTopKComm (NULL), the hierarchical levels
+/// all-reduce and HiTopKComm (NULL and qccl-perf's stream), the hierarchical levels
 /// through each host's arena, the codecs and the top-k on the emulated GPU.
 #[test]
 fn calls_across_emulated_hosts_take_their_device_paths() {
     let staged = "hierarchical, staged in";
-    let runs: [(usize, &[&str], &str); 11] = [
+    let runs: [(usize, &[&str], &str); 12] = [
         (4, &["--hosts", "2"], staged),
         (4, &["--hosts", "2", "-y", "1"], staged),
         (4, &["--hosts", "4"], "SRA, staged in"),
@@ -231,6 +231,12 @@ fn calls_across_emulated_hosts_take_their_device_paths() {
                 "0.1",
             ],
             "the top-k on the GPU",
+        ),
+        // On qccl-perf's stream too (float32), enqueued.
+        (
+            4,
+            &["--hosts", "2", "--coll", "hitopk", "--density", "0.1"],
+            "on a stream: the top-k on the GPU",
         ),
     ];
     for (np, what, says) in runs {

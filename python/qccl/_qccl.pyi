@@ -152,7 +152,8 @@ class Comm:
         until a link that sends from registered memory, RDMA, used one), "wire" and
         "wire_made": the same for qccl's own wire buffers that compressed calls encode into}."""
     def device_stats(self) -> Dict[str, int]:
-        """{"calls": compressed all-reduces on device buffers that ran their codecs on the GPU,
+        """{"calls": compressed all-reduces (and HiTopK calls) on device buffers that ran their
+        codecs on the GPU, "enqueued": those made on a stream that returned once enqueued,
         "to_host" / "to_device": encoded bytes they copied each way, "exchanges": their
         exchanges, "overlapped": those that began with encodes still queued on the GPU,
         "late_sends": sends started once their encode finished, "through_arena": dense calls

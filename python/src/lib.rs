@@ -941,9 +941,10 @@ impl PyComm {
                 }
                 Err(p) => p,
             };
-            // HiTopKComm with its top-k on the GPU, for a call that returns once done.
+            // HiTopKComm with its top-k on the GPU: returning once done, or (float32)
+            // enqueued on a stream.
+            let ptr = b.ptr as u64;
             if let device::Target::Wait = t {
-                let ptr = b.ptr as u64;
                 // SAFETY: `buf` is a live device array of this call, kept by the caller
                 // until it returns.
                 let done = py
@@ -953,6 +954,19 @@ impl PyComm {
                     let d = report_dict(py, rep.scheme.name(), rep.wire.sent, rep.wire.received)?;
                     d.set_item("k", rep.k)?;
                     return Ok(Some(d));
+                }
+            } else {
+                let s = t.stream() as u64;
+                // SAFETY: NCCL's contract, stated in the Python docs: `buf` stays alive
+                // until the stream passed the call, a live stream of its device.
+                let enqueued = py
+                    .allow_threads(|| unsafe {
+                        let s = s as *mut std::ffi::c_void;
+                        c.enqueue_hitopk_on_device(&prepared, None, ptr, s)
+                    })
+                    .py()?;
+                if enqueued.is_some() {
+                    return Ok(None);
                 }
             }
             match device::run(py, &c, t, Job::TopK(Arc::from(prepared)), None, b)? {
@@ -1092,6 +1106,7 @@ impl PyComm {
         let s = py.allow_threads(|| c.device_stats()).py()?;
         let d = PyDict::new(py);
         d.set_item("calls", s.calls)?;
+        d.set_item("enqueued", s.enqueued)?;
         d.set_item("to_host", s.to_host)?;
         d.set_item("to_device", s.to_device)?;
         d.set_item("exchanges", s.exchanges)?;

@@ -342,6 +342,14 @@ def _across_hosts(rank, size, uid):
     assert c.all_reduce_compressed(d, "fp16", key="coded", stream=s.handle) is None
     out["coded"] = _host(d, np.float32, s.handle)
     out["coded_on_gpu"] = c.device_stats()["calls"] - coded
+    # HiTopK on the stream (float32): its top-k on the GPU too, enqueued.
+    stats = c.device_stats()
+    t = _dev(np.zeros(50_001, np.float32))
+    t.copy_in(_data(rank, 50_001, np.float32).tobytes(), s.handle)
+    assert c.topk_all_reduce(t, 0.01, key="tk", scheme="hitopk", stream=s.handle) is None
+    out["hitopk"] = _host(t, np.float32, s.handle)
+    after = c.device_stats()
+    out["hitopk_on_gpu"] = (after["calls"] - stats["calls"], after["enqueued"] - stats["enqueued"])
     # Reduce-scatter and all-gather across hosts (the ring), on the stream: in bands too.
     m = 20_011
     x = _dev(_data(rank, m * size, np.float32))
@@ -400,6 +408,10 @@ def test_dense_calls_across_hosts_stage_in_bands():
     # its codecs on the GPU.
     assert [out["bands"] for out in res] == [22] * size
     assert [out["coded_on_gpu"] for out in res] == [1] * size
+    for out in res:
+        assert out["hitopk"].tobytes() == res[0]["hitopk"].tobytes()
+        assert out["hitopk_on_gpu"] == (1, 1)
+    assert np.count_nonzero(res[0]["hitopk"]) > 0
 
 
 def _coded(rank, size, uid):

@@ -30,7 +30,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// What the worker gets once the call's bands started: them and the call's board.
-type Held = (Banded, Arc<PieceBoard>);
+pub(super) type Held = (Banded, Arc<PieceBoard>);
 
 impl Comm {
     /// Enqueues `h` on the caller's `stream` (not null) and queues its host side; false
@@ -176,7 +176,7 @@ impl GpuHier {
             },
             |(i, (p, s))| {
                 if s.part.is_some() {
-                    board.copied_back(*i, timeout)?.synchronize(timeout)?;
+                    board.event(*i, timeout)?.synchronize(timeout)?;
                 }
                 self.hier.intra_all_gather(work(&p.at))?;
                 io.done(*i);

@@ -8,16 +8,16 @@
 //!
 //! Float16, bfloat16 and float64 run on an f32 copy in device memory (`DeviceTopK::widen`,
 //! `narrow`), as the host's `with_f32`. Taken by calls that return once done (NULL stream)
-//! when the ranks of each host share the arena (or a host has one rank); staged through
-//! page-locked memory otherwise.
+//! when the ranks of each host share the arena (or a host has one rank); on float32 on a
+//! stream the same steps run from a plan enqueued whole (`gpu_topk_stream.rs`); staged
+//! through page-locked memory otherwise.
 
 use super::arena_turn::ArenaTurn;
 use super::gpu_hier::{intra_level, levels_on_device};
-use super::hitopk::TopKOnDevice;
+use super::hitopk::{selection_key, TopKOnDevice};
 use super::{Comm, PreparedTopK, TopKReport};
 use crate::algo::arena::Shape;
 use crate::algo::{part, Wire};
-use crate::codec::Site;
 use crate::coll::Engine;
 use crate::error::Result;
 use crate::gpu::driver::Driver;
@@ -145,13 +145,7 @@ impl GpuTopK<'_> {
         // 2. MSTopK on the owned slice, compensated by its residual.
         let t = Instant::now();
         let slice = work + 4 * mine.start as u64;
-        let site_key = Site {
-            seed,
-            step,
-            chunk: mine.start as u64,
-            rank: rank as u64,
-        }
-        .key();
+        let site_key = selection_key(seed, step, mine.start, rank);
         let pairs = self.topk.select(&lane, slice, mine.len(), site_key)?;
         report.k = pairs.len() / 8;
         report.steps[1] = t.elapsed();

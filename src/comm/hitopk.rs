@@ -273,6 +273,18 @@ pub(super) struct TopKOnDevice<'a> {
     pub(super) rank: usize,
 }
 
+/// The key of a HiTopK call's selection (step `step`) on this rank's owned slice starting at
+/// element `at`: the host's and the device's alike.
+pub(super) fn selection_key(seed: u64, step: u64, at: usize, rank: usize) -> u64 {
+    Site {
+        seed,
+        step,
+        chunk: at as u64,
+        rank: rank as u64,
+    }
+    .key()
+}
+
 /// A checked top-k all-reduce, ready to run on its comm's engine.
 pub struct PreparedTopK {
     kind: Kind,
@@ -407,13 +419,7 @@ impl PreparedTopK {
         if let Some(r) = residual.as_deref_mut() {
             crate::codec::ef::compensate(slice, r);
         }
-        let site_key = Site {
-            seed: self.seed,
-            step,
-            chunk: mine.start as u64,
-            rank: self.rank as u64,
-        }
-        .key();
+        let site_key = selection_key(self.seed, step, mine.start, self.rank);
         let mut idx = Vec::with_capacity(k);
         mstopk_select(slice, k, self.opts.samplings, site_key, &mut idx);
         let mut pairs = vec![0u8; 8 * idx.len()];

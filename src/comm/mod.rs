@@ -14,6 +14,7 @@ mod gpu_hier;
 mod gpu_hier_stream;
 mod gpu_sra;
 mod gpu_topk;
+mod gpu_topk_stream;
 mod hier;
 mod hitopk;
 mod ipc_turn;

@@ -78,6 +78,7 @@ mod script;
 mod sends;
 mod side;
 mod topk;
+mod topk_stream;
 // Kept by the comm and its engine across calls (its own file, so the engine need not import
 // the call).
 pub(crate) mod state;
@@ -89,6 +90,7 @@ use side::DeviceSide;
 pub use state::{DeviceState, DeviceStats};
 use state::{GpuLane, Sizes};
 pub use topk::DeviceTopK;
+pub(crate) use topk_stream::TopKShape;
 
 /// A compressed all-reduce on device buffers, checked and with its kernels loaded.
 pub struct GpuAllReduce {

@@ -39,8 +39,9 @@ pub(crate) struct StreamPiece {
 }
 
 /// What the caller's thread (enqueueing) and the comm's worker (moving) share for one
-/// hierarchical call on a stream: the `summed` values the lane's stream waits on, each
-/// part's script and the event after its result was copied back.
+/// hierarchical call on a stream (or HiTopK's, `topk_stream.rs`): the `summed` values the
+/// lane's stream waits on (one per piece or step), each part's script and the event the
+/// worker waits for before its next level (after a part's result was copied back).
 pub(crate) struct PieceBoard {
     words: Arc<Words>,
     /// Piece p's sums are released by storing `base + p + 1`.
@@ -58,7 +59,7 @@ struct Posts {
 }
 
 impl PieceBoard {
-    fn new(words: Arc<Words>, base: u32, pieces: usize) -> PieceBoard {
+    pub(super) fn new(words: Arc<Words>, base: u32, pieces: usize) -> PieceBoard {
         PieceBoard {
             words,
             base,
@@ -103,9 +104,16 @@ impl PieceBoard {
         self.wait(p, timeout, "its script", |posts| posts.scripts[p].take())
     }
 
-    /// The event after part `p`'s result was copied back, once posted (at most `timeout`).
-    pub(crate) fn copied_back(&self, p: usize, timeout: Duration) -> Result<Box<dyn Event>> {
-        self.wait(p, timeout, "its copy back", |posts| posts.events[p].take())
+    /// The event posted for piece `p` (after its result was copied back), once posted (at
+    /// most `timeout`).
+    pub(crate) fn event(&self, p: usize, timeout: Duration) -> Result<Box<dyn Event>> {
+        self.wait(p, timeout, "its event", |posts| posts.events[p].take())
+    }
+
+    /// True once a decode on the lane found bytes its codec refuses (sticky: the comm
+    /// fails).
+    pub(crate) fn refused(&self) -> bool {
+        self.words.bad()
     }
 
     fn wait<R>(
@@ -150,7 +158,7 @@ impl PieceBoard {
         Ok(())
     }
 
-    fn post_event(&self, p: usize, event: Box<dyn Event>) {
+    pub(super) fn post_event(&self, p: usize, event: Box<dyn Event>) {
         self.lock().events[p] = Some(event);
         self.posted.notify_all();
     }

@@ -323,7 +323,7 @@ impl DeviceState {
 
     /// Enqueues setting `count` f32s of device memory at `addr` to +0.0 (`qccl_ef_zero`);
     /// `addr` must hold them until the work enqueued after this is done.
-    pub(super) fn zero(&mut self, addr: u64, count: usize) -> Result<()> {
+    pub(super) fn zero(&self, addr: u64, count: usize) -> Result<()> {
         if count == 0 {
             return Ok(());
         }

@@ -18,12 +18,12 @@ use std::time::Duration;
 
 /// HiTopKComm's MSTopK at one density on one device, its kernels loaded.
 pub struct DeviceTopK {
-    driver: Arc<dyn Driver>,
-    ordinal: usize,
-    plan: Box<dyn CodecPlan>,
+    pub(super) driver: Arc<dyn Driver>,
+    pub(super) ordinal: usize,
+    pub(super) plan: Box<dyn CodecPlan>,
     /// The tensor whose residual the selection keeps (error feedback), if any.
-    key: Option<TensorKey>,
-    timeout: Duration,
+    pub(super) key: Option<TensorKey>,
+    pub(super) timeout: Duration,
     /// The call's buffers to and from f32 (None: float32), as the host's `with_f32`.
     convert: Option<Convert>,
 }
