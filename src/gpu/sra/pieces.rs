@@ -147,6 +147,27 @@ impl PieceBoard {
         }
     }
 
+    /// True once the call stopped (`fail`).
+    pub(super) fn stopped(&self) -> bool {
+        self.lock().failed.is_some()
+    }
+
+    /// Ends the caller's enqueueing with `enqueued`: an error fails the board, unless the
+    /// call had already stopped in the comm's turn (the worker failed first, refusing this
+    /// call's later posts): the call was handed and then failed, which the comm's
+    /// asynchronous error reports, so the caller's call returns as enqueued. Every wait of
+    /// the streams passes either way.
+    pub(super) fn end_enqueue(&self, enqueued: Result<()>) -> Result<()> {
+        match enqueued {
+            Err(_) if self.stopped() => Ok(()),
+            Err(e) => {
+                self.fail(e.clone());
+                Err(e)
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
     /// Posts part `p`'s script; gives it back once the call stopped.
     fn post_script(&self, p: usize, script: Script) -> std::result::Result<(), Script> {
         let mut posts = self.lock();
@@ -240,10 +261,7 @@ impl GpuAllReduce {
             }
             Ok(())
         })();
-        if let Err(e) = &enqueued {
-            board.fail(e.clone());
-        }
-        enqueued
+        board.end_enqueue(enqueued)
     }
 
     /// Moves the bytes of a hierarchical call's part enqueued by `enqueue_pieces` on `e`

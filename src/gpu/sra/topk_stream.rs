@@ -135,9 +135,6 @@ impl DeviceTopK {
             lane.add_bytes(len as u64, (shape.hosts * len) as u64);
             Ok(())
         })();
-        if let Err(e) = &enqueued {
-            board.fail(e.clone());
-        }
-        enqueued
+        board.end_enqueue(enqueued)
     }
 }
