@@ -498,11 +498,12 @@ fn armed(
     Ok(buf)
 }
 
-/// Across hosts, a compressed call on the hierarchy enqueued on a caller's stream (no GPU
-/// path there: staged in bands, the CPU codecs encoding) whose first copy in fails on rank
-/// 1: the call returns once enqueued, every rank's stream passes and its comm fails soon
-/// (the comm's timeout is 60 s), rank 1's error naming the fault; the failed comm refuses
-/// the next call. Every process stays 6 s: a peer's exit would end the waits too.
+/// Across hosts, a compressed call on the hierarchy enqueued on a caller's stream (float32:
+/// the codecs on the GPU, its host levels on a page-locked copy staged in bands) whose
+/// first copy in fails on rank 1: the call returns once enqueued, every rank's stream
+/// passes and its comm fails soon (the comm's timeout is 60 s), rank 1's error naming the
+/// fault; the failed comm refuses the next call. Every process stays 6 s: a peer's exit
+/// would end the waits too.
 fn hosts_coded_fault(comm: &Comm, gpu: &dyn Driver) -> Result<(), String> {
     let e = |e: qccl::Error| e.to_string();
     let user = gpu.create_stream(0).map_err(e)?;
@@ -911,9 +912,17 @@ fn across_emulated_hosts_a_failed_copy_fails_every_rank() {
     job(4, "hosts-fault", on_hosts(2));
 }
 
+/// Also with streams that hold 100 operations: rank 1's thread is then still enqueueing
+/// the call's pieces (blocked behind their waits) when its worker fails the call, whose
+/// posted parts must release their waits at once, the call returning as enqueued.
 #[test]
 fn across_emulated_hosts_a_failed_copy_of_a_compressed_call_on_a_stream_fails_every_rank() {
     job(4, "hosts-coded-fault", on_hosts(2));
+    job(4, "hosts-coded-fault", |r| {
+        let mut env = on_hosts(2)(r);
+        env.push(("QCCL_GPU_EMULATE_QUEUE_DEPTH", "100"));
+        env
+    });
 }
 
 #[test]

@@ -1862,13 +1862,16 @@ fn mixed_jobs_match_host_ranks(more: &[(&str, &str)], jobs: &[(&[&str], &[&str])
 /// types converted and Avg divided per piece: with pieces of 16 KiB (several per call),
 /// tensor keys' residuals across calls, float16, bfloat16, float64 and Avg, the job ends with
 /// the bytes of the same job on host buffers, device and host ranks mixed. So do calls with
-/// compressed intra-host levels (no GPU path either) on streams, NULL and queued.
+/// compressed intra-host levels (no GPU path either) on streams, NULL and queued. Streams
+/// hold 100 operations: float32 calls (the codecs on the GPU, `gpu_hier_stream.rs`) block
+/// their caller's thread while it enqueues their pieces, until the worker moves earlier ones.
 #[test]
 fn hierarchical_compressed_calls_on_a_stream_stage_in_bands_and_match_host_ranks() {
     let more = [
         ("QCCL_TEST_HIER", "1"),
         ("QCCL_TEST_STREAMS", "1"),
         ("QCCL_CHUNKSIZE", "16384"),
+        ("QCCL_GPU_EMULATE_QUEUE_DEPTH", "100"),
     ];
     let intra = [
         ("QCCL_TEST_HIER", "1"),

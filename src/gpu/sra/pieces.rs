@@ -88,15 +88,23 @@ impl PieceBoard {
     }
 
     /// The call stopped (`why`): every wait of the lane's stream passes from now on (to an
-    /// undefined result: the comm failed), posts are refused and waits for them fail.
+    /// undefined result: the comm failed), posts are refused and waits for them fail. The
+    /// scripts posted and not taken are dropped now, which releases their exchanges: the
+    /// caller's thread may be blocked enqueueing behind their progress waits (a stream
+    /// holds only so many operations), holding its reference to the board.
     pub(crate) fn fail(&self, why: Error) {
-        let mut posts = self.lock();
-        if posts.failed.is_none() {
-            posts.failed = Some(why);
-        }
-        let last = self.base.wrapping_add(self.pieces as u32);
-        self.words.summed().store(last, Ordering::Release);
-        self.posted.notify_all();
+        let posted: Vec<Script> = {
+            let mut posts = self.lock();
+            if posts.failed.is_none() {
+                posts.failed = Some(why);
+            }
+            let last = self.base.wrapping_add(self.pieces as u32);
+            self.words.summed().store(last, Ordering::Release);
+            self.posted.notify_all();
+            posts.scripts.iter_mut().filter_map(Option::take).collect()
+        };
+        // Outside the lock: a script's drop waits for its part's enqueueing to end.
+        drop(posted);
     }
 
     /// Part `p`'s script, once posted (waiting at most `timeout`).
