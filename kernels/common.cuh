@@ -69,6 +69,45 @@ QCCL_DEVICE double qccl_f64_from(uint64_t u) {
 #endif
 }
 
+// ---- arithmetic with the CPU's NaNs -----------------------------------------------------------
+// A GPU's add, sub, mul and div return the canonical NaN (0x7fffffff) whenever the result is
+// NaN; the CPU ranks' (x86 SSE/AVX, what Rust's float operators compile to) keep a NaN
+// operand's payload, quieted (the first operand's when both are NaN), and give the negative
+// quiet NaN for an invalid operation on numbers (inf - inf, 0 * inf, 0 / 0). Every value a
+// kernel writes that arithmetic can make NaN goes through these, so GPU and CPU ranks write the
+// same bits (found on an H200: an fp16 encode+EF of a NaN input). The shim runs the same
+// fix-up over the CPU's own NaN, so its parity tests check the rule against the Rust codecs.
+
+QCCL_DEVICE float qccl_x86_nan(float a, float b) {
+    if (a != a) return qccl_f32_from(qccl_f32_bits(a) | 0x00400000u);
+    if (b != b) return qccl_f32_from(qccl_f32_bits(b) | 0x00400000u);
+    return qccl_f32_from(0xffc00000u);
+}
+
+QCCL_DEVICE double qccl_x86_nan(double a, double b) {
+    if (a != a) return qccl_f64_from(qccl_f64_bits(a) | 0x0008000000000000ull);
+    if (b != b) return qccl_f64_from(qccl_f64_bits(b) | 0x0008000000000000ull);
+    return qccl_f64_from(0xfff8000000000000ull);
+}
+
+// -x as the CPU's: the sign bit flipped, a NaN's payload kept (PTX leaves neg's NaN open).
+QCCL_DEVICE float qccl_neg(float x) { return qccl_f32_from(qccl_f32_bits(x) ^ 0x80000000u); }
+
+#define QCCL_CPU_NAN_OP(name, op)                                               \
+    QCCL_DEVICE float name(float a, float b) {                                  \
+        float r = a op b;                                                       \
+        return r == r ? r : qccl_x86_nan(a, b);                                 \
+    }                                                                           \
+    QCCL_DEVICE double name(double a, double b) {                               \
+        double r = a op b;                                                      \
+        return r == r ? r : qccl_x86_nan(a, b);                                 \
+    }
+QCCL_CPU_NAN_OP(qccl_add, +)
+QCCL_CPU_NAN_OP(qccl_sub, -)
+QCCL_CPU_NAN_OP(qccl_mul, *)
+QCCL_CPU_NAN_OP(qccl_div, /)
+#undef QCCL_CPU_NAN_OP
+
 // ---- f16 / bf16 <-> f32 --------------------------------------------------------------------
 // NaN rules (the `half` crate's, which qccl's CPU paths follow on every code path): widening
 // and narrowing both set the quiet bit and keep the payload's high bits and the sign. The GPU's
@@ -190,8 +229,8 @@ QCCL_INT_OPS(uint64_t, uint64_t)
 #undef QCCL_INT_OPS
 
 #define QCCL_FLOAT_OPS(T, BITS, FROM)                                              \
-    QCCL_DEVICE T qccl_sum(T a, T b) { return a + b; }                             \
-    QCCL_DEVICE T qccl_prod(T a, T b) { return a * b; }                            \
+    QCCL_DEVICE T qccl_sum(T a, T b) { return qccl_add(a, b); }                    \
+    QCCL_DEVICE T qccl_prod(T a, T b) { return qccl_mul(a, b); }                   \
     QCCL_DEVICE T qccl_max(T a, T b) {                                             \
         T r = a > b ? a : b;                                                       \
         if (a == b) r = FROM(BITS(a) & BITS(b)); /* +0 beats -0 */                 \

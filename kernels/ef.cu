@@ -16,7 +16,7 @@ extern "C" __global__ void qccl_ef_compensate(const float* x, float* res, float*
                                               uint64_t count) {
     QCCL_GRID_STRIDE(i, count) {
         if (res) {
-            w[i] = x[i] + res[i];
+            w[i] = qccl_add(x[i], res[i]);
             res[i] = 0.0f;
         } else {
             w[i] = x[i];

@@ -40,9 +40,9 @@ QCCL_DEVICE void qccl_encode_ef_body(const float* x, float* res, float* w_out, T
         qccl_x8<float> xv = qccl_ld8(x + 8 * g), rv = qccl_ld8(res + 8 * g);
         qccl_x8<T> p;
         for (int k = 0; k < 8; k++) {
-            float w = xv.e[k] + rv.e[k];
+            float w = qccl_add(xv.e[k], rv.e[k]);
             p.e[k] = enc(w);
-            rv.e[k] = (0.0f + w) - dec(p.e[k]);
+            rv.e[k] = qccl_sub(qccl_add(0.0f, w), dec(p.e[k]));
             xv.e[k] = w;
         }
         qccl_st8(payload + 8 * g, p);
@@ -50,10 +50,10 @@ QCCL_DEVICE void qccl_encode_ef_body(const float* x, float* res, float* w_out, T
         if (w_out) qccl_st8(w_out + 8 * g, xv);
     }
     for (uint64_t i = groups * 8 + qccl_tid(); i < count; i += qccl_nthreads()) {
-        float w = x[i] + res[i];
+        float w = qccl_add(x[i], res[i]);
         T p = enc(w);
         payload[i] = p;
-        res[i] = (0.0f + w) - dec(p);
+        res[i] = qccl_sub(qccl_add(0.0f, w), dec(p));
         if (w_out) w_out[i] = w;
     }
 }
@@ -65,11 +65,11 @@ QCCL_DEVICE void qccl_decode_body(const T* payload, float* out, uint64_t count, 
         qccl_x8<T> p = qccl_ld8(payload + 8 * g);
         qccl_x8<float> o;
         if (ADD) o = qccl_ld8(out + 8 * g);
-        for (int k = 0; k < 8; k++) o.e[k] = ADD ? o.e[k] + dec(p.e[k]) : dec(p.e[k]);
+        for (int k = 0; k < 8; k++) o.e[k] = ADD ? qccl_add(o.e[k], dec(p.e[k])) : dec(p.e[k]);
         qccl_st8(out + 8 * g, o);
     }
     for (uint64_t i = groups * 8 + qccl_tid(); i < count; i += qccl_nthreads())
-        out[i] = ADD ? out[i] + dec(payload[i]) : dec(payload[i]);
+        out[i] = ADD ? qccl_add(out[i], dec(payload[i])) : dec(payload[i]);
 }
 
 #define QCCL_FLOAT_CODEC(codec, T, ENCODE, DECODE)                                                \

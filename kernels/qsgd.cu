@@ -59,7 +59,7 @@ QCCL_DEVICE uint64_t qsgd_meta_bytes(uint64_t n, unsigned bucket, int maxabs) {
 /* Element i of the encoder's input: x, or x + res with error feedback. */
 template <bool EF>
 QCCL_DEVICE float qsgd_input(const float *x, const float *res, uint64_t i) {
-    return EF ? x[i] + res[i] : x[i];
+    return EF ? qccl_add(x[i], res[i]) : x[i];
 }
 
 /* A bucket's scales are computed as the Rust encoder does: eight lane accumulators (element e
@@ -112,7 +112,7 @@ QCCL_DEVICE void qsgd_lanes_store(const QsgdLanes &a, int maxabs, uint8_t *meta,
         h = a.hi[j] > h ? a.hi[j] : h;
     }
     if (maxabs)
-        l = -h;
+        l = qccl_neg(h);
     if (a.bad || !qsgd_finite(l) || !qsgd_finite(h)) {
         l = qccl_f32_from(0x7fc00000u);
         h = l;
@@ -247,7 +247,7 @@ QCCL_DEVICE void qsgd_read_bounds(const uint8_t *meta, uint64_t bi, int maxabs, 
                                   float *hi) {
     if (maxabs) {
         float m = qsgd_load_f32(meta + 4 * bi);
-        *lo = -m;
+        *lo = qccl_neg(m);
         *hi = m;
     } else {
         *lo = qsgd_load_f32(meta + 8 * bi);
@@ -326,7 +326,7 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
         if (EF) {
             qsgd_load8(r8, res, base, m, vec);
             for (unsigned j = 0; j < 8; j++)
-                w[j] = w[j] + r8[j];
+                w[j] = qccl_add(w[j], r8[j]);
         }
         uint64_t acc = 0;
         unsigned long long pair = 0; /* the draw of elements i & ~1 and i | 1 */
@@ -359,8 +359,8 @@ QCCL_DEVICE void qsgd_levels(const float *x, float *res, float *w_out, uint64_t 
             unsigned q = (unsigned)t; /* t >= 0: truncation is floor */
             acc |= (uint64_t)q << (bits * j);
             if (EF) {
-                float e = 0.0f + w[j];
-                r8[j] = e - qsgd_value(dq, q, top);
+                float e = qccl_add(0.0f, w[j]);
+                r8[j] = qccl_sub(e, qsgd_value(dq, q, top));
             }
         }
         if (EF) {
@@ -423,7 +423,7 @@ QCCL_DEVICE void qsgd_decode(const uint8_t *payload, float *out, uint64_t n, uns
             }
             unsigned q = (unsigned)(acc >> (bits * j)) & top;
             float d = qsgd_value(dq, q, top);
-            v[j] = ADD ? v[j] + d : d;
+            v[j] = ADD ? qccl_add(v[j], d) : d;
         }
         qsgd_store8(out, v, base, m, vec);
     }

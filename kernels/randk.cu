@@ -26,6 +26,6 @@ extern "C" __global__ void qccl_randk_encode_ef(const float *x, const float *res
                                                 sp_u64 key) {
     QCCL_GRID_STRIDE(t, k) {
         sp_u64 i = qccl_randk_index(key, n, k, t);
-        sp_put(payload, k, t, (uint32_t)i, x[i] + res[i]);
+        sp_put(payload, k, t, (uint32_t)i, qccl_add(x[i], res[i]));
     }
 }

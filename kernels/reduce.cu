@@ -60,7 +60,7 @@ QCCL_DEVICE double qccl_avg(double a, double b) { return qccl_sum(a, b); }
     QCCL_REDUCE_INT(T, suffix) QCCL_REDUCE(avg, T, suffix)                                         \
     extern "C" __global__ void qccl_finish_avg_##suffix(T* x, uint64_t count, uint64_t n) {        \
         T d = (T)n;                                                                                \
-        qccl_elementwise(x, x, (const T*)0, count, [d](T v, T) { return v / d; });                 \
+        qccl_elementwise(x, x, (const T*)0, count, [d](T v, T) { return qccl_div(v, d); });        \
     }
 
 #define QCCL_REDUCE_HALF(suffix, WIDEN, NARROW)                                                    \
@@ -72,7 +72,7 @@ QCCL_DEVICE double qccl_avg(double a, double b) { return qccl_sum(a, b); }
     extern "C" __global__ void qccl_finish_avg_##suffix(uint16_t* x, uint64_t count, uint64_t n) { \
         float d = (float)n;                                                                        \
         qccl_elementwise(x, x, (const uint16_t*)0, count,                                          \
-                         [d](uint16_t v, uint16_t) { return NARROW(WIDEN(v) / d); });              \
+                         [d](uint16_t v, uint16_t) { return NARROW(qccl_div(WIDEN(v), d)); });     \
     }
 
 QCCL_REDUCE_INT(int8_t, i8)

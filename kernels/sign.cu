@@ -61,7 +61,7 @@ QCCL_DEVICE float qccl_fold8(float v) {
 // The encoder's input element i: x[i], or with error feedback w = x[i] + res[i].
 template <bool EF>
 QCCL_DEVICE float qccl_sign_input(const float* x, const float* res, uint64_t i) {
-    return EF ? x[i] + res[i] : x[i];
+    return EF ? qccl_add(x[i], res[i]) : x[i];
 }
 
 template <bool EF>
@@ -229,13 +229,13 @@ QCCL_DEVICE void qccl_signs_decode(const uint8_t* bits, float* out, uint64_t cou
             if (ADD) o = qccl_ld8(out + i0);
             for (uint32_t j = 0; j < 8; j++) {
                 float v = value(i0 + j, (b >> j) & 1u);
-                o.e[j] = ADD ? o.e[j] + v : v;
+                o.e[j] = ADD ? qccl_add(o.e[j], v) : v;
             }
             qccl_st8(out + i0, o);
         } else {
             for (uint64_t i = i0; i < count && i < i0 + 8; i++) {
                 float v = value(i, (b >> (i - i0)) & 1u);
-                out[i] = ADD ? out[i] + v : v;
+                out[i] = ADD ? qccl_add(out[i], v) : v;
             }
         }
     }
@@ -243,13 +243,13 @@ QCCL_DEVICE void qccl_signs_decode(const uint8_t* bits, float* out, uint64_t cou
 
 extern "C" __global__ void qccl_efsign_decode(const uint8_t* payload, float* out, uint64_t count) {
     float s = qccl_load_f32_le(payload);
-    qccl_signs_decode<false>(payload + 4, out, count, [s](uint64_t, uint32_t set) { return set ? s : -s; });
+    qccl_signs_decode<false>(payload + 4, out, count, [s](uint64_t, uint32_t set) { return set ? s : qccl_neg(s); });
 }
 
 extern "C" __global__ void qccl_efsign_decode_add(const uint8_t* payload, float* out,
                                                   uint64_t count) {
     float s = qccl_load_f32_le(payload);
-    qccl_signs_decode<true>(payload + 4, out, count, [s](uint64_t, uint32_t set) { return set ? s : -s; });
+    qccl_signs_decode<true>(payload + 4, out, count, [s](uint64_t, uint32_t set) { return set ? s : qccl_neg(s); });
 }
 
 // Element i of a onebit payload: its bucket's mean for its sign bit. A thread asks for its
@@ -300,20 +300,20 @@ QCCL_DEVICE void qccl_signs_pack_ef(const float* x, float* res, float* w_out, ui
         if (vec && i0 + 8 <= count) {
             qccl_x8<float> xv = qccl_ld8(x + i0), rv = qccl_ld8(res + i0);
             for (uint32_t j = 0; j < 8; j++) {
-                float w = xv.e[j] + rv.e[j];
+                float w = qccl_add(xv.e[j], rv.e[j]);
                 uint32_t set = w >= 0.0f;
                 b |= set << j;
-                rv.e[j] = (0.0f + w) - value(i0 + j, set);
+                rv.e[j] = qccl_sub(qccl_add(0.0f, w), value(i0 + j, set));
                 xv.e[j] = w;
             }
             qccl_st8(res + i0, rv);
             if (w_out) qccl_st8(w_out + i0, xv);
         } else {
             for (uint64_t i = i0; i < count && i < i0 + 8; i++) {
-                float w = x[i] + res[i];
+                float w = qccl_add(x[i], res[i]);
                 uint32_t set = w >= 0.0f;
                 b |= set << (i - i0);
-                res[i] = (0.0f + w) - value(i, set);
+                res[i] = qccl_sub(qccl_add(0.0f, w), value(i, set));
                 if (w_out) w_out[i] = w;
             }
         }
@@ -326,7 +326,7 @@ extern "C" __global__ void qccl_efsign_pack_ef(const float* x, float* res, float
                                                uint8_t* payload, uint64_t count) {
     float s = qccl_load_f32_le(payload);
     qccl_signs_pack_ef(x, res, w_out, payload + 4, count,
-                       [s](uint64_t, uint32_t set) { return set ? s : -s; });
+                       [s](uint64_t, uint32_t set) { return set ? s : qccl_neg(s); });
 }
 
 // After qccl_onebit_segment_sums_ef and qccl_onebit_means.

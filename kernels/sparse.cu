@@ -63,7 +63,7 @@ QCCL_DEVICE void sp_decode(const uint8_t *payload, float *out, sp_u64 n, sp_u64 
         if (i >= n)
             continue;
         float v = qccl_f32_from(sp_load_u32(payload + 4 * k + 4 * j));
-        out[i] = ADD ? out[i] + v : v;
+        out[i] = ADD ? qccl_add(out[i], v) : v;
     }
 }
 
@@ -80,27 +80,27 @@ extern "C" __global__ void qccl_sparse_decode_add(const uint8_t *payload, float 
 extern "C" __global__ void qccl_sparse_compensate(const float *x, float *res, float *w,
                                                   sp_u64 n) {
     QCCL_GRID_STRIDE(i, n) {
-        float v = x[i] + res[i];
+        float v = qccl_add(x[i], res[i]);
         if (w)
             w[i] = v;
-        res[i] = 0.0f + v;
+        res[i] = qccl_add(0.0f, v);
     }
 }
 
 /* res = x + res: w kept in the residual while the selection reads it. */
 extern "C" __global__ void qccl_sparse_fold(const float *x, float *res, sp_u64 n) {
-    QCCL_GRID_STRIDE(i, n) { res[i] = x[i] + res[i]; }
+    QCCL_GRID_STRIDE(i, n) { res[i] = qccl_add(x[i], res[i]); }
 }
 
 /* res = 0 + res: after qccl_sparse_fold and the write, the residual compensate leaves (0 + w;
  * -0 becomes +0). */
 extern "C" __global__ void qccl_sparse_settle(float *res, sp_u64 n) {
-    QCCL_GRID_STRIDE(i, n) { res[i] = 0.0f + res[i]; }
+    QCCL_GRID_STRIDE(i, n) { res[i] = qccl_add(0.0f, res[i]); }
 }
 
 extern "C" __global__ void qccl_sparse_ef_sub(const uint8_t *payload, float *res, sp_u64 k) {
     QCCL_GRID_STRIDE(j, k) {
         uint32_t i = sp_load_u32(payload + 4 * j);
-        res[i] -= qccl_f32_from(sp_load_u32(payload + 4 * k + 4 * j));
+        res[i] = qccl_sub(res[i], qccl_f32_from(sp_load_u32(payload + 4 * k + 4 * j)));
     }
 }

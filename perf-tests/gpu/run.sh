@@ -7,6 +7,7 @@
 #   perf-tests/gpu/run.sh suite              # the GPU tests (at most ~5 minutes)
 #   perf-tests/gpu/run.sh figures [quick]    # the figures (at most ~10; quick: smaller sizes)
 #   perf-tests/gpu/run.sh all [quick]        # both, one after the other
+#   perf-tests/gpu/run.sh diagnose           # the known GPU hangs, with short comm timeouts
 #   QCCL_GPU_EMULATE=1 perf-tests/gpu/run.sh all smoke   # the script itself, here (no figure)
 #
 # Each step has its own time limit, so a hung test cannot eat a lent machine's minutes; the
@@ -25,7 +26,7 @@ json=$out/json
 mkdir -p "$json"
 part=${1:-all}
 quick=${2:-}
-case $part in suite | figures | all) ;; *) echo "usage: $0 suite|figures|all [quick|smoke]" >&2; exit 2 ;; esac
+case $part in suite | figures | all | diagnose) ;; *) echo "usage: $0 suite|figures|all|diagnose [quick|smoke]" >&2; exit 2 ;; esac
 export QCCL_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 log=$out/suite.log
 fig=$out/figures.txt
@@ -54,6 +55,43 @@ step() { # name, limit (s), command...: runs it, appends its output to the log, 
 if ls "$kit"/qccl-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-deps --no-index --target /tmp/qccl-site "$kit"/qccl-*.whl
     export PYTHONPATH=/tmp/qccl-site
+fi
+
+# The hangs seen on an H200 and not on the emulated driver (run 3, 2026-11-28), each with a
+# comm timeout (QCCL_TIMEOUT_MS) shorter than its step's limit, so that the host side's wait
+# fails with a message naming what it waited for (the exchange, the progress word, the
+# call's events); a process still alive after 30 s gets its threads' stacks dumped (gdb).
+if [ "$part" = diagnose ]; then
+    hang_step() { # name, command...
+        local name=$1
+        shift
+        echo "== $name" | tee -a "$log"
+        local t0=$SECONDS
+        QCCL_TIMEOUT_MS=15000 QCCL_DEBUG=INFO timeout 50 "$@" >>"$log" 2>&1 &
+        local pid=$!
+        sleep 30
+        if kill -0 "$pid" 2>/dev/null && command -v gdb >/dev/null; then
+            for p in $(pgrep -f "$(basename "$2")"); do
+                echo "-- stacks of $p" >>"$log"
+                timeout 10 gdb -p "$p" -batch -ex "thread apply all bt 12" >>"$log" 2>&1
+            done
+        fi
+        wait "$pid"
+        echo "== $name: rc=$? in $((SECONDS - t0)) s" | tee -a "$log"
+    }
+    z=qsgd:bits=4,bucket=128
+    hang_step "flat qsgd on a stream, 16 MiB" "$kit/bin/qccl-perf" -np 2 --device cuda -Z "$z" \
+        -b 16M -e 16M -n 10 -w 10 -c 1
+    hang_step "flat qsgd on a stream, 16 MiB, no check" "$kit/bin/qccl-perf" -np 2 --device cuda \
+        -Z "$z" -b 16M -e 16M -n 10 -w 10 -c 0
+    hang_step "flat qsgd, NULL stream, 16 MiB" "$kit/bin/qccl-perf" -np 2 --device cuda -y 1 \
+        -Z "$z" -b 16M -e 16M -n 10 -w 10 -c 1
+    for t in "gpu_emulated the_callers_stream_orders_the_call_on_a_real_gpu" \
+        "gpu_driver compressed_all_reduce_on_cudarc_slices" "gpu_driver codec_plans_match_rust"; do
+        set -- $t
+        hang_step "$t" "$kit/bin/$1" --ignored --exact "$2" --nocapture
+    done
+    exit 0
 fi
 
 # The GPU suite, one test at a time (ranks of one test share the GPU).

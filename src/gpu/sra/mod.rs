@@ -716,7 +716,12 @@ impl GpuAllReduce {
             mover: Mover::new(self, self.n),
             script,
         };
-        self.schedule(&mut ctx, shape, &mut side)?;
+        let ran = self.schedule(&mut ctx, shape, &mut side);
+        let at = side.mover.x;
+        ran.map_err(|e| {
+            let state = side.script.board.state();
+            e.prefixed(&format!("exchange {at} of the call's ({state}): "))
+        })?;
         Ok(side.mover.stats)
     }
 
@@ -743,7 +748,13 @@ impl GpuAllReduce {
         b.release(b.total);
         let synced = b
             .done(self.timeout)
-            .and_then(|d| d.synchronize(self.timeout));
+            .and_then(|d| d.synchronize(self.timeout))
+            .map_err(|e| {
+                e.prefixed(&format!(
+                    "compressed all-reduce on device buffers ({}): ",
+                    b.state()
+                ))
+            });
         if synced.is_ok() {
             b.set_finished();
         }

@@ -244,6 +244,27 @@ impl Board {
         }
     }
 
+    /// Where the call stands, for a timeout's message: what was posted and released, and
+    /// the progress word the stream waits on (a hang on a GPU shows only there).
+    pub(super) fn state(&self) -> String {
+        let p = self.lock();
+        let end = match &p.end {
+            None => "still enqueueing",
+            Some(Ok(_)) => "all enqueued",
+            Some(Err(_)) => "enqueueing failed",
+        };
+        format!(
+            "exchanges posted {} of {}, released {} (progress word {}, the call's waits from \
+             {}), {} encode events posted, {end}",
+            p.exchanges.len(),
+            self.total,
+            p.released,
+            self.words.progress().load(Ordering::Acquire),
+            self.base.wrapping_add(1),
+            p.encodes.len(),
+        )
+    }
+
     /// Marks the device done with the call.
     pub(super) fn set_finished(&self) {
         self.finished.store(true, Ordering::Release);
