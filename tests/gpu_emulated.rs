@@ -1803,12 +1803,15 @@ fn compressed_sra_with_the_codecs_on_the_gpu_matches_host_ranks_bit_for_bit() {
 /// and its exchanges began with encodes still queued (`coded` checks the counters). Streams
 /// hold at most 256 pending operations here, fewer than such a call enqueues on a caller's
 /// stream behind its first progress wait: the worker must move its bytes while the rest is
-/// still being enqueued (a GPU's stream blocks its enqueues past about 1000).
+/// still being enqueued (a GPU's stream blocks its enqueues past about 1000), and with no
+/// driver call: an enqueue blocked on a full queue holds the driver's lock here, as CUDA's
+/// does (QCCL_GPU_EMULATE_FULL_QUEUE_LOCK; an H200 hung on the worker's event queries).
 #[test]
 fn pipelined_compressed_sra_over_many_slices_matches_host_ranks_bit_for_bit() {
     let small = [
         ("QCCL_BUFFSIZE", "4096"),
         ("QCCL_GPU_EMULATE_QUEUE_DEPTH", "256"),
+        ("QCCL_GPU_EMULATE_FULL_QUEUE_LOCK", "1"),
     ];
     for (n, device) in [(3, "0,1,2"), (5, "0,3"), (1, "0")] {
         let host = run_coded_with(n, "", "1", &small);
@@ -1864,7 +1867,8 @@ fn mixed_jobs_match_host_ranks(more: &[(&str, &str)], jobs: &[(&[&str], &[&str])
 /// the bytes of the same job on host buffers, device and host ranks mixed. So do calls with
 /// compressed intra-host levels (no GPU path either) on streams, NULL and queued. Streams
 /// hold 100 operations: float32 calls (the codecs on the GPU, `gpu_hier_stream.rs`) block
-/// their caller's thread while it enqueues their pieces, until the worker moves earlier ones.
+/// their caller's thread while it enqueues their pieces, until the worker moves earlier ones
+/// (holding the driver's lock meanwhile, as CUDA's enqueues do: QCCL_GPU_EMULATE_FULL_QUEUE_LOCK).
 #[test]
 fn hierarchical_compressed_calls_on_a_stream_stage_in_bands_and_match_host_ranks() {
     let more = [
@@ -1872,6 +1876,7 @@ fn hierarchical_compressed_calls_on_a_stream_stage_in_bands_and_match_host_ranks
         ("QCCL_TEST_STREAMS", "1"),
         ("QCCL_CHUNKSIZE", "16384"),
         ("QCCL_GPU_EMULATE_QUEUE_DEPTH", "100"),
+        ("QCCL_GPU_EMULATE_FULL_QUEUE_LOCK", "1"),
     ];
     let intra = [
         ("QCCL_TEST_HIER", "1"),

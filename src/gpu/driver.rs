@@ -268,6 +268,16 @@ pub trait Stream: Send {
     /// aligned, and stay allocated until the wait is known done.
     unsafe fn wait_word(&self, word: *const u32, value: u32) -> Result<()>;
 
+    /// Enqueues storing `value` in the 32-bit word at `word` once the work enqueued before it
+    /// is done, its writes visible to the host first (`cuStreamWriteValue32`, with its
+    /// default memory barrier): the host learns how far a stream got by reading the word,
+    /// with no driver call (which a thread blocked on a full queue can hold up).
+    ///
+    /// # Safety
+    /// As `wait_word`: `word` in page-locked memory from this driver's `alloc_pinned`,
+    /// 4-byte aligned, allocated until the store is known done.
+    unsafe fn write_word(&self, word: *mut u32, value: u32) -> Result<()>;
+
     /// Enqueues kernel `f` on a 1-D grid of `grid` blocks of `block` threads (no dynamic
     /// shared memory) with `args`. Errors (a function of another device or driver, an empty
     /// grid or block, arguments that do not fit the kernel where the driver can tell) name the

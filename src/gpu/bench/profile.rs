@@ -78,6 +78,11 @@ impl Stream for Profiled {
         unsafe { self.inner.wait_word(word, value) }
     }
 
+    unsafe fn write_word(&self, word: *mut u32, value: u32) -> Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.write_word(word, value) }
+    }
+
     unsafe fn launch(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
         self.inner.synchronize(self.timeout)?;
         let start = Instant::now();

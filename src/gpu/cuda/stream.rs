@@ -245,6 +245,24 @@ impl Stream for CudaStream {
         })
     }
 
+    unsafe fn write_word(&self, word: *mut u32, value: u32) -> Result<()> {
+        let _current = self.ctx.enter()?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: as in `wait_word`: `word` lies in page-locked memory mapped for the device.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, word.cast(), 0) };
+        check(r, "cuMemHostGetDevicePointer", || {
+            format!("mapping the word {word:p} for {}", self.place())
+        })?;
+        // The default flags keep the memory barrier: the work before is visible first.
+        let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: the stream is live and `dptr` maps a word that stays allocated until the
+        // store is done (this function's contract).
+        let r = unsafe { sys::cuStreamWriteValue32_v2(self.handle(), dptr, value, flags) };
+        check(r, "cuStreamWriteValue32", || {
+            format!("making {} store a word", self.place())
+        })
+    }
+
     unsafe fn launch(&self, f: &dyn Function, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
         let what = || {
             format!(

@@ -81,6 +81,7 @@ pub struct EmuEvent {
 
 impl Event for EmuEvent {
     fn query(&self) -> Result<bool> {
+        drop(super::stream::driver_lock());
         match self.state.state() {
             None => Ok(false),
             Some(r) => r.map(|()| true),

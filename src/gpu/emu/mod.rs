@@ -48,6 +48,10 @@
 //! - A stream holds at most 1024 operations pending (QCCL_GPU_EMULATE_QUEUE_DEPTH sets
 //!   another depth): an enqueue past that blocks until one ends, as CUDA's does past some
 //!   1000 pending launches (here at most 60 s, then an error saying the queue is full).
+//!   With QCCL_GPU_EMULATE_FULL_QUEUE_LOCK=1 such a blocked enqueue holds a process-wide
+//!   driver lock that event queries and records wait for (the likely cause of a hang on an
+//!   H200: a thread that must query events for the queue to drain then never can).
+//! - `write_word` stores its value once the stream reaches it (`cuStreamWriteValue32`).
 //! - Dropping a created stream refuses new work, waits up to 10 s for what is enqueued,
 //!   abandons the rest (its events fail), and joins the worker.
 //!

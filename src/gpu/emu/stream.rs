@@ -82,6 +82,27 @@ pub const QUEUE_DEPTH: u64 = 1024;
 /// How long an enqueue on a full stream waits before it fails (CUDA's: forever).
 const FULL_WAIT: Duration = Duration::from_secs(60);
 
+/// Whether an enqueue that waits for room in a full queue holds the driver's lock while it
+/// waits, as CUDA's does (QCCL_GPU_EMULATE_FULL_QUEUE_LOCK=1): then an event query or record
+/// on any stream of the process waits for it ([`driver_lock`]). CUDA's driver serialises
+/// calls on a context lock, and a launch blocked on a full queue keeps it (PyTorch's NCCL
+/// watchdog notes `cudaEventQuery` hanging the same way behind a synchronize): a thread that
+/// must query events for the queue to drain then deadlocks. Off by default: tests turn it
+/// on where they check that qccl's worker makes no driver call a full queue can block.
+fn full_queue_locks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("QCCL_GPU_EMULATE_FULL_QUEUE_LOCK").is_ok_and(|v| v.trim() == "1")
+    })
+}
+
+/// The emulated driver's lock (see [`full_queue_locks`]): held by an enqueue waiting for room
+/// in a full queue; event queries and records take it in passing.
+pub(super) fn driver_lock() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The depth of every emulated stream's queue: QCCL_GPU_EMULATE_QUEUE_DEPTH (at least 1),
 /// else [`QUEUE_DEPTH`]. Tests lower it to reach the limit with small calls.
 fn queue_depth() -> u64 {
@@ -110,6 +131,8 @@ enum Op {
     Wait(Arc<EventState>),
     /// `wait_word`: the word's address (page-locked, kept allocated by the caller) and value.
     WaitWord(usize, u32),
+    /// `write_word`: the word's address (as for `WaitWord`) and the value stored there.
+    WriteWord(usize, u32),
 }
 
 struct Queue {
@@ -198,12 +221,20 @@ impl StreamCore {
         let depth = queue_depth();
         let mut q = self.lock();
         let deadline = deadline_after(FULL_WAIT);
+        // Taken (never while holding the queue) once the queue is found full.
+        let mut held = None;
         loop {
             if let Some(e) = self.refusal(&q) {
                 return Err(e);
             }
             if q.enqueued - q.done < depth {
                 return Ok(q);
+            }
+            if held.is_none() && full_queue_locks() {
+                drop(q);
+                held = Some(driver_lock());
+                q = self.lock();
+                continue;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -245,6 +276,7 @@ impl StreamCore {
 
     /// Records an event after everything enqueued so far.
     pub fn record(&self) -> Result<Arc<EventState>> {
+        drop(driver_lock());
         let mut q = self.room()?;
         q.events += 1;
         let event = EventState::new(format!("event {} of {}", q.events, self.name));
@@ -395,6 +427,13 @@ impl StreamCore {
                     }
                     std::thread::sleep(Duration::from_micros(20));
                 }
+                Ok(())
+            }
+            Op::WriteWord(word, value) => {
+                // SAFETY: `write_word`'s contract, as for `WaitWord`; the host reads the word
+                // atomically from another thread, after the work before it (Release).
+                let word = unsafe { &*(word as *const std::sync::atomic::AtomicU32) };
+                word.store(value, Ordering::Release);
                 Ok(())
             }
         }
@@ -776,6 +815,16 @@ impl Stream for EmuStream {
             )));
         }
         self.core.enqueue(Op::WaitWord(word as usize, value))
+    }
+
+    unsafe fn write_word(&self, word: *mut u32, value: u32) -> Result<()> {
+        if word.is_null() || !(word as usize).is_multiple_of(4) {
+            return Err(Error::invalid(format!(
+                "write_word on {}: {word:p} is not an aligned 32-bit word",
+                self.core.name
+            )));
+        }
+        self.core.enqueue(Op::WriteWord(word as usize, value))
     }
 
     fn wait_event(&self, event: &dyn Event) -> Result<()> {

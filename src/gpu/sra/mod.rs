@@ -645,7 +645,7 @@ impl GpuAllReduce {
             Err(e) => {
                 // What was enqueued runs to its end before the buffers count as free.
                 board.release(exchanges);
-                if st.stream.synchronize(self.timeout).is_ok() {
+                if st.drained_after_failure(self.timeout) {
                     board.set_finished();
                 }
                 board.end(Err(e.clone()));
@@ -694,11 +694,10 @@ impl GpuAllReduce {
             // (valid until `done`: the caller's promise), as `from_f32` does.
             unsafe { convert.run(&*st.stream, false, work, self.recv, count)? };
         }
-        let done = st.stream.record()?;
         if let Some(c) = caller {
-            c.wait_event(&*done)?;
+            c.wait_event(&*st.stream.record()?)?;
         }
-        Ok(done)
+        st.mark()
     }
 
     /// Moves the bytes of the call `script` enqueued, on `e` in the comm's turn: the

@@ -261,7 +261,7 @@ impl GpuAllReduce {
                 g.enqueue_on(st, lane, step, None, |script| board.post_script(i, script))?;
                 // SAFETY: as above.
                 unsafe { st.stream.copy_to_host(pinned.add(at), dev, len)? };
-                board.post_event(i, st.stream.record()?);
+                board.post_event(i, st.mark()?);
             }
             if self.op == ReduceOp::Avg {
                 // After every band's copies out, on the caller's stream.
@@ -269,6 +269,9 @@ impl GpuAllReduce {
             }
             Ok(())
         })();
+        if enqueued.is_err() {
+            st.note_if_failed();
+        }
         board.end_enqueue(enqueued)
     }
 

@@ -96,7 +96,7 @@ impl<'a> DeviceSide<'a> {
 
     /// Records an event after the work so far and posts it (`encode`: after an encode).
     fn record(&mut self, encode: bool) -> Result<usize> {
-        Ok(self.board.post_event(self.st.stream.record()?, encode))
+        Ok(self.board.post_event(self.st.mark()?, encode))
     }
 
     /// Records the event that the decodes enqueued since the last exchange are done: their

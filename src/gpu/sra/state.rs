@@ -6,7 +6,7 @@
 use crate::algo::compressed::sra::SETS;
 use crate::codec::ef::TensorKey;
 use crate::error::{Error, Result};
-use crate::gpu::driver::{Arg, DeviceMem, Driver, Function, Pinned, Stream};
+use crate::gpu::driver::{Arg, DeviceMem, Driver, Event, Function, Pinned, Stream};
 use crate::gpu::plans::{grid_for, BLOCK};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -144,12 +144,16 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Three page-locked words of a comm's device side: the progress word the stream waits on
+/// Four page-locked words of a comm's device side: the progress word the stream waits on
 /// (the comm's worker stores it as exchanges end), the word a decode that fails the
-/// codec's checks sets (sticky: such a failure fails the comm), and the word a
-/// hierarchical call on a stream stores as its pieces' intra-host sums are ready.
+/// codec's checks sets (sticky: such a failure fails the comm), the word a hierarchical
+/// call on a stream stores as its pieces' intra-host sums are ready, and the word the stream
+/// stores as it passes its marks (`DeviceState::mark`).
 pub(super) struct Words {
     mem: Box<dyn Pinned>,
+    /// Set once the lane's stream is known failed (sticky): its marks never pass, and their
+    /// waits end with this error instead of at their timeout.
+    failed: Mutex<Option<Error>>,
 }
 
 // SAFETY: the page-locked memory is owned for the value's whole life and only used through
@@ -161,10 +165,14 @@ unsafe impl Sync for Words {}
 impl Words {
     fn new(driver: &dyn Driver) -> Result<Words> {
         let mem = driver.alloc_pinned(64)?;
-        let w = Words { mem };
+        let w = Words {
+            mem,
+            failed: Mutex::new(None),
+        };
         w.progress().store(0, Ordering::Release);
         w.bad_atomic().store(0, Ordering::Release);
         w.summed().store(0, Ordering::Release);
+        w.passed().store(0, Ordering::Release);
         Ok(w)
     }
 
@@ -204,6 +212,67 @@ impl Words {
     pub(super) fn summed_ptr(&self) -> *const u32 {
         self.mem.ptr().wrapping_add(8).cast()
     }
+
+    /// Records that the lane's stream failed with `e` (the first error is kept).
+    pub(super) fn fail(&self, e: Error) {
+        lock(&self.failed).get_or_insert(e);
+    }
+
+    /// The word the lane's stream stores the value of each mark in as it passes it.
+    fn passed(&self) -> &AtomicU32 {
+        // SAFETY: as `progress`, the 4 bytes at offset 12.
+        unsafe { AtomicU32::from_ptr(self.passed_ptr()) }
+    }
+
+    fn passed_ptr(&self) -> *mut u32 {
+        self.mem.ptr().wrapping_add(12).cast()
+    }
+}
+
+/// A point in the lane's stream that the host waits for by reading the `passed` word: no
+/// driver call, so a thread blocked in the driver (an enqueue on a full queue keeps CUDA's
+/// context lock: an H200 hung on the `cuEventQuery`s this replaced) cannot hold up the
+/// worker whose progress would unblock it. A failed stream never passes its marks: the wait
+/// ends at its timeout, or earlier where the call's board learns of the failure.
+struct Mark {
+    words: Arc<Words>,
+    value: u32,
+}
+
+impl Event for Mark {
+    fn query(&self) -> Result<bool> {
+        // Cyclic, as the stream's waits: passed when (int32)(word - value) >= 0.
+        let at = self.words.passed().load(Ordering::Acquire);
+        if at.wrapping_sub(self.value) as i32 >= 0 {
+            return Ok(true);
+        }
+        match &*lock(&self.words.failed) {
+            Some(e) => Err(e.clone()),
+            None => Ok(false),
+        }
+    }
+
+    fn synchronize(&self, timeout: Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pause = Duration::from_micros(5);
+        while !self.query()? {
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "the comm's device stream did not pass mark {} after {timeout:?} (it \
+                     passed {}): its earlier work is still running, or failed",
+                    self.value,
+                    self.words.passed().load(Ordering::Acquire)
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// A comm's device side of these calls: a stream, the page-locked wire slots and words,
@@ -224,6 +293,8 @@ pub struct DeviceState {
     pub(super) seq: u32,
     /// The last value of the `summed` word handed out (a hierarchical call's pieces).
     pub(super) summed_seq: u32,
+    /// The last mark enqueued on the stream.
+    marks: AtomicU32,
     /// Calls enqueued so far (`GpuLane::moved` counts those whose bytes are moved).
     pub(super) issued: u64,
     /// One piece's payload (aligned, whatever its offset in the wire bytes).
@@ -270,6 +341,7 @@ impl DeviceState {
             words: Arc::new(Words::new(driver)?),
             seq: 0,
             summed_seq: 0,
+            marks: AtomicU32::new(0),
             issued: 0,
             payload: None,
             scratch: None,
@@ -319,6 +391,40 @@ impl DeviceState {
         self.zero(addr, count)?;
         self.residuals.insert(key.clone(), m);
         Ok(Some(addr))
+    }
+
+    /// After a call's enqueue failed and its waits were released: waits (at most `timeout`)
+    /// for what was enqueued to run, true once it did; false when the stream failed, which
+    /// the lane's marks then report (`Words::fail`).
+    pub(super) fn drained_after_failure(&self, timeout: Duration) -> bool {
+        match self.stream.synchronize(timeout) {
+            Ok(()) => true,
+            Err(e) => {
+                self.words.fail(e);
+                false
+            }
+        }
+    }
+
+    /// After a call's enqueue failed: whether the stream failed (sticky: enqueueing a mark
+    /// then fails at once, without waiting for anything), which the lane's marks then report.
+    pub(super) fn note_if_failed(&self) {
+        if let Err(e) = self.mark() {
+            self.words.fail(e);
+        }
+    }
+
+    /// Enqueues a mark after the work enqueued so far: an event for the host alone (no stream
+    /// can wait for it) that the worker queries with no driver call (`Mark`).
+    pub(super) fn mark(&self) -> Result<Box<dyn Event>> {
+        let value = self.marks.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        // SAFETY: the lane's page-locked `passed` word, allocated as long as the lane (whose
+        // stream is dropped, after its work, before the words).
+        unsafe { self.stream.write_word(self.words.passed_ptr(), value)? };
+        Ok(Box::new(Mark {
+            words: self.words.clone(),
+            value,
+        }))
     }
 
     /// Enqueues setting `count` f32s of device memory at `addr` to +0.0 (`qccl_ef_zero`);

@@ -119,7 +119,7 @@ impl DeviceTopK {
                     }
                     s.copy_to_host(pinned.add(mine), payload, len)?;
                 }
-                board.post_event(0, s.record()?);
+                board.post_event(0, st.mark()?);
                 s.wait_word(summed, base.wrapping_add(2))?;
                 if n > 0 {
                     st.zero(slice, n)?;
@@ -130,11 +130,14 @@ impl DeviceTopK {
                     }
                     s.copy_to_host(pinned.add(at), slice, bytes)?;
                 }
-                board.post_event(1, s.record()?);
+                board.post_event(1, st.mark()?);
             }
             lane.add_bytes(len as u64, (shape.hosts * len) as u64);
             Ok(())
         })();
+        if enqueued.is_err() {
+            st.note_if_failed();
+        }
         board.end_enqueue(enqueued)
     }
 }
