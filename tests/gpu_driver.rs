@@ -623,9 +623,10 @@ fn compressed_all_reduce_on_cudarc_slices() {
         assert!(bits(&results[r]) == bits(&results[0]), "rank {r} differs");
     }
     for (call, got) in results[0].iter().enumerate() {
+        let ins: Vec<Vec<f32>> = (0..n).map(|p| mine(p, call)).collect();
         for (i, &g) in got.iter().enumerate() {
-            let want: f64 = (0..n).map(|p| f64::from(mine(p, call)[i])).sum();
-            let mag: f64 = (0..n).map(|p| f64::from(mine(p, call)[i]).abs()).sum();
+            let want: f64 = ins.iter().map(|x| f64::from(x[i])).sum();
+            let mag: f64 = ins.iter().map(|x| f64::from(x[i]).abs()).sum();
             assert!(
                 (f64::from(g) - want).abs() <= mag / 256.0 + 1e-6,
                 "call {call} element {i}: {g}, want {want}"

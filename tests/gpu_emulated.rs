@@ -319,14 +319,15 @@ fn gated_twice(
     let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
     word.store(0, Ordering::Release);
     let d = dev.upload(&vec![0u8; len])?;
-    // SAFETY: the gate outlives the stream's wait (it is stored below, then synchronized).
-    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
     let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
-    // Page-locked: a copy from pageable memory returns only once done, which behind the
-    // gate would be never.
+    // Page-locked, and allocated before the gate shuts: a copy from pageable memory returns
+    // only once done, and allocating page-locked memory may wait for the device's work,
+    // which behind the gate would be never.
     let staged = dev.gpu.alloc_pinned(len).map_err(e)?;
     // SAFETY: `staged` holds `len` bytes, ours alone until the copy below is enqueued.
     unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr().cast::<u8>(), staged.ptr(), len) };
+    // SAFETY: the gate outlives the stream's wait (it is stored below, then synchronized).
+    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
     // Behind the gate: what the calls must read.
     // SAFETY: `staged` lives until the synchronize below.
     unsafe { user.copy_to_device(d.addr(), staged.ptr(), len) }.map_err(e)?;
@@ -336,8 +337,21 @@ fn gated_twice(
     if word.load(Ordering::Acquire) != 0 {
         return Err("the gate moved by itself".into());
     }
-    let _scratch = dev.gpu.alloc_device(0, 4096).map_err(e)?;
-    word.store(1, Ordering::Release);
+    // The gate opens from another thread once the calls returned: on a GPU the allocation
+    // may wait for the device's work (the held stream included) before it returns.
+    let returned = std::sync::atomic::AtomicBool::new(false);
+    let allocated = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !returned.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            word.store(1, Ordering::Release);
+        });
+        returned.store(true, Ordering::Release);
+        dev.gpu.alloc_device(0, 4096)
+    });
+    let _scratch = allocated.map_err(e)?;
     let mut out = vec![0f32; count];
     // SAFETY: `out` outlives the synchronize.
     unsafe { user.copy_to_host(out.as_mut_ptr().cast(), d.addr(), len) }.map_err(e)?;
@@ -2012,10 +2026,16 @@ fn on_two_hosts(scenario: &str) {
 
 fn run_job(n: usize, scenario: &str, devices: &str) {
     let job = Job::new(n);
+    // QCCL_TEST_JOB_SECS: a shorter limit, so that a GPU run's step limit still sees the
+    // ranks' output of a hung job (they are killed and their output printed).
+    let secs = std::env::var("QCCL_TEST_JOB_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(120);
     let outs = job.run(
         scenario,
         &[("QCCL_GPU_EMULATE", devices)],
-        Duration::from_secs(120),
+        Duration::from_secs(secs),
     );
     for (r, o) in outs.iter().enumerate() {
         assert_eq!(o.status.code(), Some(0), "rank {r} of {n}:\n{}", text(o));
@@ -2037,7 +2057,21 @@ fn collectives_on_a_real_gpu_at_1_2_and_4_ranks() {
 fn the_callers_stream_orders_the_call_on_a_real_gpu() {
     if common::real_gpu() {
         run_job(2, "stream", "0");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn a_call_on_a_stream_returns_once_enqueued_on_a_real_gpu() {
+    if common::real_gpu() {
         run_job(2, "enqueue", "0");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU machine"]
+fn ranks_of_one_process_call_on_streams_on_a_real_gpu() {
+    if common::real_gpu() {
         run_job(1, "threads", "0");
     }
 }

@@ -69,7 +69,7 @@ if [ "$part" = diagnose ]; then
         local t0=$SECONDS
         QCCL_TIMEOUT_MS=15000 QCCL_DEBUG=INFO timeout 50 "$@" >>"$log" 2>&1 &
         local pid=$!
-        sleep 30
+        for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null && sleep 0.5; done
         if kill -0 "$pid" 2>/dev/null && command -v gdb >/dev/null; then
             for p in $(pgrep -f "$(basename "$2")"); do
                 echo "-- stacks of $p" >>"$log"
