@@ -20,7 +20,7 @@
 //! stream included, which would wait for parts not yet enqueued.
 
 use super::script::Script;
-use super::state::{GpuLane, Words};
+use super::state::{DeviceState, GpuLane, Words};
 use super::GpuAllReduce;
 use crate::error::{Error, Result};
 use crate::gpu::driver::{Event, Stream};
@@ -59,7 +59,7 @@ struct Posts {
 }
 
 impl PieceBoard {
-    pub(super) fn new(words: Arc<Words>, base: u32, pieces: usize) -> PieceBoard {
+    fn new(words: Arc<Words>, base: u32, pieces: usize) -> PieceBoard {
         PieceBoard {
             words,
             base,
@@ -160,12 +160,36 @@ impl PieceBoard {
         self.lock().failed.is_some()
     }
 
-    /// Ends the caller's enqueueing with `enqueued`: an error fails the board, unless the
-    /// call had already stopped in the comm's turn (the worker failed first, refusing this
-    /// call's later posts): the call was handed and then failed, which the comm's
-    /// asynchronous error reports, so the caller's call returns as enqueued. Every wait of
-    /// the streams passes either way.
-    pub(super) fn end_enqueue(&self, enqueued: Result<()>) -> Result<()> {
+    /// A board for a call of `pieces` pieces on the device state `st`, its `summed` values
+    /// reserved, handed to the worker with `held` through `hand` (which gives `held` back
+    /// when the comm failed: then an error naming `what`).
+    pub(super) fn handed<B>(
+        st: &mut DeviceState,
+        pieces: usize,
+        held: B,
+        hand: impl FnOnce(B, Arc<PieceBoard>) -> std::result::Result<(), B>,
+        what: &str,
+    ) -> Result<Arc<PieceBoard>> {
+        let base = st.summed_seq;
+        st.summed_seq = base.wrapping_add(pieces as u32);
+        let board = Arc::new(PieceBoard::new(st.words.clone(), base, pieces));
+        if hand(held, board.clone()).is_err() {
+            return Err(Error::Aborted(format!(
+                "{what}: the comm failed before the call was enqueued"
+            )));
+        }
+        Ok(board)
+    }
+
+    /// Ends the caller's enqueueing on `st` with `enqueued`: an error fails the board (and
+    /// tells the lane's marks when the stream failed), unless the call had already stopped
+    /// in the comm's turn (the worker failed first, refusing this call's later posts): the
+    /// call was handed and then failed, which the comm's asynchronous error reports, so the
+    /// caller's call returns as enqueued. Every wait of the streams passes either way.
+    pub(super) fn end_enqueue(&self, st: &DeviceState, enqueued: Result<()>) -> Result<()> {
+        if enqueued.is_err() {
+            st.note_if_failed();
+        }
         match enqueued {
             Err(_) if self.stopped() => Ok(()),
             Err(e) => {
@@ -232,15 +256,8 @@ impl GpuAllReduce {
         st.compensate(self.send.unwrap_or(self.recv), res, self.recv, self.count)?;
         let (bands, pinned) = stage(&*st.stream)?;
         let base = st.summed_seq;
-        st.summed_seq = base.wrapping_add(pieces.len() as u32);
-        let board = Arc::new(PieceBoard::new(st.words.clone(), base, pieces.len()));
-        if hand(bands, board.clone()).is_err() {
-            return Err(Error::Aborted(
-                "compressed all-reduce on device buffers: the comm failed before the call \
-                 was enqueued"
-                    .into(),
-            ));
-        }
+        let what = "compressed all-reduce on device buffers";
+        let board = PieceBoard::handed(st, pieces.len(), bands, hand, what)?;
         let enqueued = (|| -> Result<()> {
             for (i, p) in pieces.iter().enumerate() {
                 let Some(g) = &p.part else {
@@ -269,10 +286,7 @@ impl GpuAllReduce {
             }
             Ok(())
         })();
-        if enqueued.is_err() {
-            st.note_if_failed();
-        }
-        board.end_enqueue(enqueued)
+        board.end_enqueue(st, enqueued)
     }
 
     /// Moves the bytes of a hierarchical call's part enqueued by `enqueue_pieces` on `e`

@@ -17,7 +17,7 @@
 use super::pieces::PieceBoard;
 use super::state::{GpuLane, Sizes};
 use super::DeviceTopK;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::driver::Stream;
 use std::ops::Range;
 use std::sync::Arc;
@@ -74,13 +74,7 @@ impl DeviceTopK {
         st.compensate(send.unwrap_or(recv), None, recv, count)?;
         let (band, pinned) = stage(&*st.stream)?;
         let base = st.summed_seq;
-        st.summed_seq = base.wrapping_add(2);
-        let board = Arc::new(PieceBoard::new(st.words.clone(), base, 2));
-        if hand(band, board.clone()).is_err() {
-            return Err(Error::Aborted(
-                "HiTopK on device buffers: the comm failed before the call was enqueued".into(),
-            ));
-        }
+        let board = PieceBoard::handed(st, 2, band, hand, "HiTopK on device buffers")?;
         let enqueued = (|| -> Result<()> {
             let (payload, scratch) = (
                 super::state::addr(&st.payload),
@@ -135,9 +129,6 @@ impl DeviceTopK {
             lane.add_bytes(len as u64, (shape.hosts * len) as u64);
             Ok(())
         })();
-        if enqueued.is_err() {
-            st.note_if_failed();
-        }
-        board.end_enqueue(enqueued)
+        board.end_enqueue(st, enqueued)
     }
 }
