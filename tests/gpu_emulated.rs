@@ -296,8 +296,9 @@ fn enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     Ok(())
 }
 
-/// The gated pattern of the enqueue-and-return scenarios: a stream of the caller's held
-/// shut (waiting for a word stored later) and, behind the gate, a copy of this rank's
+/// The gated pattern of the enqueue-and-return scenarios: `call` twice on zeros to warm up,
+/// then a stream of the caller's held shut (waiting for a word stored later) and, behind
+/// the gate, a copy of this rank's
 /// `(rank + i) % 5` into a device buffer of `count` f32s; `call(buffer, stream)` twice (each
 /// an in-place sum on the stream that must return while the gate is shut); an allocation
 /// (CUDA then orders all later work behind the held stream); the gate opened and the buffer
@@ -319,22 +320,36 @@ fn gated_twice(
     let word = unsafe { &*(gate.ptr() as *const AtomicU32) };
     word.store(0, Ordering::Release);
     let d = dev.upload(&vec![0u8; len])?;
+    // Two calls to warm up (sums of zeros), behind the gate too but opened 300 ms later
+    // from another thread whatever happens: what two calls in flight allocate on first use
+    // (page-locked staging, the codecs' buffers) is there before the gate shuts for good.
+    // On a GPU allocating page-locked memory may wait for the device's work, the held
+    // stream included, which only this thread would open: behind the gate, forever.
+    // SAFETY: the gate outlives the stream's wait (stored below, then synchronized).
+    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            word.store(1, Ordering::Release);
+        });
+        (0..2).try_for_each(|_| call(d.addr(), user.raw()))
+    })?;
+    user.synchronize(WAIT).map_err(e)?;
     let mine: Vec<f32> = (0..count).map(|i| ((r + i) % 5) as f32).collect();
-    // Page-locked, and allocated before the gate shuts: a copy from pageable memory returns
-    // only once done, and allocating page-locked memory may wait for the device's work,
-    // which behind the gate would be never.
+    // Page-locked, and allocated before the gate shuts, for the same reason (and a copy
+    // from pageable memory returns only once done).
     let staged = dev.gpu.alloc_pinned(len).map_err(e)?;
     // SAFETY: `staged` holds `len` bytes, ours alone until the copy below is enqueued.
     unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr().cast::<u8>(), staged.ptr(), len) };
     // SAFETY: the gate outlives the stream's wait (it is stored below, then synchronized).
-    unsafe { user.wait_word(gate.ptr() as *const u32, 1) }.map_err(e)?;
+    unsafe { user.wait_word(gate.ptr() as *const u32, 2) }.map_err(e)?;
     // Behind the gate: what the calls must read.
     // SAFETY: `staged` lives until the synchronize below.
     unsafe { user.copy_to_device(d.addr(), staged.ptr(), len) }.map_err(e)?;
     for _ in 0..2 {
         call(d.addr(), user.raw())?;
     }
-    if word.load(Ordering::Acquire) != 0 {
+    if word.load(Ordering::Acquire) != 1 {
         return Err("the gate moved by itself".into());
     }
     // The gate opens from another thread once the calls returned: on a GPU the allocation
@@ -346,7 +361,7 @@ fn gated_twice(
                 std::thread::sleep(Duration::from_millis(1));
             }
             std::thread::sleep(Duration::from_millis(200));
-            word.store(1, Ordering::Release);
+            word.store(2, Ordering::Release);
         });
         returned.store(true, Ordering::Release);
         dev.gpu.alloc_device(0, 4096)
@@ -391,9 +406,10 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
             .map(drop)
             .map_err(e)
     };
-    let mut specs = ["fp16", "fp16:ef=1"].into_iter();
+    // Two calls to warm up (`gated_twice`), then the two gated ones.
+    let mut specs = ["fp16", "fp16:ef=1"].into_iter().cycle().take(4);
     gated_twice(comm, dev, count, |d, user| {
-        let spec = specs.next().ok_or("a third call")?;
+        let spec = specs.next().ok_or("a fifth call")?;
         let c = Compression::parse(spec)
             .map_err(e)?
             .algo(Algo::Sra)
@@ -401,9 +417,9 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
         coded_at(&c, d, user)
     })?;
     let after = comm.device_stats().map_err(e)?;
-    if after.calls - before.calls != 2 || after.enqueued - before.enqueued != 2 {
+    if after.calls - before.calls != 4 || after.enqueued - before.enqueued != 4 {
         return Err(format!(
-            "{} calls with the codecs on the GPU, {} returned once enqueued; want 2 and 2",
+            "{} calls with the codecs on the GPU, {} returned once enqueued; want 4 and 4",
             after.calls - before.calls,
             after.enqueued - before.enqueued
         ));
@@ -457,12 +473,13 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
     // once. Behind a hierarchical compressed call (the codecs on the GPU, its host levels
     // tied to its device work by words: `gpu_hier_stream.rs`), which returns once enqueued
     // too, every device operation of it enqueued before the allocation.
+    // (`gated_twice` makes each pair twice: to warm up, then gated.)
     for hier in [false, true] {
         let mut made = 0;
         gated_twice(comm, dev, count, |d, user| {
             made += 1;
             let sra = Compression::parse("fp16").map_err(e)?.algo(Algo::Sra);
-            let c = match (made, hier) {
+            let c = match (made % 2, hier) {
                 (1, false) => {
                     let bufs = [buf(d, len, true, true)];
                     let dense = comm
@@ -484,9 +501,9 @@ fn coded_enqueue_and_return(comm: &Comm, dev: &Dev) -> Result<(), String> {
         })?;
     }
     let end = comm.device_stats().map_err(e)?;
-    if end.enqueued - last.enqueued != 3 {
+    if end.enqueued - last.enqueued != 6 {
         return Err(format!(
-            "{} of 3 compressed calls behind a staged or a hierarchical one returned once \
+            "{} of 6 compressed calls behind a staged or a hierarchical one returned once \
              enqueued",
             end.enqueued - last.enqueued
         ));

@@ -30,7 +30,7 @@ def _data():
     return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 
 
-def _train(rank, size, init, backend, hook=None, spec=None, epochs=EPOCHS, layerwise=False):
+def _train(rank, size, init, backend, hook=None, spec=None, epochs=EPOCHS, layerwise=False, probe=None):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import qccl.torch  # noqa: F401
@@ -56,7 +56,11 @@ def _train(rank, size, init, backend, hook=None, spec=None, epochs=EPOCHS, layer
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(1 + rank)
-    for _ in range(epochs):
+    probed = None
+    for epoch in range(epochs):
+        if epoch == probe:
+            with torch.no_grad():
+                probed = loss_fn(model(xtr), ytr).item()
         order = torch.randperm(per, generator=g)
         for i in range(0, per - BATCH + 1, BATCH):
             idx = order[i : i + BATCH]
@@ -70,12 +74,20 @@ def _train(rank, size, init, backend, hook=None, spec=None, epochs=EPOCHS, layer
     if state is not None:
         state.close()
     dist.destroy_process_group()
-    return loss, acc, digest
+    return loss, acc, digest, probed
 
 
 def _both(rank, size, init_dir):
     torch.set_num_threads(1)
-    return {b: _train(rank, size, f"file://{init_dir}/{b}", b) for b in ["gloo", "qccl"]}
+    return {b: _train(rank, size, f"file://{init_dir}/{b}", b, probe=PROBE) for b in ["gloo", "qccl"]}
+
+
+# The epoch whose loss the two backends must agree on to 1e-4. On three ranks a sum's order
+# decides its rounding, and gloo's order is its own (with torch 2.15 it no longer gives
+# qccl's bits): the losses differ by ~3e-7 after two epochs, ~1e-6 after four, and SGD with
+# momentum amplifies that as the loss nears zero (8% apart after 12 epochs, at 0.007, with
+# the same accuracy). The end of training is held to the accuracy alone.
+PROBE = 4
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -83,9 +95,10 @@ def test_ddp_qccl_matches_gloo(size, tmp_path):
     res = run_ranks(_both, size, str(tmp_path), timeout=300)
     for b in ["gloo", "qccl"]:
         assert len({r[b][2] for r in res}) == 1, f"{b}: parameters differ between ranks"
-    gloo, qccl_ = res[0]["gloo"][0], res[0]["qccl"][0]
-    assert abs(qccl_ - gloo) / abs(gloo) <= 1e-4, f"loss qccl {qccl_} vs gloo {gloo}"
+    gloo, qccl_ = res[0]["gloo"][3], res[0]["qccl"][3]
+    assert abs(qccl_ - gloo) / abs(gloo) <= 1e-4, f"loss after {PROBE} epochs: qccl {qccl_} vs gloo {gloo}"
     assert res[0]["qccl"][1] > 90, f"accuracy {res[0]['qccl'][1]}"
+    assert abs(res[0]["qccl"][1] - res[0]["gloo"][1]) <= 1.0, "accuracy differs from gloo's"
 
 
 def _hooks(rank, size, init_dir):

@@ -58,6 +58,22 @@ pub(super) struct CudaStream {
 unsafe impl Send for CudaStream {}
 
 impl CudaStream {
+    /// The device address of the page-locked `word`, for the stream memory operations; the
+    /// context must be current.
+    ///
+    /// # Safety
+    /// `word` must lie in memory from `cuMemHostAlloc` with DEVICEMAP (this driver's
+    /// `alloc_pinned`).
+    unsafe fn mapped_word(&self, word: *const u32) -> Result<sys::CUdeviceptr> {
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `word` has a device address (this function's contract); `dptr` is a valid
+        // out pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, word as *mut _, 0) };
+        check(r, "cuMemHostGetDevicePointer", || {
+            format!("mapping the word {word:p} for {}", self.place())
+        })?;
+        Ok(dptr)
+    }
     /// A new non-blocking stream in `ctx`.
     pub(super) fn create(ctx: Arc<Context>) -> Result<CudaStream> {
         let _current = ctx.enter()?;
@@ -229,13 +245,8 @@ impl Stream for CudaStream {
 
     unsafe fn wait_word(&self, word: *const u32, value: u32) -> Result<()> {
         let _current = self.ctx.enter()?;
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `word` lies in memory from `cuMemHostAlloc` with DEVICEMAP (this function's
-        // contract), so it has a device address; `dptr` is a valid out pointer.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, word as *mut _, 0) };
-        check(r, "cuMemHostGetDevicePointer", || {
-            format!("mapping the word {word:p} for {}", self.place())
-        })?;
+        // SAFETY: the caller's promise (this function's contract).
+        let dptr = unsafe { self.mapped_word(word) }?;
         let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
         // SAFETY: the stream is live and `dptr` maps a word that stays allocated until the
         // wait is done (this function's contract).
@@ -247,12 +258,8 @@ impl Stream for CudaStream {
 
     unsafe fn write_word(&self, word: *mut u32, value: u32) -> Result<()> {
         let _current = self.ctx.enter()?;
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: as in `wait_word`: `word` lies in page-locked memory mapped for the device.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, word.cast(), 0) };
-        check(r, "cuMemHostGetDevicePointer", || {
-            format!("mapping the word {word:p} for {}", self.place())
-        })?;
+        // SAFETY: the caller's promise (this function's contract).
+        let dptr = unsafe { self.mapped_word(word) }?;
         // The default flags keep the memory barrier: the work before is visible first.
         let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         // SAFETY: the stream is live and `dptr` maps a word that stays allocated until the

@@ -646,6 +646,18 @@ impl EmuStream {
 }
 
 impl EmuStream {
+    /// `word` as an address, for `wait_word` and `write_word` (named `op` in the error):
+    /// refused when null or not 4-byte aligned.
+    fn word_at(&self, op: &str, word: *const u32) -> Result<usize> {
+        if word.is_null() || !(word as usize).is_multiple_of(4) {
+            return Err(Error::invalid(format!(
+                "{op} on {}: {word:p} is not an aligned 32-bit word",
+                self.core.name
+            )));
+        }
+        Ok(word as usize)
+    }
+
     /// The allocation of this stream's device holding `device..device+len` (a copy's range).
     fn device_range(&self, device: u64, len: usize) -> Result<Arc<Allocation>> {
         let name = &self.core.name;
@@ -808,23 +820,13 @@ impl Stream for EmuStream {
     }
 
     unsafe fn wait_word(&self, word: *const u32, value: u32) -> Result<()> {
-        if word.is_null() || !(word as usize).is_multiple_of(4) {
-            return Err(Error::invalid(format!(
-                "wait_word on {}: {word:p} is not an aligned 32-bit word",
-                self.core.name
-            )));
-        }
-        self.core.enqueue(Op::WaitWord(word as usize, value))
+        let at = self.word_at("wait_word", word)?;
+        self.core.enqueue(Op::WaitWord(at, value))
     }
 
     unsafe fn write_word(&self, word: *mut u32, value: u32) -> Result<()> {
-        if word.is_null() || !(word as usize).is_multiple_of(4) {
-            return Err(Error::invalid(format!(
-                "write_word on {}: {word:p} is not an aligned 32-bit word",
-                self.core.name
-            )));
-        }
-        self.core.enqueue(Op::WriteWord(word as usize, value))
+        let at = self.word_at("write_word", word)?;
+        self.core.enqueue(Op::WriteWord(at, value))
     }
 
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
